@@ -1,0 +1,305 @@
+//! Running processes as the sandbox user, with streamed, capped output and a
+//! wall-clock timeout that kills the whole process tree.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use runcell_protocol::{Command as Cmd, ErrorKind, Event, ExecRequest, ExitInfo, RunCodeRequest};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+use tokio::sync::oneshot;
+
+use crate::procs;
+use crate::reaper::Exit;
+use crate::server::{send, send_error, Agent, Outbox};
+
+/// An exec or a code run.
+#[derive(Debug)]
+pub enum What {
+    /// A command.
+    Exec(ExecRequest),
+    /// Source code in a language.
+    Code(RunCodeRequest),
+}
+
+/// How long output is still read after the process exits, for pipes that its
+/// background children hold open.
+const DRAIN_GRACE: Duration = Duration::from_millis(200);
+/// Directory for code files (root-owned, readable by the sandbox user).
+const CODE_DIR: &str = "/run/runcell/code";
+
+static CODE_SEQ: AtomicU64 = AtomicU64::new(0);
+
+fn base_env(agent: &Agent) -> BTreeMap<String, String> {
+    let u = &agent.spec.user;
+    [
+        (
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        ),
+        ("HOME", u.home.as_str()),
+        ("USER", u.name.as_str()),
+        ("LOGNAME", u.name.as_str()),
+        ("SHELL", "/bin/bash"),
+        ("LANG", "C.UTF-8"),
+        ("TMPDIR", "/tmp"),
+        ("PYTHONUNBUFFERED", "1"),
+        ("HOSTNAME", agent.spec.hostname.as_str()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+struct Plan {
+    argv: Vec<String>,
+    env: BTreeMap<String, String>,
+    cwd: Option<String>,
+    timeout_ms: Option<u64>,
+    output_limit: u64,
+    stdin: Vec<u8>,
+    code_file: Option<String>,
+}
+
+fn plan(agent: &Agent, what: What, body: Vec<u8>) -> Result<Plan, (ErrorKind, String)> {
+    match what {
+        What::Exec(r) => {
+            let argv = match r.command {
+                Cmd::Argv(v) if v.is_empty() => {
+                    return Err((ErrorKind::InvalidInput, "The command is empty.".into()))
+                }
+                Cmd::Argv(v) => v,
+                Cmd::Shell(s) => vec!["/bin/bash".into(), "-c".into(), s],
+            };
+            Ok(Plan {
+                argv,
+                env: r.env,
+                cwd: r.cwd,
+                timeout_ms: r.timeout_ms,
+                output_limit: r.output_limit,
+                stdin: body,
+                code_file: None,
+            })
+        }
+        What::Code(r) => {
+            let n = CODE_SEQ.fetch_add(1, Ordering::Relaxed);
+            let path = format!("{CODE_DIR}/cell{n}.{}", r.language.extension());
+            write_code(&path, &body).map_err(|e| {
+                (
+                    ErrorKind::Other,
+                    format!("Could not store the code in the sandbox: {e}"),
+                )
+            })?;
+            let mut argv = vec![r.language.interpreter().to_string(), path.clone()];
+            argv.extend(r.args);
+            let _ = agent;
+            Ok(Plan {
+                argv,
+                env: r.env,
+                cwd: r.cwd,
+                timeout_ms: r.timeout_ms,
+                output_limit: r.output_limit,
+                stdin: Vec::new(),
+                code_file: Some(path),
+            })
+        }
+    }
+}
+
+fn write_code(path: &str, code: &[u8]) -> std::io::Result<()> {
+    std::fs::create_dir_all(CODE_DIR)?;
+    std::fs::set_permissions(CODE_DIR, std::fs::Permissions::from_mode(0o755))?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(path)?;
+    f.write_all(code)
+}
+
+/// Runs a process and streams its events to `out`.
+pub async fn exec(agent: &Agent, conn: u64, id: u64, what: What, body: Vec<u8>, out: &Outbox) {
+    let plan = match plan(agent, what, body) {
+        Ok(p) => p,
+        Err((kind, msg)) => return send_error(out, id, kind, msg).await,
+    };
+    let code_file = plan.code_file.clone();
+    run(agent, conn, id, plan, out).await;
+    if let Some(f) = code_file {
+        let _ = std::fs::remove_file(f);
+    }
+}
+
+async fn run(agent: &Agent, conn: u64, id: u64, plan: Plan, out: &Outbox) {
+    let user = &agent.spec.user;
+    let cwd = plan.cwd.clone().unwrap_or_else(|| user.home.clone());
+    if !Path::new(&cwd).is_dir() {
+        return send_error(
+            out,
+            id,
+            ErrorKind::InvalidInput,
+            format!("The working directory {cwd} does not exist in the sandbox."),
+        )
+        .await;
+    }
+    let mut env = base_env(agent);
+    env.extend(plan.env);
+    let mut cmd = Command::new(&plan.argv[0]);
+    cmd.args(&plan.argv[1..])
+        .env_clear()
+        .envs(&env)
+        .current_dir(&cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let (uid, gid) = (user.uid, user.gid);
+    // SAFETY: drop_privileges only makes async-signal-safe syscalls.
+    unsafe {
+        cmd.pre_exec(move || runcell_jail::inside::drop_privileges(uid, gid));
+    }
+    let started = Instant::now();
+    // PATH lookup happens in the parent with the child's PATH.
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let kind = ErrorKind::SpawnFailed;
+            return send_error(
+                out,
+                id,
+                kind,
+                format!("Could not start `{}`: {e}.", plan.argv[0]),
+            )
+            .await;
+        }
+    };
+    let pid = child.id() as i32;
+    let exited = agent.reaper.watch(pid);
+    agent
+        .running
+        .lock()
+        .expect("running lock")
+        .insert((conn, id), pid);
+
+    let stdin = child.stdin.take().map(OwnedFd::from);
+    let stdout = child.stdout.take().map(OwnedFd::from);
+    let stderr = child.stderr.take().map(OwnedFd::from);
+    drop(child);
+
+    send(out, id, Event::ExecStarted { pid }, Vec::new()).await;
+
+    if let Some(fd) = stdin {
+        let data = plan.stdin;
+        tokio::spawn(async move {
+            if let Ok(mut tx) = pipe::Sender::from_owned_fd(fd) {
+                let _ = tx.write_all(&data).await;
+            }
+        });
+    }
+    let limit = plan.output_limit;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let pump_out = tokio::spawn(pump(
+        stdout,
+        limit,
+        out.clone(),
+        id,
+        Event::Stdout,
+        stop_rx.clone(),
+    ));
+    let pump_err = tokio::spawn(pump(stderr, limit, out.clone(), id, Event::Stderr, stop_rx));
+
+    let timeout = plan.timeout_ms.map(Duration::from_millis);
+    let (exit, timed_out) = wait(pid, exited, timeout).await;
+    // Let the pumps read what is buffered, then stop them even if a background
+    // process keeps the pipes open.
+    let stop = tokio::spawn(async move {
+        tokio::time::sleep(DRAIN_GRACE).await;
+        let _ = stop_tx.send(true);
+    });
+    let (out_total, out_trunc) = pump_out.await.unwrap_or((0, false));
+    let (err_total, err_trunc) = pump_err.await.unwrap_or((0, false));
+    stop.abort();
+    agent
+        .running
+        .lock()
+        .expect("running lock")
+        .remove(&(conn, id));
+
+    let (exit_code, signal) = match exit {
+        Some(Exit::Code(c)) => (Some(c), None),
+        Some(Exit::Signal(s)) => (None, Some(s)),
+        None => (None, None),
+    };
+    let info = ExitInfo {
+        exit_code,
+        signal,
+        timed_out,
+        duration_ms: started.elapsed().as_millis() as u64,
+        stdout_bytes: out_total,
+        stderr_bytes: err_total,
+        stdout_truncated: out_trunc,
+        stderr_truncated: err_trunc,
+    };
+    send(out, id, Event::ExecExited(info), Vec::new()).await;
+}
+
+async fn wait(
+    pid: i32,
+    mut exited: oneshot::Receiver<Exit>,
+    timeout: Option<Duration>,
+) -> (Option<Exit>, bool) {
+    let sleep = async {
+        match timeout {
+            Some(t) => tokio::time::sleep(t).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        e = &mut exited => (e.ok(), false),
+        _ = sleep => {
+            procs::kill_tree(pid).await;
+            (exited.await.ok(), true)
+        }
+    }
+}
+
+/// Forwards up to `limit` bytes of a pipe as events and counts the rest.
+/// Memory use is one buffer, whatever the process prints.
+async fn pump(
+    fd: Option<OwnedFd>,
+    limit: u64,
+    out: Outbox,
+    id: u64,
+    event: Event,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> (u64, bool) {
+    let Some(fd) = fd else { return (0, false) };
+    let Ok(mut rx) = pipe::Receiver::from_owned_fd(fd) else {
+        return (0, false);
+    };
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut total = 0u64;
+    let mut forwarded = 0u64;
+    loop {
+        let n = tokio::select! {
+            r = rx.read(&mut buf) => match r { Ok(0) | Err(_) => break, Ok(n) => n },
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        total += n as u64;
+        if forwarded < limit {
+            let take = (limit - forwarded).min(n as u64) as usize;
+            forwarded += take as u64;
+            if !send(&out, id, event.clone(), buf[..take].to_vec()).await {
+                // The host went away; keep draining so the process is not blocked.
+                forwarded = limit;
+            }
+        }
+    }
+    (total, total > forwarded)
+}

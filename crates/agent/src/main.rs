@@ -1,0 +1,83 @@
+//! `runcell-agent`: PID 1 of every runcell sandbox.
+//!
+//! Started by the host as `runcell-agent init` inside fresh namespaces, it
+//! builds the sandbox's filesystem ([`runcell_jail::inside::bootstrap`]),
+//! installs the seccomp filter on itself (so every process it starts inherits
+//! it), and then serves the framed protocol ([`runcell_protocol`]) on the
+//! listening socket the host bound for it. It reaps every orphan, as an init
+//! must.
+
+mod exec;
+mod files;
+mod procs;
+mod reaper;
+mod server;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    match std::env::args().nth(1).as_deref() {
+        Some("init") => {}
+        Some("--version") => {
+            println!("runcell-agent {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
+        _ => {
+            eprintln!(
+                "runcell-agent runs inside a sandbox and is started by runcell; it is not meant to be run by hand."
+            );
+            return ExitCode::from(2);
+        }
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+
+    let boot = match runcell_jail::inside::bootstrap() {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!("sandbox setup failed: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Installed on the agent itself so every process it starts inherits it;
+    // the agent needs none of the denied calls after setup.
+    let filters = match runcell_jail::seccomp::filters() {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(e) = runcell_jail::seccomp::install(&filters) {
+        tracing::error!("{e}");
+        return ExitCode::FAILURE;
+    }
+    // Sandboxed processes must not read the agent's memory or /proc/1 files.
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        tracing::error!("could not make the agent non-dumpable: {e}");
+        return ExitCode::FAILURE;
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("could not start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(server::run(boot)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}

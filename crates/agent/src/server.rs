@@ -1,0 +1,283 @@
+//! Accepts host connections and dispatches requests.
+
+use std::collections::HashMap;
+use std::os::unix::net::UnixListener as StdListener;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use runcell_jail::inside::Bootstrap;
+use runcell_jail::InitSpec;
+use runcell_protocol::{
+    read_frame, write_frame, AgentStats, ClientMessage, ErrorKind, Event, Frame, Request,
+    ServerMessage, PROTOCOL_VERSION,
+};
+use tokio::io::AsyncReadExt;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, watch};
+
+use crate::reaper::Reaper;
+use crate::{exec, files, procs};
+
+/// Errors that stop the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The listening socket could not be used.
+    #[error("The agent socket could not be used.")]
+    Listener(#[source] std::io::Error),
+    /// SIGCHLD handling could not be set up.
+    #[error("Could not install the child reaper.")]
+    Reaper(#[source] std::io::Error),
+}
+
+/// Sends events back to one connection.
+pub type Outbox = mpsc::Sender<Frame<ServerMessage>>;
+
+/// State shared by every connection.
+#[derive(Debug)]
+pub struct Agent {
+    /// The sandbox spec.
+    pub spec: InitSpec,
+    /// Exit statuses.
+    pub reaper: Reaper,
+    started: Instant,
+    deadline: watch::Sender<Option<u64>>,
+    /// Pids of running execs, by (connection, request id).
+    pub running: Mutex<HashMap<(u64, u64), i32>>,
+}
+
+/// Sends one event for request `id`.
+pub async fn send(out: &Outbox, id: u64, event: Event, body: Vec<u8>) -> bool {
+    out.send(Frame::with_body(ServerMessage { id, event }, body))
+        .await
+        .is_ok()
+}
+
+/// Sends an error event.
+pub async fn send_error(out: &Outbox, id: u64, kind: ErrorKind, message: String) {
+    send(out, id, Event::Error { kind, message }, Vec::new()).await;
+}
+
+/// Serves until shutdown.
+pub async fn run(boot: Bootstrap) -> Result<(), ServeError> {
+    let reaper = Reaper::start().map_err(ServeError::Reaper)?;
+    let std_listener = StdListener::from(boot.listener);
+    std_listener
+        .set_nonblocking(true)
+        .map_err(ServeError::Listener)?;
+    let listener = UnixListener::from_std(std_listener).map_err(ServeError::Listener)?;
+    let (deadline, deadline_rx) = watch::channel(boot.spec.deadline_unix_ms);
+    let agent = Arc::new(Agent {
+        spec: boot.spec,
+        reaper,
+        started: Instant::now(),
+        deadline,
+        running: Mutex::new(HashMap::new()),
+    });
+    tokio::spawn(enforce_deadline(deadline_rx));
+    if agent.spec.exit_on_host_close {
+        let std_sock = std::os::unix::net::UnixStream::from(boot.setup);
+        std_sock
+            .set_nonblocking(true)
+            .map_err(ServeError::Listener)?;
+        let mut sock = UnixStream::from_std(std_sock).map_err(ServeError::Listener)?;
+        tokio::spawn(async move {
+            let mut buf = [0u8; 64];
+            // Any read result other than data means the owning host process is gone.
+            while let Ok(n) = sock.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+            }
+            tracing::info!("host closed the setup socket; stopping the sandbox");
+            shutdown();
+        });
+    } else {
+        drop(boot.setup);
+    }
+    let mut next_conn = 0u64;
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        next_conn += 1;
+        tokio::spawn(connection(agent.clone(), next_conn, stream));
+    }
+}
+
+/// Kills every process in the sandbox and exits; the kernel then tears down
+/// the namespaces.
+pub fn shutdown() -> ! {
+    procs::kill_all();
+    std::process::exit(0)
+}
+
+async fn enforce_deadline(mut rx: watch::Receiver<Option<u64>>) {
+    loop {
+        let deadline = *rx.borrow_and_update();
+        match deadline {
+            None => {
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+            Some(ms) => {
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_millis() as u64;
+                let wait = Duration::from_millis(ms.saturating_sub(now));
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {
+                        tracing::info!("deadline reached; stopping the sandbox");
+                        shutdown();
+                    }
+                    changed = rx.changed() => if changed.is_err() { return },
+                }
+            }
+        }
+    }
+}
+
+async fn connection(agent: Arc<Agent>, conn: u64, stream: UnixStream) {
+    let (mut rd, mut wr) = stream.into_split();
+    let (tx, mut rx) = mpsc::channel::<Frame<ServerMessage>>(64);
+    let writer = tokio::spawn(async move {
+        while let Some(frame) = rx.recv().await {
+            if let Err(e) = write_frame(&mut wr, &frame).await {
+                tracing::debug!("connection {conn} write failed: {e}");
+                return;
+            }
+        }
+    });
+    send(
+        &tx,
+        0,
+        Event::Hello {
+            version: PROTOCOL_VERSION,
+            agent_version: env!("CARGO_PKG_VERSION").into(),
+            sandbox_id: agent.spec.sandbox_id.clone(),
+        },
+        Vec::new(),
+    )
+    .await;
+    loop {
+        let frame: Frame<ClientMessage> = match read_frame(&mut rd).await {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(e) => {
+                tracing::warn!("connection {conn}: {e}");
+                break;
+            }
+        };
+        let ClientMessage { id, request } = frame.header;
+        tokio::spawn(handle(
+            agent.clone(),
+            conn,
+            id,
+            request,
+            frame.body,
+            tx.clone(),
+        ));
+    }
+    drop(tx);
+    let _ = writer.await;
+}
+
+async fn handle(
+    agent: Arc<Agent>,
+    conn: u64,
+    id: u64,
+    request: Request,
+    body: Vec<u8>,
+    out: Outbox,
+) {
+    match request {
+        Request::Exec(req) => exec::exec(&agent, conn, id, exec::What::Exec(req), body, &out).await,
+        Request::RunCode(req) => {
+            exec::exec(&agent, conn, id, exec::What::Code(req), body, &out).await
+        }
+        Request::Signal { exec_id, signal } => {
+            let pid = agent
+                .running
+                .lock()
+                .expect("running lock")
+                .get(&(conn, exec_id))
+                .copied();
+            match (pid, nix::sys::signal::Signal::try_from(signal)) {
+                (Some(pid), Ok(sig)) => {
+                    if sig == nix::sys::signal::Signal::SIGKILL {
+                        procs::kill_tree(pid).await;
+                    } else {
+                        procs::signal_group(pid, sig);
+                    }
+                    send(&out, id, Event::Done, Vec::new()).await;
+                }
+                (None, _) => {
+                    send_error(
+                        &out,
+                        id,
+                        ErrorKind::InvalidInput,
+                        format!("No running exec has id {exec_id}."),
+                    )
+                    .await
+                }
+                (_, Err(_)) => {
+                    send_error(
+                        &out,
+                        id,
+                        ErrorKind::InvalidInput,
+                        format!("{signal} is not a signal number."),
+                    )
+                    .await
+                }
+            }
+        }
+        Request::ReadFile { path, max_bytes } => {
+            files::read(&agent, id, &path, max_bytes, &out).await
+        }
+        Request::WriteFile { path, append, mode } => {
+            files::write(&agent, id, &path, append, mode, &body, &out).await
+        }
+        Request::ListDir { path } => files::list(&agent, id, &path, &out).await,
+        Request::Stat { path } => files::stat(&agent, id, &path, &out).await,
+        Request::MakeDir { path } => files::make_dir(&agent, id, &path, &out).await,
+        Request::Remove { path } => files::remove(&agent, id, &path, &out).await,
+        Request::Stats => {
+            let (processes, rss_bytes) = procs::usage();
+            let (disk_total_bytes, disk_used_bytes) = match nix::sys::statvfs::statvfs("/") {
+                Ok(s) => {
+                    let f = s.fragment_size();
+                    (s.blocks() * f, (s.blocks() - s.blocks_free()) * f)
+                }
+                Err(_) => (0, 0),
+            };
+            let stats = AgentStats {
+                processes,
+                rss_bytes,
+                disk_used_bytes,
+                disk_total_bytes,
+                agent_rss_bytes: procs::self_rss(),
+                uptime_ms: agent.started.elapsed().as_millis() as u64,
+            };
+            send(&out, id, Event::Stats(stats), Vec::new()).await;
+        }
+        Request::SetDeadline { unix_ms } => {
+            agent.deadline.send_replace(unix_ms);
+            send(&out, id, Event::Done, Vec::new()).await;
+        }
+        Request::Shutdown => {
+            send(&out, id, Event::Done, Vec::new()).await;
+            // Give the writer a moment to flush the reply.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            shutdown();
+        }
+        Request::Ping => {
+            send(&out, id, Event::Done, Vec::new()).await;
+        }
+    }
+}

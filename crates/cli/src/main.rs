@@ -1,0 +1,83 @@
+//! `runcell`: run untrusted code in a sandbox.
+
+mod run;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Run untrusted, model-written code in a Linux sandbox.
+#[derive(Debug, Parser)]
+#[command(name = "runcell", version, about, long_about = None)]
+struct Cli {
+    /// Directory for the state of running sandboxes.
+    #[arg(
+        long,
+        global = true,
+        env = "RUNCELL_STATE_DIR",
+        default_value = "/run/runcell/sandboxes"
+    )]
+    state_dir: PathBuf,
+    /// Directory of installed templates.
+    #[arg(long, global = true, env = "RUNCELL_TEMPLATES_DIR")]
+    templates_dir: Option<PathBuf>,
+    /// The sandbox agent binary (default: runcell-agent next to this binary).
+    #[arg(long, global = true, env = "RUNCELL_AGENT")]
+    agent: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Commands,
+}
+
+#[derive(Debug, Subcommand)]
+enum Commands {
+    /// Run code in a fresh sandbox that is destroyed when it finishes.
+    Run(run::RunArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RUNCELL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("runcell: could not start: {e}");
+            return ExitCode::from(125);
+        }
+    };
+    let config = runcell_core::RuntimeConfig {
+        state_dir: cli.state_dir,
+        templates_dir: cli.templates_dir,
+        agent: cli.agent,
+        ..Default::default()
+    };
+    let code = runtime.block_on(async {
+        match cli.command {
+            Commands::Run(args) => run::run(config, args).await,
+        }
+    });
+    ExitCode::from(code)
+}
+
+/// Prints an error with its chain of causes.
+pub fn report(err: &dyn std::error::Error) {
+    let mut msg = format!("runcell: {err}");
+    let mut source = err.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(&format!("\n  caused by: {text}"));
+        }
+        source = s.source();
+    }
+    eprintln!("{msg}");
+}

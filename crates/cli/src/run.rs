@@ -1,0 +1,247 @@
+//! `runcell run`: one sandbox, one program, then nothing left.
+
+use std::io::{IsTerminal, Read, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use runcell_core::{
+    parse_size, Output, RunOptions, Runtime, RuntimeConfig, SandboxLimits, SandboxOptions,
+};
+use runcell_protocol::Language;
+
+use crate::report;
+
+/// Largest program accepted (from a file, stdin or -c).
+const MAX_CODE: u64 = 16 << 20;
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Language: python, javascript (node) or bash.
+    language: String,
+    /// Source file to run, or - to read the program from standard input.
+    file: Option<PathBuf>,
+    /// Program text (instead of a file).
+    #[arg(short = 'c', long = "code", conflicts_with = "file")]
+    code: Option<String>,
+    /// Wall-clock limit, e.g. 5, 5s, 500ms, 2m.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    timeout: Duration,
+    /// Memory limit (includes files written to the sandbox), e.g. 256M.
+    #[arg(long, default_value = "1G", value_parser = parse_size_arg)]
+    memory: u64,
+    /// Maximum number of processes and threads.
+    #[arg(long, default_value_t = 512)]
+    pids: u64,
+    /// CPU limit in cores, e.g. 0.5.
+    #[arg(long, default_value_t = 1.0)]
+    cpus: f64,
+    /// Size of the sandbox's writable layer, e.g. 512M.
+    #[arg(long, default_value = "512M", value_parser = parse_size_arg)]
+    disk: u64,
+    /// Bytes of each of stdout and stderr printed; the rest is counted.
+    #[arg(long, default_value = "1M", value_parser = parse_size_arg)]
+    output_limit: u64,
+    /// Template the sandbox is made from.
+    #[arg(long, default_value = "host")]
+    template: String,
+    /// Environment variable for the program, KEY=VALUE (repeatable).
+    #[arg(short = 'e', long = "env", value_parser = parse_env)]
+    env: Vec<(String, String)>,
+    /// Arguments passed to the program (after --).
+    #[arg(last = true)]
+    args: Vec<String>,
+}
+
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| e.to_string())
+}
+
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.into(), v.into())),
+        _ => Err(format!("\"{s}\" is not KEY=VALUE")),
+    }
+}
+
+/// Parses `5`, `5s`, `500ms`, `2m`, `1h`, `1.5s`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("\"{s}\" is not a duration (e.g. 5s, 500ms, 2m)"))?;
+    let secs = match unit {
+        "" | "s" => v,
+        "ms" => v / 1000.0,
+        "m" => v * 60.0,
+        "h" => v * 3600.0,
+        _ => return Err(format!("\"{s}\" is not a duration (e.g. 5s, 500ms, 2m)")),
+    };
+    if !(secs > 0.0 && secs.is_finite()) {
+        return Err(format!("\"{s}\" must be a positive duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn read_code(args: &RunArgs) -> Result<String, String> {
+    let mut buf = Vec::new();
+    match (&args.code, &args.file) {
+        (Some(code), _) => return Ok(code.clone()),
+        (None, Some(p)) if p.as_os_str() == "-" => {
+            std::io::stdin()
+                .take(MAX_CODE + 1)
+                .read_to_end(&mut buf)
+                .map_err(|e| format!("could not read the program from standard input: {e}"))?;
+        }
+        (None, Some(p)) => {
+            std::fs::File::open(p)
+                .and_then(|f| f.take(MAX_CODE + 1).read_to_end(&mut buf))
+                .map_err(|e| format!("could not read {}: {e}", p.display()))?;
+        }
+        (None, None) if !std::io::stdin().is_terminal() => {
+            std::io::stdin()
+                .take(MAX_CODE + 1)
+                .read_to_end(&mut buf)
+                .map_err(|e| format!("could not read the program from standard input: {e}"))?;
+        }
+        (None, None) => {
+            return Err(
+                "give the program with -c CODE, as a file, or as - to read standard input".into(),
+            )
+        }
+    }
+    if buf.len() as u64 > MAX_CODE {
+        return Err(format!("the program is larger than {} MiB", MAX_CODE >> 20));
+    }
+    String::from_utf8(buf).map_err(|_| "the program is not valid UTF-8".into())
+}
+
+/// Runs `runcell run`; returns the process exit status.
+pub async fn run(config: RuntimeConfig, args: RunArgs) -> u8 {
+    let language: Language = match args.language.parse() {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("runcell: {e}");
+            return 2;
+        }
+    };
+    let code = match read_code(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("runcell: {e}");
+            return 2;
+        }
+    };
+    let runtime = match Runtime::new(config) {
+        Ok(r) => r,
+        Err(e) => {
+            report(&e);
+            return 125;
+        }
+    };
+    // Leftovers of runs whose runcell process was killed.
+    for id in runtime.sweep_dead() {
+        tracing::info!(sandbox = %id, "removed a sandbox left behind by an earlier run");
+    }
+    let limits = SandboxLimits {
+        memory_bytes: args.memory,
+        pids: args.pids,
+        cpu_millis: (args.cpus * 1000.0).round().max(10.0) as u64,
+        disk_bytes: args.disk,
+        timeout: args.timeout,
+        output_bytes: args.output_limit,
+    };
+    let opts = SandboxOptions {
+        template: args.template.clone(),
+        limits,
+        tied_to_process: true,
+        // A backstop well past the run timeout, should this process vanish
+        // without its sandbox noticing.
+        max_lifetime: Some(args.timeout + Duration::from_secs(60)),
+    };
+    let sandbox = match runtime.create(opts).await {
+        Ok(s) => s,
+        Err(e) => {
+            report(&e);
+            return 125;
+        }
+    };
+    let run_opts = RunOptions {
+        env: args.env.iter().cloned().collect(),
+        args: args.args.clone(),
+        ..Default::default()
+    };
+    let outcome = {
+        let run = sandbox.run_code_streaming(language, &code, &run_opts, |stream, bytes| {
+            let _ = match stream {
+                Output::Stdout => {
+                    let mut o = std::io::stdout().lock();
+                    o.write_all(bytes).and_then(|_| o.flush())
+                }
+                Output::Stderr => {
+                    let mut e = std::io::stderr().lock();
+                    e.write_all(bytes).and_then(|_| e.flush())
+                }
+            };
+        });
+        tokio::select! {
+            r = run => Some(r),
+            _ = interrupted() => None,
+        }
+    };
+    let status = match outcome {
+        None => {
+            eprintln!("runcell: interrupted; the sandbox was destroyed.");
+            130
+        }
+        Some(Err(e)) => {
+            report(&e);
+            125
+        }
+        Some(Ok(outcome)) => {
+            for m in outcome.messages() {
+                eprintln!("runcell: {m}");
+            }
+            outcome.status().clamp(0, 255) as u8
+        }
+    };
+    if let Err(e) = sandbox.destroy().await {
+        report(&e);
+        return 125;
+    }
+    status
+}
+
+async fn interrupted() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+        _ = hup.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_durations() {
+        assert_eq!(parse_duration("5").unwrap(), Duration::from_secs(5));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert!(parse_duration("0").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
+}

@@ -1,0 +1,177 @@
+//! The host's connection to a sandbox agent: many concurrent requests over
+//! one unix socket, each answered by a stream of events.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use runcell_protocol::{
+    read_frame, write_frame, ClientMessage, CodecError, ErrorKind, Event, Frame, Request,
+    ServerMessage, PROTOCOL_VERSION,
+};
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::net::UnixStream;
+use tokio::sync::mpsc;
+
+/// Errors talking to an agent.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Could not connect.
+    #[error("Could not connect to the sandbox agent.")]
+    Connect(#[source] std::io::Error),
+    /// The framing failed.
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    /// The agent speaks another protocol version.
+    #[error("The sandbox agent speaks protocol version {agent}, this runcell speaks {ours}.")]
+    Version {
+        /// The agent's version.
+        agent: u32,
+        /// Ours.
+        ours: u32,
+    },
+    /// The connection closed before the answer was complete.
+    #[error("The sandbox agent closed the connection (the sandbox may have been stopped).")]
+    Closed,
+    /// The agent answered with an error.
+    #[error("{message}")]
+    Agent {
+        /// The kind of failure.
+        kind: ErrorKind,
+        /// The agent's message.
+        message: String,
+    },
+    /// The agent answered with an unexpected event.
+    #[error("The sandbox agent sent an unexpected reply.")]
+    Unexpected(Event),
+}
+
+type Pending = Arc<Mutex<HashMap<u64, mpsc::Sender<(Event, Vec<u8>)>>>>;
+
+/// A connection to one agent.
+#[derive(Debug)]
+pub struct AgentClient {
+    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    pending: Pending,
+    next_id: AtomicU64,
+    reader: tokio::task::JoinHandle<()>,
+    sandbox_id: String,
+}
+
+/// The events answering one request.
+#[derive(Debug)]
+pub struct Replies {
+    rx: mpsc::Receiver<(Event, Vec<u8>)>,
+    /// The request id (to signal a running exec).
+    pub id: u64,
+}
+
+impl Replies {
+    /// The next event, or `Closed` if the connection ended first.
+    pub async fn next(&mut self) -> Result<(Event, Vec<u8>), ClientError> {
+        self.rx.recv().await.ok_or(ClientError::Closed)
+    }
+}
+
+impl AgentClient {
+    /// Connects and checks the agent's hello.
+    pub async fn connect(path: &Path) -> Result<Self, ClientError> {
+        let stream = UnixStream::connect(path)
+            .await
+            .map_err(ClientError::Connect)?;
+        let (mut rd, wr) = stream.into_split();
+        let hello: Frame<ServerMessage> = read_frame(&mut rd).await?.ok_or(ClientError::Closed)?;
+        let sandbox_id = match hello.header.event {
+            Event::Hello {
+                version,
+                sandbox_id,
+                ..
+            } => {
+                if version != PROTOCOL_VERSION {
+                    return Err(ClientError::Version {
+                        agent: version,
+                        ours: PROTOCOL_VERSION,
+                    });
+                }
+                sandbox_id
+            }
+            other => return Err(ClientError::Unexpected(other)),
+        };
+        let pending: Pending = Arc::default();
+        let p = pending.clone();
+        let reader = tokio::spawn(async move {
+            loop {
+                let frame: Frame<ServerMessage> = match read_frame(&mut rd).await {
+                    Ok(Some(f)) => f,
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!("agent connection: {e}");
+                        break;
+                    }
+                };
+                let ServerMessage { id, event } = frame.header;
+                let last = event.is_final();
+                let tx = {
+                    let mut map = p.lock().expect("pending lock");
+                    if last {
+                        map.remove(&id)
+                    } else {
+                        map.get(&id).cloned()
+                    }
+                };
+                if let Some(tx) = tx {
+                    // Awaiting here applies backpressure all the way to the process.
+                    let _ = tx.send((event, frame.body)).await;
+                }
+            }
+            p.lock().expect("pending lock").clear();
+        });
+        Ok(Self {
+            writer: tokio::sync::Mutex::new(wr),
+            pending,
+            next_id: AtomicU64::new(1),
+            reader,
+            sandbox_id,
+        })
+    }
+
+    /// The sandbox id the agent reported.
+    pub fn sandbox_id(&self) -> &str {
+        &self.sandbox_id
+    }
+
+    /// Sends a request and returns the stream of its events.
+    pub async fn request(&self, request: Request, body: Vec<u8>) -> Result<Replies, ClientError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(16);
+        self.pending.lock().expect("pending lock").insert(id, tx);
+        let frame = Frame::with_body(ClientMessage { id, request }, body);
+        let sent = write_frame(&mut *self.writer.lock().await, &frame).await;
+        if let Err(e) = sent {
+            self.pending.lock().expect("pending lock").remove(&id);
+            return Err(e.into());
+        }
+        Ok(Replies { rx, id })
+    }
+
+    /// Sends a request that has a single answer and returns it, turning an
+    /// agent error into [`ClientError::Agent`].
+    pub async fn call(
+        &self,
+        request: Request,
+        body: Vec<u8>,
+    ) -> Result<(Event, Vec<u8>), ClientError> {
+        let mut replies = self.request(request, body).await?;
+        match replies.next().await? {
+            (Event::Error { kind, message }, _) => Err(ClientError::Agent { kind, message }),
+            other => Ok(other),
+        }
+    }
+}
+
+impl Drop for AgentClient {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}

@@ -1,0 +1,53 @@
+//! Sandbox lifecycle for runcell, independent of any API surface.
+//!
+//! A [`Runtime`] knows where sandboxes live on the host and how to start
+//! their agent; [`Runtime::create`] returns a [`Sandbox`] that runs commands
+//! and code, moves files and reports resource use, and is destroyed with
+//! [`Sandbox::destroy`].
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), runcell_core::Error> {
+//! use runcell_core::{Runtime, RuntimeConfig, SandboxOptions, RunOptions};
+//! use runcell_protocol::Language;
+//!
+//! let runtime = Runtime::new(RuntimeConfig::default())?;
+//! let sandbox = runtime.create(SandboxOptions::default()).await?;
+//! let result = sandbox
+//!     .run_code(Language::Python, "print(6*7)", &RunOptions::default())
+//!     .await?;
+//! assert_eq!(result.stdout, b"42\n");
+//! sandbox.destroy().await?;
+//! # Ok(()) }
+//! ```
+
+mod client;
+mod limits;
+mod runtime;
+mod sandbox;
+mod template;
+
+pub use client::{AgentClient, ClientError};
+pub use limits::{format_size, parse_size, SandboxLimits, SizeError};
+pub use runtime::{Runtime, RuntimeConfig, SandboxOptions};
+pub use sandbox::{ExecOutcome, ExecResult, Output, RunOptions, Sandbox};
+pub use template::{Template, TemplateError};
+
+/// Errors from the core.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The jail could not be created or destroyed.
+    #[error(transparent)]
+    Jail(#[from] runcell_jail::SpawnError),
+    /// Talking to the agent failed.
+    #[error(transparent)]
+    Agent(#[from] ClientError),
+    /// A template problem.
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    /// A blocking task was lost.
+    #[error("An internal task failed.")]
+    Task(#[source] tokio::task::JoinError),
+    /// The agent binary could not be found.
+    #[error("The sandbox agent binary (runcell-agent) was not found next to {0}; build the workspace or set RUNCELL_AGENT.")]
+    AgentNotFound(std::path::PathBuf),
+}

@@ -1,0 +1,181 @@
+//! Where sandboxes live on the host and how they are created.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use runcell_jail::{IdMap, Jail, JailConfig, SandboxUser};
+
+use crate::limits::SandboxLimits;
+use crate::sandbox::Sandbox;
+use crate::template::Template;
+use crate::{AgentClient, Error};
+
+/// Host-wide settings.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Directory holding one subdirectory per running sandbox.
+    pub state_dir: PathBuf,
+    /// Directory of installed templates (besides the built-in `host`).
+    pub templates_dir: Option<PathBuf>,
+    /// The agent binary; found next to the current executable when absent.
+    pub agent: Option<PathBuf>,
+    /// Cgroup parent name.
+    pub cgroup_parent: String,
+    /// Host id range that sandbox ids map to.
+    pub id_map: IdMap,
+    /// Log filter for agents (`RUST_LOG` syntax).
+    pub agent_log: Option<String>,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            state_dir: PathBuf::from("/run/runcell/sandboxes"),
+            templates_dir: None,
+            agent: std::env::var_os("RUNCELL_AGENT").map(PathBuf::from),
+            cgroup_parent: "runcell".into(),
+            id_map: IdMap::default(),
+            agent_log: std::env::var("RUNCELL_AGENT_LOG").ok(),
+        }
+    }
+}
+
+/// Options for one sandbox.
+#[derive(Debug, Clone)]
+pub struct SandboxOptions {
+    /// Template name.
+    pub template: String,
+    /// Limits.
+    pub limits: SandboxLimits,
+    /// Stop the sandbox when this process exits (one-shot use from a CLI).
+    pub tied_to_process: bool,
+    /// Hard lifetime after which the agent stops the sandbox by itself.
+    pub max_lifetime: Option<Duration>,
+}
+
+impl Default for SandboxOptions {
+    fn default() -> Self {
+        Self {
+            template: "host".into(),
+            limits: SandboxLimits::default(),
+            tied_to_process: true,
+            max_lifetime: None,
+        }
+    }
+}
+
+/// Creates and finds sandboxes.
+#[derive(Debug, Clone)]
+pub struct Runtime {
+    config: RuntimeConfig,
+    agent: PathBuf,
+}
+
+impl Runtime {
+    /// A runtime with `config`; fails if the agent binary cannot be found.
+    pub fn new(config: RuntimeConfig) -> Result<Self, Error> {
+        let agent = match &config.agent {
+            Some(p) => p.clone(),
+            None => find_agent()?,
+        };
+        Ok(Self { config, agent })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.config
+    }
+
+    /// Looks up a template.
+    pub fn template(&self, name: &str) -> Result<Template, Error> {
+        Ok(Template::find(self.config.templates_dir.as_deref(), name)?)
+    }
+
+    /// Creates a sandbox and connects to its agent.
+    #[tracing::instrument(skip_all, fields(template = %opts.template))]
+    pub async fn create(&self, opts: SandboxOptions) -> Result<Sandbox, Error> {
+        let template = self.template(&opts.template)?;
+        let id = uuid::Uuid::new_v4().to_string();
+        let deadline_unix_ms = opts.max_lifetime.map(|d| {
+            (SystemTime::now() + d)
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis() as u64
+        });
+        let cfg = JailConfig {
+            id: id.clone(),
+            agent: self.agent.clone(),
+            state_dir: self.config.state_dir.clone(),
+            cgroup_parent: self.config.cgroup_parent.clone(),
+            rootfs: template.rootfs.clone(),
+            limits: opts.limits.jail(),
+            id_map: self.config.id_map,
+            user: SandboxUser::default(),
+            exit_on_host_close: opts.tied_to_process,
+            deadline_unix_ms,
+            ready_timeout: Duration::from_secs(10),
+            agent_log: self.config.agent_log.clone(),
+        };
+        let jail = tokio::task::spawn_blocking(move || Jail::spawn(&cfg))
+            .await
+            .map_err(Error::Task)??;
+        let agent = match AgentClient::connect(&jail.socket_path()).await {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = tokio::task::spawn_blocking(move || jail.destroy()).await;
+                return Err(e.into());
+            }
+        };
+        tracing::debug!(sandbox = %id, "sandbox ready");
+        Ok(Sandbox::new(jail, agent, template, opts.limits))
+    }
+
+    /// Reconnects to a running sandbox (e.g. after a restart).
+    pub async fn attach(
+        &self,
+        id: &str,
+        template: Template,
+        limits: SandboxLimits,
+    ) -> Result<Sandbox, Error> {
+        let state_dir = self.config.state_dir.clone();
+        let owned = id.to_string();
+        let jail = tokio::task::spawn_blocking(move || Jail::attach(&state_dir, &owned))
+            .await
+            .map_err(Error::Task)??;
+        let agent = AgentClient::connect(&jail.socket_path()).await?;
+        Ok(Sandbox::new(jail, agent, template, limits))
+    }
+
+    /// Ids of the sandboxes with state on this host.
+    pub fn list(&self) -> Vec<String> {
+        runcell_jail::list_sandboxes(&self.config.state_dir)
+    }
+
+    /// Removes every sandbox whose agent is no longer running (left behind by
+    /// a process that was killed), with its cgroup and directory. Returns the
+    /// ids removed.
+    pub fn sweep_dead(&self) -> Vec<String> {
+        let mut removed = Vec::new();
+        for id in self.list() {
+            if Jail::attach(&self.config.state_dir, &id).is_err()
+                && Jail::remove(&self.config.state_dir, &self.config.cgroup_parent, &id).is_ok()
+            {
+                removed.push(id);
+            }
+        }
+        removed
+    }
+}
+
+/// `runcell-agent` next to the current executable, or one directory up
+/// (cargo puts test binaries in `target/<profile>/deps`).
+fn find_agent() -> Result<PathBuf, Error> {
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("runcell"));
+    let dir = exe.parent().unwrap_or(Path::new("/"));
+    for candidate in [dir.join("runcell-agent"), dir.join("../runcell-agent")] {
+        if candidate.is_file() {
+            return Ok(candidate.canonicalize().unwrap_or(candidate));
+        }
+    }
+    Err(Error::AgentNotFound(exe))
+}

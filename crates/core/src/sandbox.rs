@@ -1,0 +1,405 @@
+//! One running sandbox, seen from the host.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use runcell_jail::cgroup::Counters;
+use runcell_jail::Jail;
+use runcell_protocol::{
+    AgentStats, Command, ErrorKind, Event, ExecRequest, ExitInfo, FileStat, Language, Request,
+    RunCodeRequest,
+};
+
+use crate::client::{AgentClient, ClientError, Replies};
+use crate::limits::{format_size, SandboxLimits};
+use crate::template::Template;
+use crate::Error;
+
+/// Which stream a chunk of output came from.
+pub use runcell_protocol::Stream as Output;
+
+/// Options for one run.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Extra environment variables.
+    pub env: BTreeMap<String, String>,
+    /// Working directory (the user's home when absent).
+    pub cwd: Option<String>,
+    /// Wall-clock limit; the sandbox's default when absent.
+    pub timeout: Option<Duration>,
+    /// Standard input (exec only).
+    pub stdin: Vec<u8>,
+    /// Arguments after the source file (code runs only).
+    pub args: Vec<String>,
+}
+
+/// How a run ended, with the limits it hit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOutcome {
+    /// Exit status, durations and output totals.
+    pub exit: ExitInfo,
+    /// The timeout that applied.
+    pub timeout: Duration,
+    /// A process of this sandbox was killed for exceeding the memory limit
+    /// during the run.
+    pub oom_killed: bool,
+    /// A fork failed during the run because the process limit was reached.
+    pub pids_limit: bool,
+    /// The memory limit, for messages.
+    pub memory_limit: u64,
+    /// The process limit, for messages.
+    pub pids_max: u64,
+}
+
+impl ExecOutcome {
+    /// The status a shell would report: the exit code, 128 + signal, or 124
+    /// for a timeout (as timeout(1) does).
+    pub fn status(&self) -> i32 {
+        if self.exit.timed_out {
+            124
+        } else {
+            self.exit.status()
+        }
+    }
+
+    /// Plain sentences about every limit the run hit, for people and models.
+    pub fn messages(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.exit.timed_out {
+            out.push(format!(
+                "Execution exceeded the {} s timeout and was stopped.",
+                fmt_secs(self.timeout)
+            ));
+        }
+        if self.oom_killed {
+            out.push(format!(
+                "The sandbox ran out of memory (limit {}) and a process was killed.",
+                format_size(self.memory_limit)
+            ));
+        }
+        if self.pids_limit {
+            out.push(format!(
+                "The sandbox reached its process limit ({}); new processes could not be started.",
+                self.pids_max
+            ));
+        }
+        for (name, truncated, total) in [
+            ("stdout", self.exit.stdout_truncated, self.exit.stdout_bytes),
+            ("stderr", self.exit.stderr_truncated, self.exit.stderr_bytes),
+        ] {
+            if truncated {
+                out.push(truncation_marker(name, total));
+            }
+        }
+        out
+    }
+}
+
+fn fmt_secs(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s.fract() == 0.0 {
+        format!("{s:.0}")
+    } else {
+        format!("{s}")
+    }
+}
+
+/// The marker appended where output was cut.
+pub fn truncation_marker(stream: &str, total: u64) -> String {
+    format!(
+        "[runcell: {stream} truncated; the program wrote {total} bytes ({}) in total]",
+        format_size(total)
+    )
+}
+
+/// A finished run with its (capped) output collected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecResult {
+    /// How it ended.
+    pub outcome: ExecOutcome,
+    /// Stdout, at most the output limit.
+    pub stdout: Vec<u8>,
+    /// Stderr, at most the output limit.
+    pub stderr: Vec<u8>,
+}
+
+/// A running sandbox.
+#[derive(Debug)]
+pub struct Sandbox {
+    jail: Option<Jail>,
+    agent: AgentClient,
+    template: Template,
+    limits: SandboxLimits,
+}
+
+impl Sandbox {
+    pub(crate) fn new(
+        jail: Jail,
+        agent: AgentClient,
+        template: Template,
+        limits: SandboxLimits,
+    ) -> Self {
+        Self {
+            jail: Some(jail),
+            agent,
+            template,
+            limits,
+        }
+    }
+
+    fn jail(&self) -> &Jail {
+        self.jail.as_ref().expect("present until destroy")
+    }
+
+    /// The sandbox id.
+    pub fn id(&self) -> &str {
+        self.jail().id()
+    }
+
+    /// The template it was made from.
+    pub fn template(&self) -> &Template {
+        &self.template
+    }
+
+    /// Its limits.
+    pub fn limits(&self) -> &SandboxLimits {
+        &self.limits
+    }
+
+    /// Host pid of the agent.
+    pub fn agent_pid(&self) -> i32 {
+        self.jail().pid()
+    }
+
+    /// Cgroup counters.
+    pub fn counters(&self) -> Counters {
+        self.jail().counters()
+    }
+
+    /// Runs a command, calling `on_output` for each chunk as it arrives.
+    pub async fn exec_streaming(
+        &self,
+        command: Command,
+        opts: &RunOptions,
+        on_output: impl FnMut(Output, &[u8]),
+    ) -> Result<ExecOutcome, Error> {
+        let timeout = opts.timeout.unwrap_or(self.limits.timeout);
+        let req = Request::Exec(ExecRequest {
+            command,
+            env: opts.env.clone(),
+            cwd: opts.cwd.clone(),
+            timeout_ms: Some(timeout.as_millis() as u64),
+            output_limit: self.limits.output_bytes,
+        });
+        self.stream(req, opts.stdin.clone(), timeout, on_output)
+            .await
+    }
+
+    /// Runs source code, calling `on_output` for each chunk as it arrives.
+    pub async fn run_code_streaming(
+        &self,
+        language: Language,
+        code: &str,
+        opts: &RunOptions,
+        on_output: impl FnMut(Output, &[u8]),
+    ) -> Result<ExecOutcome, Error> {
+        let timeout = opts.timeout.unwrap_or(self.limits.timeout);
+        let req = Request::RunCode(RunCodeRequest {
+            language,
+            args: opts.args.clone(),
+            env: opts.env.clone(),
+            cwd: opts.cwd.clone(),
+            timeout_ms: Some(timeout.as_millis() as u64),
+            output_limit: self.limits.output_bytes,
+        });
+        self.stream(req, code.as_bytes().to_vec(), timeout, on_output)
+            .await
+    }
+
+    /// Runs a command and collects its output.
+    pub async fn exec(&self, command: Command, opts: &RunOptions) -> Result<ExecResult, Error> {
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        let outcome = self
+            .exec_streaming(command, opts, |s, b| {
+                collect(&mut stdout, &mut stderr, s, b)
+            })
+            .await?;
+        Ok(ExecResult {
+            outcome,
+            stdout,
+            stderr,
+        })
+    }
+
+    /// Runs source code and collects its output.
+    pub async fn run_code(
+        &self,
+        language: Language,
+        code: &str,
+        opts: &RunOptions,
+    ) -> Result<ExecResult, Error> {
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        let outcome = self
+            .run_code_streaming(language, code, opts, |s, b| {
+                collect(&mut stdout, &mut stderr, s, b)
+            })
+            .await?;
+        Ok(ExecResult {
+            outcome,
+            stdout,
+            stderr,
+        })
+    }
+
+    async fn stream(
+        &self,
+        req: Request,
+        body: Vec<u8>,
+        timeout: Duration,
+        mut on_output: impl FnMut(Output, &[u8]),
+    ) -> Result<ExecOutcome, Error> {
+        let before = self.counters();
+        let mut replies = self.agent.request(req, body).await?;
+        // The agent enforces the timeout; this is a backstop should it stall.
+        let backstop = timeout + Duration::from_secs(30);
+        let exit = tokio::time::timeout(backstop, read_run(&mut replies, &mut on_output))
+            .await
+            .map_err(|_| ClientError::Closed)??;
+        let after = self.counters();
+        Ok(ExecOutcome {
+            exit,
+            timeout,
+            oom_killed: after.oom_kills > before.oom_kills,
+            pids_limit: after.pids_limit_hits > before.pids_limit_hits,
+            memory_limit: self.limits.memory_bytes,
+            pids_max: self.limits.pids,
+        })
+    }
+
+    /// Reads a file (at most `max_bytes`).
+    pub async fn read_file(&self, path: &str, max_bytes: u64) -> Result<Vec<u8>, Error> {
+        let mut replies = self
+            .agent
+            .request(
+                Request::ReadFile {
+                    path: path.into(),
+                    max_bytes,
+                },
+                Vec::new(),
+            )
+            .await?;
+        let mut data = Vec::new();
+        loop {
+            match replies.next().await? {
+                (Event::Data, body) => data.extend_from_slice(&body),
+                (Event::FileEnd { .. }, _) => return Ok(data),
+                (Event::Error { kind, message }, _) => {
+                    return Err(ClientError::Agent { kind, message }.into())
+                }
+                (other, _) => return Err(ClientError::Unexpected(other).into()),
+            }
+        }
+    }
+
+    /// Writes a file, creating parent directories. Large contents are sent in chunks.
+    pub async fn write_file(&self, path: &str, data: &[u8]) -> Result<u64, Error> {
+        let chunk = runcell_protocol::MAX_BODY / 2;
+        let mut written = 0u64;
+        let mut first = true;
+        let mut rest = data;
+        loop {
+            let (now, later) = rest.split_at(rest.len().min(chunk));
+            let req = Request::WriteFile {
+                path: path.into(),
+                append: !first,
+                mode: None,
+            };
+            match self.agent.call(req, now.to_vec()).await? {
+                (Event::Written { bytes }, _) => written += bytes,
+                (other, _) => return Err(ClientError::Unexpected(other).into()),
+            }
+            first = false;
+            rest = later;
+            if rest.is_empty() {
+                return Ok(written);
+            }
+        }
+    }
+
+    /// Lists a directory.
+    pub async fn list_dir(&self, path: &str) -> Result<Vec<FileStat>, Error> {
+        match self
+            .agent
+            .call(Request::ListDir { path: path.into() }, Vec::new())
+            .await?
+        {
+            (Event::Dir { entries }, _) => Ok(entries),
+            (other, _) => Err(ClientError::Unexpected(other).into()),
+        }
+    }
+
+    /// Stats a path.
+    pub async fn stat(&self, path: &str) -> Result<FileStat, Error> {
+        match self
+            .agent
+            .call(Request::Stat { path: path.into() }, Vec::new())
+            .await?
+        {
+            (Event::Stat(s), _) => Ok(s),
+            (other, _) => Err(ClientError::Unexpected(other).into()),
+        }
+    }
+
+    /// Resource use reported by the agent.
+    pub async fn stats(&self) -> Result<AgentStats, Error> {
+        match self.agent.call(Request::Stats, Vec::new()).await? {
+            (Event::Stats(s), _) => Ok(s),
+            (other, _) => Err(ClientError::Unexpected(other).into()),
+        }
+    }
+
+    /// Kills every process in the sandbox and removes it.
+    #[tracing::instrument(skip_all, fields(sandbox = %self.id()))]
+    pub async fn destroy(mut self) -> Result<(), Error> {
+        let jail = self.jail.take().expect("present until destroy");
+        tokio::task::spawn_blocking(move || jail.destroy())
+            .await
+            .map_err(Error::Task)??;
+        Ok(())
+    }
+}
+
+fn collect(stdout: &mut Vec<u8>, stderr: &mut Vec<u8>, stream: Output, bytes: &[u8]) {
+    match stream {
+        Output::Stdout => stdout.extend_from_slice(bytes),
+        Output::Stderr => stderr.extend_from_slice(bytes),
+    }
+}
+
+async fn read_run(
+    replies: &mut Replies,
+    on_output: &mut impl FnMut(Output, &[u8]),
+) -> Result<ExitInfo, ClientError> {
+    loop {
+        match replies.next().await? {
+            (Event::ExecStarted { .. }, _) => {}
+            (Event::Stdout, body) => on_output(Output::Stdout, &body),
+            (Event::Stderr, body) => on_output(Output::Stderr, &body),
+            (Event::ExecExited(info), _) => return Ok(info),
+            (Event::Error { kind, message }, _) => {
+                return Err(ClientError::Agent { kind, message })
+            }
+            (other, _) => return Err(ClientError::Unexpected(other)),
+        }
+    }
+}
+
+impl ClientError {
+    /// The agent's error kind, if this is an agent error.
+    pub fn kind(&self) -> Option<ErrorKind> {
+        match self {
+            ClientError::Agent { kind, .. } => Some(*kind),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! cgroup v1: one hierarchy per controller (memory, pids, cpu, cpuacct).
+
+use std::path::{Path, PathBuf};
+
+use super::{io_err, read_keyed, read_u64, write, CgroupError, Counters};
+use crate::Limits;
+
+/// Where each v1 controller runcell uses is mounted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Mounts {
+    memory: Option<PathBuf>,
+    pids: Option<PathBuf>,
+    cpu: Option<PathBuf>,
+    cpuacct: Option<PathBuf>,
+}
+
+impl Mounts {
+    pub(super) fn add(&mut self, mount_point: &Path, super_opts: &str) {
+        for opt in super_opts.split(',') {
+            let slot = match opt {
+                "memory" => &mut self.memory,
+                "pids" => &mut self.pids,
+                "cpu" => &mut self.cpu,
+                "cpuacct" => &mut self.cpuacct,
+                _ => continue,
+            };
+            if slot.is_none() {
+                *slot = Some(mount_point.to_path_buf());
+            }
+        }
+    }
+
+    pub(super) fn has_required(&self) -> bool {
+        self.memory.is_some() && self.pids.is_some()
+    }
+
+    /// The distinct directories `<mount>/<rel>` across controllers.
+    pub(super) fn dirs(&self, rel: &str) -> Vec<PathBuf> {
+        let mut out: Vec<PathBuf> = Vec::new();
+        for m in [&self.memory, &self.pids, &self.cpu, &self.cpuacct]
+            .into_iter()
+            .flatten()
+        {
+            let d = m.join(rel);
+            if !out.contains(&d) {
+                out.push(d);
+            }
+        }
+        out
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Group {
+    memory: PathBuf,
+    pids: PathBuf,
+    cpu: Option<PathBuf>,
+    cpuacct: Option<PathBuf>,
+}
+
+impl Group {
+    pub(super) fn open(m: &Mounts, parent: &str, name: &str) -> Self {
+        let rel = format!("{parent}/{name}");
+        Self {
+            memory: m
+                .memory
+                .as_ref()
+                .expect("checked by has_required")
+                .join(&rel),
+            pids: m.pids.as_ref().expect("checked by has_required").join(&rel),
+            cpu: m.cpu.as_ref().map(|c| c.join(&rel)),
+            cpuacct: m.cpuacct.as_ref().map(|c| c.join(&rel)),
+        }
+    }
+
+    pub(super) fn create(
+        m: &Mounts,
+        parent: &str,
+        name: &str,
+        limits: &Limits,
+    ) -> Result<Self, CgroupError> {
+        let g = Self::open(m, parent, name);
+        for dir in g.dirs() {
+            std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        }
+        let mem = limits.memory_bytes.to_string();
+        write(&g.memory.join("memory.limit_in_bytes"), &mem)?;
+        let memsw = g.memory.join("memory.memsw.limit_in_bytes");
+        if memsw.exists() {
+            // Without swap accounting this file is absent; with it, swap must not
+            // stretch the limit.
+            write(&memsw, &mem)?;
+        }
+        write(&g.pids.join("pids.max"), &limits.pids.to_string())?;
+        if let Some(cpu) = &g.cpu {
+            let period = 100_000u64;
+            let quota = (limits.cpu_millis * period / 1000).max(1000);
+            write(&cpu.join("cpu.cfs_period_us"), &period.to_string())?;
+            write(&cpu.join("cpu.cfs_quota_us"), &quota.to_string())?;
+        }
+        Ok(g)
+    }
+
+    pub(super) fn dirs(&self) -> Vec<PathBuf> {
+        let mut out = vec![self.memory.clone(), self.pids.clone()];
+        for d in [&self.cpu, &self.cpuacct].into_iter().flatten() {
+            if !out.contains(d) {
+                out.push(d.clone());
+            }
+        }
+        out
+    }
+
+    pub(super) fn counters(&self) -> Counters {
+        Counters {
+            oom_kills: read_keyed(&self.memory.join("memory.oom_control"), "oom_kill"),
+            pids_limit_hits: read_keyed(&self.pids.join("pids.events"), "max"),
+            memory_bytes: read_u64(&self.memory.join("memory.usage_in_bytes")),
+            memory_peak_bytes: read_u64(&self.memory.join("memory.max_usage_in_bytes")),
+            cpu_ns: self
+                .cpuacct
+                .as_ref()
+                .map(|d| read_u64(&d.join("cpuacct.usage")))
+                .unwrap_or(0),
+            pids: read_u64(&self.pids.join("pids.current")),
+        }
+    }
+}

@@ -1,0 +1,472 @@
+//! Sandbox side of the jail, run by the agent as PID 1 of the new namespaces
+//! before it serves anything.
+//!
+//! [`bootstrap`] reads the [`InitSpec`] from the setup socket (fd 3), builds the
+//! root filesystem and pivots into it:
+//!
+//! * a tmpfs of `disk_bytes` holds everything writable: the root directory
+//!   itself (host template) or the overlay's upper layer (directory template);
+//! * template directories are overlaid read-only below it, so writes go to
+//!   the tmpfs and never reach the template or the host;
+//! * fresh `/proc` (with sensitive files masked), a minimal `/dev` of bind-mounted
+//!   host nodes (`null`, `zero`, `full`, `random`, `urandom`, `tty`), a private
+//!   devpts, and a synthesized `/etc` (passwd, group, hosts, resolv.conf);
+//! * `pivot_root` into it and detach the old root, so no other host path is
+//!   reachable.
+
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::statvfs::{statvfs, FsFlags};
+use nix::unistd::{chdir, chown, pivot_root, sethostname, Gid, Uid};
+
+use crate::spec::{InitSpec, RootfsSpec, SandboxUser};
+
+/// Errors building the sandbox from inside.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// The setup socket failed or sent garbage.
+    #[error("Could not read the sandbox spec from the host.")]
+    Spec(#[source] io::Error),
+    /// The spec was not valid JSON.
+    #[error("The sandbox spec from the host is invalid.")]
+    BadSpec(#[source] serde_json::Error),
+    /// A setup step failed.
+    #[error("{step} failed: {source}")]
+    Step {
+        /// What was being done.
+        step: String,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn step<E: Into<io::Error>>(what: impl Into<String>) -> impl FnOnce(E) -> SetupError {
+    let step = what.into();
+    move |e| SetupError::Step {
+        step,
+        source: e.into(),
+    }
+}
+
+/// The result of a successful bootstrap.
+#[derive(Debug)]
+pub struct Bootstrap {
+    /// What the host asked for.
+    pub spec: InitSpec,
+    /// The setup socket (fd 3). Its end of stream means the host is gone.
+    pub setup: OwnedFd,
+    /// The agent's listening socket (fd 4), bound by the host outside the sandbox.
+    pub listener: OwnedFd,
+}
+
+/// Takes fds 3 and 4, reads the spec, builds the sandbox and reports to the
+/// host. On failure the error is reported to the host as well.
+pub fn bootstrap() -> Result<Bootstrap, SetupError> {
+    // SAFETY: the host's spawner (spawn::child_exec) hands the agent exactly
+    // these two fds; nothing else in this process owns them.
+    let (setup, listener) = unsafe { (OwnedFd::from_raw_fd(3), OwnedFd::from_raw_fd(4)) };
+    for fd in [&setup, &listener] {
+        nix::fcntl::fcntl(
+            fd,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )
+        .map_err(step("marking the setup fds close-on-exec"))?;
+    }
+    let mut sock = File::from(setup);
+    let result = read_spec(&mut sock).and_then(|spec| build(&spec).map(|()| spec));
+    match result {
+        Ok(spec) => {
+            sock.write_all(b"R").map_err(SetupError::Spec)?;
+            Ok(Bootstrap {
+                spec,
+                setup: sock.into(),
+                listener,
+            })
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            let mut out = vec![b'E'];
+            out.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+            out.extend_from_slice(msg.as_bytes());
+            let _ = sock.write_all(&out);
+            Err(e)
+        }
+    }
+}
+
+fn read_spec(sock: &mut File) -> Result<InitSpec, SetupError> {
+    let mut len = [0u8; 4];
+    sock.read_exact(&mut len).map_err(SetupError::Spec)?;
+    let mut buf = vec![0u8; (u32::from_be_bytes(len) as usize).min(1 << 20)];
+    sock.read_exact(&mut buf).map_err(SetupError::Spec)?;
+    serde_json::from_slice(&buf).map_err(SetupError::BadSpec)
+}
+
+fn build(spec: &InitSpec) -> Result<(), SetupError> {
+    // We were moved into our cgroup before we started: make it our root.
+    unshare(CloneFlags::CLONE_NEWCGROUP).map_err(step("unsharing the cgroup namespace"))?;
+    // Nothing we mount may propagate back to the host.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(step("making mounts private"))?;
+
+    let stage = &spec.staging_dir;
+    mount(
+        Some("tmpfs"),
+        stage,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(format!("size={},mode=0755", spec.disk_bytes.max(1 << 20)).as_str()),
+    )
+    .map_err(step("mounting the writable layer"))?;
+    let root = stage.join("root");
+    for d in ["root", "upper", "work", "shm"] {
+        mkdir(&stage.join(d), 0o755)?;
+    }
+    fs::set_permissions(stage.join("shm"), fs::Permissions::from_mode(0o1777))
+        .map_err(step("preparing /dev/shm"))?;
+
+    match &spec.rootfs {
+        RootfsSpec::Directory { path } => {
+            overlay(
+                path,
+                &root,
+                &stage.join("upper/root"),
+                &stage.join("work/root"),
+            )?;
+        }
+        RootfsSpec::Host { paths, etc } => {
+            // The root directory lives on the tmpfs; bind it to itself so it is
+            // a mount point pivot_root accepts.
+            bind(&root, &root, false)?;
+            for p in paths {
+                host_path(p, &root, stage)?;
+            }
+            mkdir(&root.join("etc"), 0o755)?;
+            for name in etc {
+                host_etc_entry(name, &root)?;
+            }
+        }
+    }
+
+    populate(spec, &root, stage)?;
+
+    chdir(&root).map_err(step("entering the new root"))?;
+    pivot_root(".", ".").map_err(step("pivot_root"))?;
+    // The old root is now stacked on top of "/": detach it.
+    umount2(".", MntFlags::MNT_DETACH).map_err(step("detaching the old root"))?;
+    chdir("/").map_err(step("entering /"))?;
+
+    sethostname(&spec.hostname).map_err(step("setting the host name"))?;
+    crate::sys::loopback_up().map_err(step("bringing up loopback"))?;
+    Ok(())
+}
+
+fn mkdir(path: &Path, mode: u32) -> Result<(), SetupError> {
+    match fs::create_dir_all(path) {
+        Ok(()) => {}
+        Err(e) => return Err(step(format!("creating {}", path.display()))(e)),
+    }
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .map_err(step(format!("setting the mode of {}", path.display())))
+}
+
+fn overlay(lower: &Path, target: &Path, upper: &Path, work: &Path) -> Result<(), SetupError> {
+    mkdir(upper, 0o755)?;
+    mkdir(work, 0o755)?;
+    mkdir(target, 0o755)?;
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={},userxattr",
+        lower.display(),
+        upper.display(),
+        work.display()
+    );
+    mount(
+        Some("overlay"),
+        target,
+        Some("overlay"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(opts.as_str()),
+    )
+    .map_err(step(format!("overlaying {}", lower.display())))
+}
+
+/// Bind-mounts `src` on `dst`, read-only if asked, keeping the flags the
+/// kernel locks on mounts inherited from the host (nosuid, nodev, noexec).
+fn bind(src: &Path, dst: &Path, read_only: bool) -> Result<(), SetupError> {
+    let what = format!("bind-mounting {}", src.display());
+    mount(
+        Some(src),
+        dst,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(step(what.clone()))?;
+    if !read_only {
+        return Ok(());
+    }
+    let locked = statvfs(src).map_err(step(what.clone()))?.flags();
+    let mut flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
+    for (fs_flag, ms_flag) in [
+        (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
+        (FsFlags::ST_NODEV, MsFlags::MS_NODEV),
+        (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
+        (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
+        (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
+        (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
+    ] {
+        if locked.contains(fs_flag) {
+            flags |= ms_flag;
+        }
+    }
+    mount(None::<&str>, dst, None::<&str>, flags, None::<&str>).map_err(step(what))
+}
+
+fn inside(root: &Path, abs: &Path) -> PathBuf {
+    root.join(abs.strip_prefix("/").unwrap_or(abs))
+}
+
+/// Mirrors one host path of the `host` template: a symlink is copied, a
+/// directory is overlaid (read-only lower, private upper).
+fn host_path(p: &Path, root: &Path, stage: &Path) -> Result<(), SetupError> {
+    let meta = match fs::symlink_metadata(p) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(step(format!("inspecting {}", p.display()))(e)),
+    };
+    let target = inside(root, p);
+    if let Some(parent) = target.parent() {
+        mkdir(parent, 0o755)?;
+    }
+    if meta.file_type().is_symlink() {
+        let link = fs::read_link(p).map_err(step(format!("reading {}", p.display())))?;
+        return symlink(&link, &target).map_err(step(format!("linking {}", p.display())));
+    }
+    let key = p.display().to_string().replace('/', "_");
+    overlay(
+        p,
+        &target,
+        &stage.join("upper").join(&key),
+        &stage.join("work").join(&key),
+    )
+}
+
+fn host_etc_entry(name: &str, root: &Path) -> Result<(), SetupError> {
+    if name.contains('/') && name.split('/').any(|c| c == ".." || c.is_empty()) {
+        return Ok(());
+    }
+    let src = Path::new("/etc").join(name);
+    let meta = match fs::symlink_metadata(&src) {
+        Ok(m) => m,
+        Err(_) => return Ok(()),
+    };
+    let dst = root.join("etc").join(name);
+    if meta.file_type().is_symlink() {
+        let link = fs::read_link(&src).map_err(step(format!("reading {}", src.display())))?;
+        return symlink(&link, &dst).map_err(step(format!("linking {}", src.display())));
+    }
+    if meta.is_dir() {
+        mkdir(&dst, 0o755)?;
+    } else {
+        File::create(&dst).map_err(step(format!("creating {}", dst.display())))?;
+    }
+    bind(&src, &dst, true)
+}
+
+fn write_file(path: &Path, content: &str) -> Result<(), SetupError> {
+    // Remove first: in a directory template the file may be a symlink into the
+    // lower layer.
+    let _ = fs::remove_file(path);
+    fs::write(path, content).map_err(step(format!("writing {}", path.display())))
+}
+
+/// Creates the directories, /etc files, /proc and /dev every sandbox has.
+fn populate(spec: &InitSpec, root: &Path, stage: &Path) -> Result<(), SetupError> {
+    let user = &spec.user;
+    for (d, mode) in [
+        ("proc", 0o555),
+        ("dev", 0o755),
+        ("etc", 0o755),
+        ("tmp", 0o1777),
+        ("var/tmp", 0o1777),
+        ("run", 0o755),
+        ("root", 0o700),
+    ] {
+        mkdir(&root.join(d), mode)?;
+    }
+    let home = inside(root, Path::new(&user.home));
+    mkdir(&home, 0o755)?;
+    chown(
+        &home,
+        Some(Uid::from_raw(user.uid)),
+        Some(Gid::from_raw(user.gid)),
+    )
+    .map_err(step("giving the home directory to the sandbox user"))?;
+
+    synthesize_etc(spec, &root.join("etc"), user)?;
+
+    // /proc: a fresh instance for our pid namespace, with host-wide knobs masked.
+    let proc_dir = root.join("proc");
+    mount(
+        Some("proc"),
+        &proc_dir,
+        Some("proc"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .map_err(step("mounting /proc"))?;
+    for ro in ["sys", "sysrq-trigger", "irq", "bus", "fs"] {
+        let p = proc_dir.join(ro);
+        if p.exists() {
+            bind(&p, &p, true)?;
+        }
+    }
+    for masked in ["kcore", "keys", "timer_list", "sched_debug", "kallsyms"] {
+        let p = proc_dir.join(masked);
+        if p.exists() {
+            bind(Path::new("/dev/null"), &p, true)?;
+        }
+    }
+
+    // /dev: host device nodes bound in (a tmpfs we mount cannot hold usable nodes).
+    let dev = root.join("dev");
+    mount(
+        Some("tmpfs"),
+        &dev,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("size=64k,mode=0755"),
+    )
+    .map_err(step("mounting /dev"))?;
+    for node in ["null", "zero", "full", "random", "urandom", "tty"] {
+        let dst = dev.join(node);
+        File::create(&dst).map_err(step(format!("creating /dev/{node}")))?;
+        bind(&Path::new("/dev").join(node), &dst, false)?;
+    }
+    for (link, to) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+        ("ptmx", "pts/ptmx"),
+        ("core", "/proc/kcore"),
+    ] {
+        symlink(to, dev.join(link)).map_err(step(format!("linking /dev/{link}")))?;
+    }
+    let pts = dev.join("pts");
+    mkdir(&pts, 0o755)?;
+    mount(
+        Some("devpts"),
+        &pts,
+        Some("devpts"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620"),
+    )
+    .map_err(step("mounting /dev/pts"))?;
+    let shm = dev.join("shm");
+    mkdir(&shm, 0o1777)?;
+    // Shared memory lives in the writable layer, under the same size cap.
+    bind(&stage.join("shm"), &shm, false)?;
+    Ok(())
+}
+
+fn synthesize_etc(spec: &InitSpec, etc: &Path, user: &SandboxUser) -> Result<(), SetupError> {
+    let (uid, gid, name, home) = (user.uid, user.gid, &user.name, &user.home);
+    write_file(
+        &etc.join("passwd"),
+        &format!(
+            "root:x:0:0:root:/root:/bin/bash\n\
+             {name}:x:{uid}:{gid}:{name}:{home}:/bin/bash\n\
+             nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+        ),
+    )?;
+    write_file(
+        &etc.join("group"),
+        &format!("root:x:0:\n{name}:x:{gid}:\nnogroup:x:65534:\n"),
+    )?;
+    write_file(
+        &etc.join("hosts"),
+        &format!(
+            "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{}\n",
+            spec.hostname
+        ),
+    )?;
+    write_file(&etc.join("hostname"), &format!("{}\n", spec.hostname))?;
+    // No network by default: no resolver. Lookups fail at once instead of hanging.
+    write_file(
+        &etc.join("resolv.conf"),
+        "# runcell: this sandbox has no network\n",
+    )?;
+    write_file(
+        &etc.join("nsswitch.conf"),
+        "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n",
+    )?;
+    Ok(())
+}
+
+/// Turns a freshly forked child into the unprivileged sandbox user. Called in
+/// `pre_exec`, so it uses only async-signal-safe calls.
+///
+/// New session (no controlling terminal), OOM score raised to 500 so the OOM
+/// killer always picks user code before the agent (raising needs no privilege;
+/// lowering the agent's would need CAP_SYS_RESOURCE on the host), capability bounding set emptied, groups and ids set
+/// to the sandbox user (which drops all capabilities), core dumps off.
+pub fn drop_privileges(uid: u32, gid: u32) -> io::Result<()> {
+    fn check(rc: libc::c_int) -> io::Result<()> {
+        if rc < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+    // SAFETY: each call is a plain syscall with valid scalar or static
+    // arguments; none allocates, so they are safe between fork and exec.
+    unsafe {
+        check(libc::setsid())?;
+        let fd = libc::open(
+            c"/proc/self/oom_score_adj".as_ptr(),
+            libc::O_WRONLY | libc::O_CLOEXEC,
+        );
+        if fd >= 0 {
+            libc::write(fd, b"500".as_ptr().cast(), 3);
+            libc::close(fd);
+        }
+        for cap in 0..=63 {
+            if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) < 0
+                && *libc::__errno_location() == libc::EINVAL
+            {
+                break;
+            }
+        }
+        check(libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        ))?;
+        check(libc::setgroups(0, std::ptr::null()))?;
+        check(libc::setresgid(gid, gid, gid))?;
+        check(libc::setresuid(uid, uid, uid))?;
+        check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+        let no_core = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        check(libc::setrlimit(libc::RLIMIT_CORE, &no_core))?;
+    }
+    Ok(())
+}

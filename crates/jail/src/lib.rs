@@ -1,0 +1,24 @@
+//! The jail backend: a Linux sandbox built from namespaces, an overlay root,
+//! seccomp and cgroups. Every raw syscall and `unsafe` block of runcell lives
+//! in this crate, behind a narrow API:
+//!
+//! * [`Jail::spawn`] (host side) creates cgroups, clones the agent into new
+//!   user, pid, mount, net, ipc and uts namespaces, writes its id maps and waits
+//!   until the sandbox is ready.
+//! * [`inside::bootstrap`] (sandbox side, run by the agent as PID 1) builds the
+//!   root filesystem, pivots into it and brings up loopback.
+//! * [`seccomp`] builds the syscall filter every sandboxed process runs under,
+//!   and [`inside::drop_privileges`] turns a forked child into the unprivileged
+//!   sandbox user.
+//!
+//! See docs/SECURITY.md for what each layer stops.
+
+pub mod cgroup;
+pub mod inside;
+pub mod seccomp;
+mod spawn;
+mod spec;
+mod sys;
+
+pub use spawn::{list_sandboxes, Jail, JailConfig, SpawnError};
+pub use spec::{IdMap, InitSpec, Limits, RootfsSpec, SandboxUser};

@@ -1,0 +1,347 @@
+//! The seccomp filter every sandboxed process runs under.
+//!
+//! runcell uses a deny list on top of the other layers (user namespace, no
+//! capabilities, `no_new_privs`): each entry closes a kernel interface that
+//! sandboxed code has no business using and that has a history of privilege
+//! escalation bugs. Denied calls fail with `EPERM` (or `ENOSYS` where libc
+//! must fall back, see `clone3`), so programs get an error, not a crash.
+//! docs/SECURITY.md has the table with the reason for each entry.
+//!
+//! Two filters are installed:
+//! 1. A guard that kills the process on a foreign architecture (32-bit
+//!    `int 0x80` calls), refuses the x32 ABI (syscall numbers with bit 30
+//!    set), so the deny list below cannot be bypassed with another ABI, and
+//!    answers `clone3` with `ENOSYS`.
+//! 2. The deny list itself (built with seccompiler).
+
+use std::collections::BTreeMap;
+
+use seccompiler::{
+    sock_filter, BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition,
+    SeccompFilter, SeccompRule,
+};
+
+/// Errors building or installing the filter.
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    /// The filter could not be compiled.
+    #[error("The seccomp filter could not be built.")]
+    Build(#[source] seccompiler::BackendError),
+    /// The filter could not be installed.
+    #[error("The seccomp filter could not be installed.")]
+    Install(#[source] seccompiler::Error),
+    /// The current architecture is not supported.
+    #[error("Seccomp filtering is not supported on this architecture.")]
+    Arch,
+}
+
+/// Every namespace flag of clone(2)/unshare(2).
+const NAMESPACE_FLAGS: [u64; 8] = [
+    libc::CLONE_NEWNS as u64,
+    libc::CLONE_NEWCGROUP as u64,
+    libc::CLONE_NEWUTS as u64,
+    libc::CLONE_NEWIPC as u64,
+    libc::CLONE_NEWUSER as u64,
+    libc::CLONE_NEWPID as u64,
+    libc::CLONE_NEWNET as u64,
+    0x80, // CLONE_NEWTIME
+];
+
+/// Syscalls that are always refused, with the reason (mirrored in docs/SECURITY.md).
+pub const DENIED: &[(&str, i64, &str)] = &[
+    (
+        "mount",
+        libc::SYS_mount,
+        "filesystem mounts: new views of the tree, fs bugs",
+    ),
+    (
+        "umount2",
+        libc::SYS_umount2,
+        "unmounting could reveal what a mount hides",
+    ),
+    ("pivot_root", libc::SYS_pivot_root, "changing the root"),
+    ("open_tree", libc::SYS_open_tree, "new mount API"),
+    ("move_mount", libc::SYS_move_mount, "new mount API"),
+    ("fsopen", libc::SYS_fsopen, "new mount API"),
+    ("fsconfig", libc::SYS_fsconfig, "new mount API"),
+    ("fsmount", libc::SYS_fsmount, "new mount API"),
+    ("fspick", libc::SYS_fspick, "new mount API"),
+    ("mount_setattr", libc::SYS_mount_setattr, "new mount API"),
+    (
+        "ptrace",
+        libc::SYS_ptrace,
+        "reading and steering other processes",
+    ),
+    (
+        "process_vm_readv",
+        libc::SYS_process_vm_readv,
+        "reading other processes' memory",
+    ),
+    (
+        "process_vm_writev",
+        libc::SYS_process_vm_writev,
+        "writing other processes' memory",
+    ),
+    (
+        "bpf",
+        libc::SYS_bpf,
+        "eBPF verifier and JIT: a large kernel attack surface",
+    ),
+    (
+        "perf_event_open",
+        libc::SYS_perf_event_open,
+        "perf: side channels and kernel bugs",
+    ),
+    (
+        "keyctl",
+        libc::SYS_keyctl,
+        "kernel keyrings are not namespaced",
+    ),
+    (
+        "add_key",
+        libc::SYS_add_key,
+        "kernel keyrings are not namespaced",
+    ),
+    (
+        "request_key",
+        libc::SYS_request_key,
+        "kernel keyrings are not namespaced",
+    ),
+    (
+        "kexec_load",
+        libc::SYS_kexec_load,
+        "replacing the running kernel",
+    ),
+    (
+        "kexec_file_load",
+        libc::SYS_kexec_file_load,
+        "replacing the running kernel",
+    ),
+    ("reboot", libc::SYS_reboot, "rebooting the host"),
+    ("init_module", libc::SYS_init_module, "loading kernel code"),
+    (
+        "finit_module",
+        libc::SYS_finit_module,
+        "loading kernel code",
+    ),
+    (
+        "delete_module",
+        libc::SYS_delete_module,
+        "unloading kernel code",
+    ),
+    (
+        "userfaultfd",
+        libc::SYS_userfaultfd,
+        "stalls the kernel at will; a staple of exploits",
+    ),
+    (
+        "io_uring_setup",
+        libc::SYS_io_uring_setup,
+        "io_uring: large attack surface, bypasses seccomp",
+    ),
+    ("io_uring_enter", libc::SYS_io_uring_enter, "io_uring"),
+    ("io_uring_register", libc::SYS_io_uring_register, "io_uring"),
+    (
+        "open_by_handle_at",
+        libc::SYS_open_by_handle_at,
+        "opens files by handle, outside the mount tree (the 'shocker' escape)",
+    ),
+    (
+        "name_to_handle_at",
+        libc::SYS_name_to_handle_at,
+        "companion of open_by_handle_at",
+    ),
+    ("setns", libc::SYS_setns, "joining other namespaces"),
+    ("acct", libc::SYS_acct, "host-wide process accounting"),
+    ("swapon", libc::SYS_swapon, "host swap"),
+    ("swapoff", libc::SYS_swapoff, "host swap"),
+    (
+        "syslog",
+        libc::SYS_syslog,
+        "kernel log: leaks kernel addresses",
+    ),
+    ("settimeofday", libc::SYS_settimeofday, "the host clock"),
+    ("clock_settime", libc::SYS_clock_settime, "the host clock"),
+    ("clock_adjtime", libc::SYS_clock_adjtime, "the host clock"),
+    ("quotactl", libc::SYS_quotactl, "host filesystem quotas"),
+    (
+        "lookup_dcookie",
+        libc::SYS_lookup_dcookie,
+        "kernel profiling interface",
+    ),
+    ("vhangup", libc::SYS_vhangup, "hangs up the terminal"),
+    ("iopl", libc::SYS_iopl, "raw I/O port access"),
+    ("ioperm", libc::SYS_ioperm, "raw I/O port access"),
+    ("uselib", libc::SYS_uselib, "obsolete loader interface"),
+    (
+        "fanotify_init",
+        libc::SYS_fanotify_init,
+        "filesystem-wide event monitoring",
+    ),
+];
+
+fn rule(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompRule, SeccompError> {
+    let len = match op {
+        SeccompCmpOp::MaskedEq(_) => SeccompCmpArgLen::Qword,
+        _ => SeccompCmpArgLen::Dword,
+    };
+    let cond = SeccompCondition::new(arg, len, op, value).map_err(SeccompError::Build)?;
+    SeccompRule::new(vec![cond]).map_err(SeccompError::Build)
+}
+
+fn namespace_flag_rules() -> Result<Vec<SeccompRule>, SeccompError> {
+    NAMESPACE_FLAGS
+        .iter()
+        .map(|&f| rule(0, SeccompCmpOp::MaskedEq(f), f))
+        .collect()
+}
+
+fn arch() -> Result<seccompiler::TargetArch, SeccompError> {
+    std::env::consts::ARCH
+        .try_into()
+        .map_err(|_| SeccompError::Arch)
+}
+
+/// The deny-list filter.
+pub fn deny_list() -> Result<BpfProgram, SeccompError> {
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    for (_, nr, _) in DENIED {
+        rules.insert(*nr, vec![]);
+    }
+    // Namespaces: clone(2) and unshare(2) may not create any.
+    rules.insert(libc::SYS_clone, namespace_flag_rules()?);
+    rules.insert(libc::SYS_unshare, namespace_flag_rules()?);
+    // Terminal injection: TIOCSTI pushes input into a terminal, TIOCLINUX into the console.
+    rules.insert(
+        libc::SYS_ioctl,
+        vec![
+            rule(1, SeccompCmpOp::Eq, libc::TIOCSTI)?,
+            rule(1, SeccompCmpOp::Eq, libc::TIOCLINUX)?,
+        ],
+    );
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch()?,
+    )
+    .map_err(SeccompError::Build)?;
+    filter.try_into().map_err(SeccompError::Build)
+}
+
+// Classic BPF opcodes (linux/filter.h, linux/bpf_common.h).
+const BPF_LD: u16 = 0x00;
+const BPF_W: u16 = 0x00;
+const BPF_ABS: u16 = 0x20;
+const BPF_JMP: u16 = 0x05;
+const BPF_JEQ: u16 = 0x10;
+const BPF_JGE: u16 = 0x30;
+const BPF_K: u16 = 0x00;
+const BPF_RET: u16 = 0x06;
+const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+const SECCOMP_RET_KILL_PROCESS: u32 = 0x8000_0000;
+#[cfg(target_arch = "x86_64")]
+const NATIVE_AUDIT_ARCH: u32 = 62 | 0x8000_0000 | 0x4000_0000;
+#[cfg(target_arch = "aarch64")]
+const NATIVE_AUDIT_ARCH: u32 = 183 | 0x8000_0000 | 0x4000_0000;
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+
+fn stmt(code: u16, k: u32) -> sock_filter {
+    sock_filter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    }
+}
+
+fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
+    sock_filter { code, jt, jf, k }
+}
+
+/// The guard filter: kills on a foreign architecture (e.g. 32-bit `int 0x80`
+/// calls on x86_64), refuses the x32 ABI, and answers `clone3` with `ENOSYS`:
+/// clone3 passes its flags in memory that a filter cannot read, and libc
+/// falls back to clone(2), whose flags the deny list checks.
+pub fn guard() -> BpfProgram {
+    let mut prog = vec![
+        // seccomp_data.arch is at offset 4.
+        stmt(BPF_LD | BPF_W | BPF_ABS, 4),
+        jump(BPF_JMP | BPF_JEQ | BPF_K, NATIVE_AUDIT_ARCH, 1, 0),
+        stmt(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+        // seccomp_data.nr is at offset 0.
+        stmt(BPF_LD | BPF_W | BPF_ABS, 0),
+    ];
+    if cfg!(target_arch = "x86_64") {
+        prog.extend([
+            jump(BPF_JMP | BPF_JGE | BPF_K, X32_SYSCALL_BIT, 0, 1),
+            stmt(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
+        ]);
+    }
+    prog.extend([
+        jump(BPF_JMP | BPF_JEQ | BPF_K, libc::SYS_clone3 as u32, 0, 1),
+        stmt(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
+        stmt(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    ]);
+    prog
+}
+
+/// Both filters, ready to install.
+pub fn filters() -> Result<Vec<BpfProgram>, SeccompError> {
+    Ok(vec![guard(), deny_list()?])
+}
+
+/// Installs the filters on the calling thread (and so on every process it
+/// later starts). Sets `no_new_privs` first.
+pub fn install(filters: &[BpfProgram]) -> Result<(), SeccompError> {
+    for f in filters {
+        seccompiler::apply_filter(f).map_err(SeccompError::Install)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_build_and_every_denied_entry_has_a_reason() {
+        let f = filters().unwrap();
+        assert!(!f.is_empty());
+        for (name, _, why) in DENIED {
+            assert!(!why.is_empty(), "{name} has no reason");
+        }
+    }
+
+    /// Installs the filter in a forked child and checks the kernel's answers.
+    #[test]
+    fn denies_in_a_child_process() {
+        let filters = filters().unwrap();
+        // SAFETY: the child only makes raw syscalls and exits.
+        match unsafe { libc::fork() } {
+            0 => {
+                let ok = install(&filters).is_ok()
+                    // SAFETY: raw syscalls with harmless arguments.
+                    && unsafe { libc::syscall(libc::SYS_unshare, libc::CLONE_NEWUSER) } == -1
+                    && std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+                    // SAFETY: as above; clone3 must fail with ENOSYS before reading its args.
+                    && unsafe { libc::syscall(libc::SYS_clone3, 0, 0) } == -1
+                    && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS)
+                    // SAFETY: as above.
+                    && unsafe { libc::syscall(libc::SYS_bpf, 0, 0, 0) } == -1
+                    && std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+                    // SAFETY: getpid is always safe; it must still be allowed.
+                    && unsafe { libc::syscall(libc::SYS_getpid) } > 0;
+                // SAFETY: _exit never returns and runs no destructors in the child.
+                unsafe { libc::_exit(if ok { 0 } else { 1 }) }
+            }
+            pid => {
+                let mut status = 0;
+                // SAFETY: waits for our own child, writing into a valid local.
+                unsafe { libc::waitpid(pid, &mut status, 0) };
+                assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+            }
+        }
+    }
+}

@@ -1,0 +1,546 @@
+//! Host side of the jail: create, watch and destroy a sandbox.
+//!
+//! Creating a sandbox:
+//! 1. make its directory (`<state>/<id>`), bind the agent's listening socket
+//!    there and create its cgroup;
+//! 2. `clone` a child into new user, pid, mount, net, ipc and uts namespaces;
+//!    the child is PID 1 of its pid namespace and waits;
+//! 3. write the child's uid/gid maps (root inside = an unprivileged host id),
+//!    put it in the cgroup, and let it go;
+//! 4. the child becomes root of its user namespace and execs `runcell-agent
+//!    init`, which reads the [`InitSpec`] from the setup socket, builds the root
+//!    filesystem ([`crate::inside::bootstrap`]) and reports ready.
+//!
+//! Destroying it kills PID 1 of its pid namespace (so the kernel kills every
+//! process in it, double-forked daemons included), removes the cgroup and the
+//! directory. The mounts lived only in the sandbox's mount namespace and are
+//! gone with it.
+
+use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cgroup::{Cgroup, CgroupError, Counters, Hierarchy};
+use crate::spec::{IdMap, InitSpec, Limits, RootfsSpec, SandboxUser};
+use crate::sys;
+
+/// Errors creating, attaching to or destroying a sandbox.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    /// Not running as root.
+    #[error(
+        "runcell needs root to create sandboxes (it writes uid maps and cgroups); run it as root."
+    )]
+    NotRoot,
+    /// The agent binary is missing.
+    #[error("The sandbox agent binary {0} was not found; build it with `cargo build` or set RUNCELL_AGENT.")]
+    AgentMissing(PathBuf),
+    /// A file operation in the sandbox's host directory failed.
+    #[error("Could not prepare {path} for the sandbox.")]
+    Io {
+        /// The path involved.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Cgroup setup or teardown failed.
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    /// clone(2) failed.
+    #[error("Could not create the sandbox's namespaces (clone failed).")]
+    Clone(#[source] io::Error),
+    /// Talking to the starting agent failed.
+    #[error("Lost contact with the sandbox while it started.")]
+    Setup(#[source] io::Error),
+    /// The agent could not be executed.
+    #[error("The sandbox agent could not be started.")]
+    AgentExec(#[source] io::Error),
+    /// The agent reported a setup failure.
+    #[error("The sandbox could not be set up: {0}")]
+    SetupFailed(String),
+    /// The agent exited before it was ready.
+    #[error("The sandbox agent exited while starting; see {0} for its log.")]
+    AgentDied(PathBuf),
+    /// The agent did not report within the timeout.
+    #[error("The sandbox did not become ready within {0:?}.")]
+    ReadyTimeout(Duration),
+    /// No live sandbox with that id.
+    #[error("Sandbox {0} is not running.")]
+    NotRunning(String),
+    /// The sandbox's state file is unreadable.
+    #[error("The state of sandbox {0} is unreadable.")]
+    BadState(String, #[source] serde_json::Error),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> SpawnError + '_ {
+    move |source| SpawnError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Everything needed to create one sandbox.
+#[derive(Debug, Clone)]
+pub struct JailConfig {
+    /// Sandbox id (a path-safe string, normally a UUID).
+    pub id: String,
+    /// The `runcell-agent` binary.
+    pub agent: PathBuf,
+    /// Directory that holds one subdirectory per sandbox.
+    pub state_dir: PathBuf,
+    /// Cgroup parent name, e.g. `runcell`.
+    pub cgroup_parent: String,
+    /// Root filesystem.
+    pub rootfs: RootfsSpec,
+    /// Limits.
+    pub limits: Limits,
+    /// Id mapping.
+    pub id_map: IdMap,
+    /// The unprivileged user code runs as.
+    pub user: SandboxUser,
+    /// Stop the sandbox when this process (the [`Jail`] value) goes away.
+    pub exit_on_host_close: bool,
+    /// Hard deadline (unix ms) enforced by the agent itself.
+    pub deadline_unix_ms: Option<u64>,
+    /// How long to wait for the agent to report ready.
+    pub ready_timeout: Duration,
+    /// Log filter for the agent (`RUST_LOG` syntax), written to `agent.log`.
+    pub agent_log: Option<String>,
+}
+
+/// What is written to `<dir>/jail.json` so a later process can find the sandbox.
+#[derive(Debug, Serialize, Deserialize)]
+struct StateFile {
+    id: String,
+    pid: i32,
+    start_time: u64,
+    cgroup_parent: String,
+}
+
+/// A running sandbox (host side).
+#[derive(Debug)]
+pub struct Jail {
+    id: String,
+    dir: PathBuf,
+    pid: i32,
+    pidfd: OwnedFd,
+    cgroup: Cgroup,
+    /// Held open for `exit_on_host_close` sandboxes: when it closes, the agent exits.
+    _host_end: Option<UnixStream>,
+}
+
+fn hierarchy() -> Result<&'static Hierarchy, CgroupError> {
+    static H: OnceLock<Hierarchy> = OnceLock::new();
+    if let Some(h) = H.get() {
+        return Ok(h);
+    }
+    let h = Hierarchy::detect()?;
+    Ok(H.get_or_init(|| h))
+}
+
+/// Kills and cleans up a half-created sandbox unless defused.
+struct Cleanup<'a> {
+    armed: bool,
+    dir: &'a Path,
+    pid: Option<i32>,
+    cgroup: Option<Cgroup>,
+}
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Some(pid) = self.pid {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+        }
+        if let Some(cg) = &self.cgroup {
+            let _ = cg.destroy(Duration::from_secs(2));
+        }
+        let _ = fs::remove_dir_all(self.dir);
+    }
+}
+
+impl Jail {
+    /// Creates a sandbox and waits until its agent is ready.
+    pub fn spawn(cfg: &JailConfig) -> Result<Jail, SpawnError> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err(SpawnError::NotRoot);
+        }
+        let hierarchy = hierarchy()?;
+        let agent =
+            File::open(&cfg.agent).map_err(|_| SpawnError::AgentMissing(cfg.agent.clone()))?;
+
+        fs::create_dir_all(&cfg.state_dir).map_err(io_err(&cfg.state_dir))?;
+        fs::set_permissions(&cfg.state_dir, fs::Permissions::from_mode(0o711))
+            .map_err(io_err(&cfg.state_dir))?;
+        let dir = cfg.state_dir.join(&cfg.id);
+        fs::create_dir(&dir).map_err(io_err(&dir))?;
+        let mut cleanup = Cleanup {
+            armed: true,
+            dir: &dir,
+            pid: None,
+            cgroup: None,
+        };
+        let staging = dir.join("rootfs");
+        fs::create_dir(&staging).map_err(io_err(&staging))?;
+        // Root inside (the agent) must reach the staging directory during setup.
+        let root = Some(nix::unistd::Uid::from_raw(cfg.id_map.host_base));
+        let root_gid = Some(nix::unistd::Gid::from_raw(cfg.id_map.host_base));
+        for d in [&dir, &staging] {
+            nix::unistd::chown(d.as_path(), root, root_gid).map_err(|e| io_err(d)(e.into()))?;
+            fs::set_permissions(d, fs::Permissions::from_mode(0o700)).map_err(io_err(d))?;
+        }
+
+        let sock_path = dir.join("agent.sock");
+        let listener = UnixListener::bind(&sock_path).map_err(io_err(&sock_path))?;
+        let log_path = dir.join("agent.log");
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(&log_path)
+            .map_err(io_err(&log_path))?;
+        let devnull = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+            .map_err(io_err(Path::new("/dev/null")))?;
+        let (mut host_end, child_end) = UnixStream::pair().map_err(SpawnError::Setup)?;
+
+        cleanup.cgroup = Some(Cgroup::create(
+            hierarchy,
+            &cfg.cgroup_parent,
+            &cfg.id,
+            &cfg.limits,
+        )?);
+
+        // Everything the child needs is allocated before clone: after it, the
+        // child may only make async-signal-safe calls.
+        let argv0 = CString::new("runcell-agent").expect("no NUL");
+        let argv1 = CString::new("init").expect("no NUL");
+        let argv = [argv0.as_ptr(), argv1.as_ptr(), std::ptr::null()];
+        let log_env = cfg
+            .agent_log
+            .as_ref()
+            .and_then(|l| CString::new(format!("RUST_LOG={l}")).ok());
+        let mut envp: Vec<*const libc::c_char> = log_env.iter().map(|c| c.as_ptr()).collect();
+        envp.push(std::ptr::null());
+        let empty = CString::new("").expect("no NUL");
+        let child_fds = ChildFds {
+            setup: child_end.as_raw_fd(),
+            listener: listener.as_raw_fd(),
+            log: log.as_raw_fd(),
+            devnull: devnull.as_raw_fd(),
+            agent: agent.as_raw_fd(),
+        };
+        let flags = (libc::CLONE_NEWUSER
+            | libc::CLONE_NEWPID
+            | libc::CLONE_NEWNS
+            | libc::CLONE_NEWNET
+            | libc::CLONE_NEWIPC
+            | libc::CLONE_NEWUTS) as libc::c_ulong;
+
+        // SAFETY: the child branch runs only `child_exec`, which makes raw,
+        // async-signal-safe syscalls on pre-built data and never returns.
+        let pid = unsafe { sys::clone_fork(flags) }.map_err(SpawnError::Clone)?;
+        if pid == 0 {
+            // SAFETY: we are the freshly cloned child; see child_exec's contract.
+            unsafe { child_exec(&child_fds, &argv, &envp, &empty) }
+        }
+        cleanup.pid = Some(pid);
+        drop(child_end);
+        drop(listener);
+        drop(log);
+        drop(devnull);
+        drop(agent);
+
+        let pidfd = sys::pidfd_open(pid).map_err(SpawnError::Setup)?;
+        let map = format!("0 {} {}\n", cfg.id_map.host_base, cfg.id_map.count);
+        for file in ["uid_map", "gid_map"] {
+            let path = PathBuf::from(format!("/proc/{pid}/{file}"));
+            fs::write(&path, &map).map_err(io_err(&path))?;
+        }
+        if let Some(cg) = &cleanup.cgroup {
+            cg.add_process(pid)?;
+        }
+        let spec = InitSpec {
+            sandbox_id: cfg.id.clone(),
+            hostname: format!("runcell-{}", &cfg.id[..cfg.id.len().min(8)]),
+            staging_dir: staging.clone(),
+            rootfs: cfg.rootfs.clone(),
+            disk_bytes: cfg.limits.disk_bytes,
+            user: cfg.user.clone(),
+            exit_on_host_close: cfg.exit_on_host_close,
+            deadline_unix_ms: cfg.deadline_unix_ms,
+        };
+        let spec = serde_json::to_vec(&spec).expect("spec serializes");
+        let mut msg = Vec::with_capacity(5 + spec.len());
+        msg.push(b'G');
+        msg.extend_from_slice(&(spec.len() as u32).to_be_bytes());
+        msg.extend_from_slice(&spec);
+        host_end.write_all(&msg).map_err(SpawnError::Setup)?;
+        host_end
+            .set_read_timeout(Some(cfg.ready_timeout))
+            .map_err(SpawnError::Setup)?;
+        read_status(&mut host_end, cfg.ready_timeout, &log_path)?;
+        host_end.set_read_timeout(None).map_err(SpawnError::Setup)?;
+
+        let state = StateFile {
+            id: cfg.id.clone(),
+            pid,
+            start_time: start_time(pid).unwrap_or(0),
+            cgroup_parent: cfg.cgroup_parent.clone(),
+        };
+        let state_path = dir.join("jail.json");
+        fs::write(
+            &state_path,
+            serde_json::to_vec(&state).expect("state serializes"),
+        )
+        .map_err(io_err(&state_path))?;
+
+        let cgroup = cleanup.cgroup.take().expect("created above");
+        cleanup.armed = false;
+        drop(cleanup);
+        Ok(Jail {
+            id: cfg.id.clone(),
+            dir,
+            pid,
+            pidfd,
+            cgroup,
+            _host_end: cfg.exit_on_host_close.then_some(host_end),
+        })
+    }
+
+    /// Finds a running sandbox again (after a restart of the host process).
+    pub fn attach(state_dir: &Path, id: &str) -> Result<Jail, SpawnError> {
+        let dir = state_dir.join(id);
+        let raw = fs::read(dir.join("jail.json")).map_err(|_| SpawnError::NotRunning(id.into()))?;
+        let state: StateFile =
+            serde_json::from_slice(&raw).map_err(|e| SpawnError::BadState(id.into(), e))?;
+        if start_time(state.pid) != Some(state.start_time) {
+            return Err(SpawnError::NotRunning(id.into()));
+        }
+        let pidfd = sys::pidfd_open(state.pid).map_err(|_| SpawnError::NotRunning(id.into()))?;
+        // The pid could have been reused between the check and the open.
+        if start_time(state.pid) != Some(state.start_time) {
+            return Err(SpawnError::NotRunning(id.into()));
+        }
+        let cgroup = Cgroup::open(hierarchy()?, &state.cgroup_parent, id);
+        Ok(Jail {
+            id: id.into(),
+            dir,
+            pid: state.pid,
+            pidfd,
+            cgroup,
+            _host_end: None,
+        })
+    }
+
+    /// Removes what is left of a sandbox that is not running (its cgroup and
+    /// directory), or destroys it if it still is.
+    pub fn remove(state_dir: &Path, cgroup_parent: &str, id: &str) -> Result<(), SpawnError> {
+        if let Ok(jail) = Jail::attach(state_dir, id) {
+            return jail.destroy();
+        }
+        let cg = Cgroup::open(hierarchy()?, cgroup_parent, id);
+        if cg.exists() {
+            cg.destroy(Duration::from_secs(2))?;
+        }
+        let dir = state_dir.join(id);
+        match fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(&dir)(e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// The sandbox id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Host pid of the agent (PID 1 inside).
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// The sandbox's host directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The agent's socket.
+    pub fn socket_path(&self) -> PathBuf {
+        self.dir.join("agent.sock")
+    }
+
+    /// Cgroup counters (OOM kills, pids-limit hits, memory, CPU).
+    pub fn counters(&self) -> Counters {
+        self.cgroup.counters()
+    }
+
+    /// Whether the agent is still running.
+    pub fn is_alive(&self) -> bool {
+        !sys::pidfd_wait_exit(self.pidfd.as_raw_fd(), 0).unwrap_or(true)
+    }
+
+    /// Kills every process in the sandbox and removes its cgroup and directory.
+    pub fn destroy(self) -> Result<(), SpawnError> {
+        let _ = sys::pidfd_send_signal(self.pidfd.as_raw_fd(), libc::SIGKILL);
+        // Init of a pid namespace exits only after every process in it is gone.
+        let _ = sys::pidfd_wait_exit(self.pidfd.as_raw_fd(), 5000);
+        sys::reap(self.pid);
+        self.cgroup.destroy(Duration::from_secs(5))?;
+        match fs::remove_dir_all(&self.dir) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(&self.dir)(e)),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Ids of the sandboxes that have a directory under `state_dir`.
+pub fn list_sandboxes(state_dir: &Path) -> Vec<String> {
+    let mut ids: Vec<String> = fs::read_dir(state_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    ids.sort();
+    ids
+}
+
+fn read_status(sock: &mut UnixStream, timeout: Duration, log: &Path) -> Result<(), SpawnError> {
+    let map_read = |e: io::Error| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => SpawnError::ReadyTimeout(timeout),
+        io::ErrorKind::UnexpectedEof => SpawnError::AgentDied(log.to_path_buf()),
+        _ => SpawnError::Setup(e),
+    };
+    let mut tag = [0u8; 1];
+    sock.read_exact(&mut tag).map_err(map_read)?;
+    match tag[0] {
+        b'R' => Ok(()),
+        b'X' => {
+            let mut errno = [0u8; 4];
+            sock.read_exact(&mut errno).map_err(map_read)?;
+            Err(SpawnError::AgentExec(io::Error::from_raw_os_error(
+                i32::from_ne_bytes(errno),
+            )))
+        }
+        b'E' => {
+            let mut len = [0u8; 4];
+            sock.read_exact(&mut len).map_err(map_read)?;
+            let mut msg = vec![0u8; (u32::from_be_bytes(len) as usize).min(64 << 10)];
+            sock.read_exact(&mut msg).map_err(map_read)?;
+            Err(SpawnError::SetupFailed(
+                String::from_utf8_lossy(&msg).into_owned(),
+            ))
+        }
+        other => Err(SpawnError::SetupFailed(format!(
+            "unexpected setup status byte {other:#x}"
+        ))),
+    }
+}
+
+/// Start time of a process in clock ticks since boot (field 22 of /proc/pid/stat).
+fn start_time(pid: i32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_comm = &stat[stat.rfind(')')? + 2..];
+    after_comm.split(' ').nth(19)?.parse().ok()
+}
+
+struct ChildFds {
+    setup: RawFd,
+    listener: RawFd,
+    log: RawFd,
+    devnull: RawFd,
+    agent: RawFd,
+}
+
+/// The child's side of clone: wait for the go-ahead, become root of the new
+/// user namespace, arrange fds 0-4 and exec the agent.
+///
+/// # Safety
+///
+/// Must only be called in the child of [`sys::clone_fork`]. Uses only raw,
+/// async-signal-safe syscalls on data built before the clone, and never returns.
+unsafe fn child_exec(
+    fds: &ChildFds,
+    argv: &[*const libc::c_char],
+    envp: &[*const libc::c_char],
+    empty: &CString,
+) -> ! {
+    // SAFETY: every call below is a raw syscall wrapper on valid fds and on
+    // pointers to memory that was allocated before the clone and stays alive
+    // (the child never frees it); none of them allocates or takes a lock.
+    unsafe {
+        // Move the fds we keep above 10 first so the dup2s below cannot clobber them.
+        let high = |fd: RawFd| libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10);
+        let (setup, listener, log, devnull) = (
+            high(fds.setup),
+            high(fds.listener),
+            high(fds.log),
+            high(fds.devnull),
+        );
+        let mut go = 0u8;
+        if setup < 0 || libc::read(setup, (&mut go as *mut u8).cast(), 1) != 1 || go != b'G' {
+            libc::_exit(126);
+        }
+        // The uid/gid maps are written now: become root of the user namespace
+        // so that exec keeps the namespace's capabilities.
+        if libc::setgroups(0, std::ptr::null()) != 0
+            || libc::setresgid(0, 0, 0) != 0
+            || libc::setresuid(0, 0, 0) != 0
+        {
+            report_errno_and_exit(setup);
+        }
+        let mut empty_set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty_set);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty_set, std::ptr::null_mut());
+        if libc::dup2(devnull, 0) < 0
+            || libc::dup2(devnull, 1) < 0
+            || libc::dup2(log, 2) < 0
+            || libc::dup2(setup, 3) < 0
+            || libc::dup2(listener, 4) < 0
+        {
+            report_errno_and_exit(setup);
+        }
+        libc::syscall(
+            libc::SYS_execveat,
+            fds.agent,
+            empty.as_ptr(),
+            argv.as_ptr(),
+            envp.as_ptr(),
+            libc::AT_EMPTY_PATH,
+        );
+        report_errno_and_exit(3);
+    }
+}
+
+/// # Safety
+///
+/// Same contract as [`child_exec`].
+unsafe fn report_errno_and_exit(fd: RawFd) -> ! {
+    // SAFETY: __errno_location returns this thread's errno slot; write and
+    // _exit are async-signal-safe.
+    unsafe {
+        let errno = *libc::__errno_location();
+        let mut msg = [b'X', 0, 0, 0, 0];
+        msg[1..].copy_from_slice(&errno.to_ne_bytes());
+        libc::write(fd, msg.as_ptr().cast(), msg.len());
+        libc::_exit(127);
+    }
+}

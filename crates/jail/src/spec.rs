@@ -1,0 +1,118 @@
+//! What the host tells the agent about the sandbox it must build.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// How the sandbox's root filesystem is assembled. Both kinds put a private,
+/// size-capped writable layer (tmpfs) over read-only lower layers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum RootfsSpec {
+    /// The built-in `host` template: selected host directories (normally `/usr`)
+    /// are overlaid read-only at the same place, host symlinks such as
+    /// `/bin -> usr/bin` are recreated, and a handful of named `/etc` entries
+    /// (certificates, `alternatives`, `ld.so.cache`) are bound read-only.
+    Host {
+        /// Absolute host paths: directories are overlaid, symlinks copied.
+        paths: Vec<PathBuf>,
+        /// Names under the host's `/etc` to expose read-only.
+        etc: Vec<String>,
+    },
+    /// A template root directory (a complete tree), overlaid as the root.
+    Directory {
+        /// The template's root tree on the host.
+        path: PathBuf,
+    },
+}
+
+/// The unprivileged user that sandboxed code runs as.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxUser {
+    /// User name inside.
+    pub name: String,
+    /// Uid inside the sandbox (never 0).
+    pub uid: u32,
+    /// Gid inside the sandbox (never 0).
+    pub gid: u32,
+    /// Home directory inside.
+    pub home: String,
+}
+
+impl Default for SandboxUser {
+    fn default() -> Self {
+        Self {
+            name: "user".into(),
+            uid: 1000,
+            gid: 1000,
+            home: "/home/user".into(),
+        }
+    }
+}
+
+/// How ids inside the sandbox map to host ids: inside `0..count` is host
+/// `host_base..host_base+count`. `host_base` is never 0, so root inside is an
+/// unprivileged host id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdMap {
+    /// First host id of the range.
+    pub host_base: u32,
+    /// Number of ids mapped.
+    pub count: u32,
+}
+
+impl Default for IdMap {
+    fn default() -> Self {
+        Self {
+            host_base: 1_000_000_000,
+            count: 65_536,
+        }
+    }
+}
+
+/// Resource limits enforced by cgroups and the writable layer's size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Memory (including the writable layer, which lives in memory), bytes.
+    pub memory_bytes: u64,
+    /// Maximum number of processes and threads.
+    pub pids: u64,
+    /// CPU bandwidth in thousandths of a core (1000 = one core).
+    pub cpu_millis: u64,
+    /// Size of the writable layer, bytes.
+    pub disk_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            memory_bytes: 1 << 30,
+            pids: 512,
+            cpu_millis: 1000,
+            disk_bytes: 512 << 20,
+        }
+    }
+}
+
+/// The message the host sends the agent right after it starts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InitSpec {
+    /// Sandbox id.
+    pub sandbox_id: String,
+    /// Host name inside.
+    pub hostname: String,
+    /// Host directory where the writable layer is mounted (in the sandbox's
+    /// own mount namespace only; the host sees an empty directory).
+    pub staging_dir: PathBuf,
+    /// The root filesystem.
+    pub rootfs: RootfsSpec,
+    /// Writable layer size, bytes.
+    pub disk_bytes: u64,
+    /// The sandbox user.
+    pub user: SandboxUser,
+    /// Stop the sandbox when the host end of the setup socket closes
+    /// (one-shot sandboxes owned by a CLI process).
+    pub exit_on_host_close: bool,
+    /// Hard deadline (unix ms) after which the agent stops the sandbox itself.
+    pub deadline_unix_ms: Option<u64>,
+}

@@ -1,0 +1,121 @@
+//! Thin wrappers over syscalls that neither std nor nix cover.
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+
+/// Opens a pidfd for `pid`.
+pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and a flags word and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this fd to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Sends `signal` to the process behind `pidfd` (immune to pid reuse).
+pub fn pidfd_send_signal(pidfd: RawFd, signal: i32) -> io::Result<()> {
+    // SAFETY: plain syscall with an fd, a signal number and null siginfo.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd,
+            signal,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Waits until the pidfd reports that its process exited, up to `timeout_ms`.
+/// Returns whether it exited.
+pub fn pidfd_wait_exit(pidfd: RawFd, timeout_ms: i32) -> io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd: pidfd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: pfd is a valid pollfd array of length 1 for the duration of the call.
+        let rc = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+        if rc < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        return Ok(rc > 0);
+    }
+}
+
+/// Reaps `pid` if it is our child and has exited; ignores processes that are not ours.
+pub fn reap(pid: i32) -> Option<i32> {
+    let mut status = 0;
+    // SAFETY: waitpid writes the status into a valid local.
+    let rc = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+    (rc == pid).then_some(status)
+}
+
+/// Brings the loopback interface of the current network namespace up.
+pub fn loopback_up() -> io::Result<()> {
+    // SAFETY: creating a datagram socket has no memory-safety preconditions.
+    let sock = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if sock < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new fd that nothing else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(sock) };
+    use std::os::fd::AsRawFd;
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads the interface named in req and fills in its flags.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: ifru_flags is the active union member after SIOCGIFFLAGS.
+    unsafe {
+        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    }
+    // SAFETY: SIOCSIFFLAGS reads req, which names "lo" and carries the new flags.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Clones the calling process into new namespaces, fork-style (the child runs
+/// on a copy of the caller's stack and returns 0).
+///
+/// # Safety
+///
+/// In the child only async-signal-safe operations may run before `execve` or
+/// `_exit`: the caller may be multi-threaded, and the child has one thread
+/// whose copies of locks may be held forever.
+pub unsafe fn clone_fork(flags: libc::c_ulong) -> io::Result<i32> {
+    // SAFETY: a null stack makes the child use a copy-on-write copy of the
+    // parent's stack, exactly like fork(); the caller upholds the
+    // async-signal-safety contract in the child.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            flags | libc::SIGCHLD as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(rc as i32)
+}

@@ -1,0 +1,184 @@
+//! Length-prefixed frames with a JSON header and a raw body.
+
+use serde::{de::DeserializeOwned, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Largest header accepted (1 MiB): headers are small control messages.
+pub const MAX_HEADER: usize = 1 << 20;
+/// Largest body accepted in one frame (8 MiB). Larger payloads are chunked.
+pub const MAX_BODY: usize = 8 << 20;
+
+/// One protocol frame: a typed header and an opaque body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame<T> {
+    /// The message.
+    pub header: T,
+    /// Raw bytes that belong to the message (output chunk, file contents, stdin).
+    pub body: Vec<u8>,
+}
+
+impl<T> Frame<T> {
+    /// A frame with an empty body.
+    pub fn new(header: T) -> Self {
+        Self {
+            header,
+            body: Vec::new(),
+        }
+    }
+
+    /// A frame with a body.
+    pub fn with_body(header: T, body: Vec<u8>) -> Self {
+        Self { header, body }
+    }
+}
+
+/// Errors reading or writing frames.
+#[derive(Debug, thiserror::Error)]
+pub enum CodecError {
+    /// The underlying stream failed.
+    #[error("The agent connection failed.")]
+    Io(#[from] std::io::Error),
+    /// A frame announced a size beyond the protocol limits.
+    #[error("A frame of {header} header bytes and {body} body bytes exceeds the protocol limits.")]
+    TooLarge {
+        /// Announced header length.
+        header: usize,
+        /// Announced body length.
+        body: usize,
+    },
+    /// The header was not a valid message.
+    #[error("A frame header could not be decoded.")]
+    BadHeader(#[source] serde_json::Error),
+    /// The header could not be encoded.
+    #[error("A frame header could not be encoded.")]
+    Encode(#[source] serde_json::Error),
+    /// The frame lengths are inconsistent.
+    #[error("A frame's header length ({header}) is larger than the frame ({total}).")]
+    Malformed {
+        /// Announced header length.
+        header: usize,
+        /// Announced total length.
+        total: usize,
+    },
+}
+
+/// Reads one frame. Returns `Ok(None)` on a clean end of stream between frames.
+pub async fn read_frame<T, R>(reader: &mut R) -> Result<Option<Frame<T>>, CodecError>
+where
+    T: DeserializeOwned,
+    R: AsyncRead + Unpin,
+{
+    let mut len = [0u8; 4];
+    match reader.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let total = u32::from_be_bytes(len) as usize;
+    reader.read_exact(&mut len).await?;
+    let header_len = u32::from_be_bytes(len) as usize;
+    if total < 4 + header_len {
+        return Err(CodecError::Malformed {
+            header: header_len,
+            total,
+        });
+    }
+    let body_len = total - 4 - header_len;
+    if header_len > MAX_HEADER || body_len > MAX_BODY {
+        return Err(CodecError::TooLarge {
+            header: header_len,
+            body: body_len,
+        });
+    }
+    let mut header = vec![0u8; header_len];
+    reader.read_exact(&mut header).await?;
+    let mut body = vec![0u8; body_len];
+    reader.read_exact(&mut body).await?;
+    let header = serde_json::from_slice(&header).map_err(CodecError::BadHeader)?;
+    Ok(Some(Frame { header, body }))
+}
+
+/// Writes one frame and flushes it.
+pub async fn write_frame<T, W>(writer: &mut W, frame: &Frame<T>) -> Result<(), CodecError>
+where
+    T: Serialize,
+    W: AsyncWrite + Unpin,
+{
+    let header = serde_json::to_vec(&frame.header).map_err(CodecError::Encode)?;
+    if header.len() > MAX_HEADER || frame.body.len() > MAX_BODY {
+        return Err(CodecError::TooLarge {
+            header: header.len(),
+            body: frame.body.len(),
+        });
+    }
+    let total = 4 + header.len() + frame.body.len();
+    let mut prefix = [0u8; 8];
+    prefix[..4].copy_from_slice(&(total as u32).to_be_bytes());
+    prefix[4..].copy_from_slice(&(header.len() as u32).to_be_bytes());
+    writer.write_all(&prefix).await?;
+    writer.write_all(&header).await?;
+    writer.write_all(&frame.body).await?;
+    writer.flush().await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Event, ServerMessage};
+
+    #[tokio::test]
+    async fn round_trips_header_and_binary_body() {
+        let frame = Frame::with_body(
+            ServerMessage {
+                id: 7,
+                event: Event::Stdout,
+            },
+            // Output that looks like a frame prefix and JSON must stay opaque body bytes.
+            b"\x00\x00\x00\x10\x00\x00\x00\x02{}{\"id\":1}\xff".to_vec(),
+        );
+        let mut buf = Vec::new();
+        write_frame(&mut buf, &frame).await.unwrap();
+        let mut rd = &buf[..];
+        let back: Frame<ServerMessage> = read_frame(&mut rd).await.unwrap().unwrap();
+        assert_eq!(back, frame);
+        assert!(read_frame::<ServerMessage, _>(&mut rd)
+            .await
+            .unwrap()
+            .is_none());
+    }
+
+    #[tokio::test]
+    async fn rejects_oversized_and_malformed_frames() {
+        let mut buf = Vec::new();
+        buf.extend_from_slice(&((MAX_BODY + 100) as u32).to_be_bytes());
+        buf.extend_from_slice(&2u32.to_be_bytes());
+        let err = read_frame::<ServerMessage, _>(&mut &buf[..])
+            .await
+            .unwrap_err();
+        assert!(matches!(err, CodecError::TooLarge { .. }), "{err}");
+
+        let mut buf = Vec::new();
+        buf.extend_from_slice(&4u32.to_be_bytes());
+        buf.extend_from_slice(&9u32.to_be_bytes());
+        let err = read_frame::<ServerMessage, _>(&mut &buf[..])
+            .await
+            .unwrap_err();
+        assert!(matches!(err, CodecError::Malformed { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn truncated_frame_is_an_error_not_a_message() {
+        let frame = Frame::with_body(
+            ServerMessage {
+                id: 1,
+                event: Event::Stdout,
+            },
+            vec![1; 100],
+        );
+        let mut buf = Vec::new();
+        write_frame(&mut buf, &frame).await.unwrap();
+        buf.truncate(buf.len() - 10);
+        assert!(read_frame::<ServerMessage, _>(&mut &buf[..]).await.is_err());
+    }
+}
