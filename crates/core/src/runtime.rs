@@ -157,7 +157,9 @@ impl Runtime {
     pub fn sweep_dead(&self) -> Vec<String> {
         let mut removed = Vec::new();
         for id in self.list() {
-            if Jail::attach(&self.config.state_dir, &id).is_err()
+            // Ready timeout plus margin: younger half-made sandboxes belong to
+            // a process that is still creating them.
+            if Jail::is_dead(&self.config.state_dir, &id, Duration::from_secs(60))
                 && Jail::remove(&self.config.state_dir, &self.config.cgroup_parent, &id).is_ok()
             {
                 removed.push(id);

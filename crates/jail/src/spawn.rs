@@ -68,11 +68,11 @@ pub enum SpawnError {
     #[error("The sandbox could not be set up: {0}")]
     SetupFailed(String),
     /// The agent exited before it was ready.
-    #[error("The sandbox agent exited while starting; see {0} for its log.")]
-    AgentDied(PathBuf),
+    #[error("The sandbox agent exited while starting. Its log ends with: {0}")]
+    AgentDied(String),
     /// The agent did not report within the timeout.
-    #[error("The sandbox did not become ready within {0:?}.")]
-    ReadyTimeout(Duration),
+    #[error("The sandbox did not become ready within {0:?}. The agent's log ends with: {1}")]
+    ReadyTimeout(Duration, String),
     /// No live sandbox with that id.
     #[error("Sandbox {0} is not running.")]
     NotRunning(String),
@@ -331,7 +331,9 @@ impl Jail {
         let raw = fs::read(dir.join("jail.json")).map_err(|_| SpawnError::NotRunning(id.into()))?;
         let state: StateFile =
             serde_json::from_slice(&raw).map_err(|e| SpawnError::BadState(id.into(), e))?;
-        if start_time(state.pid) != Some(state.start_time) {
+        if start_time(state.pid) != Some(state.start_time) || !running(state.pid) {
+            // Reap it if it is our zombie child.
+            sys::reap(state.pid);
             return Err(SpawnError::NotRunning(id.into()));
         }
         let pidfd = sys::pidfd_open(state.pid).map_err(|_| SpawnError::NotRunning(id.into()))?;
@@ -348,6 +350,22 @@ impl Jail {
             cgroup,
             _host_end: None,
         })
+    }
+
+    /// Whether the sandbox `id` is dead and its leftovers may be removed: its
+    /// agent is gone, or it never finished starting and is older than
+    /// `grace` (so a sandbox that another process is creating right now is
+    /// left alone).
+    pub fn is_dead(state_dir: &Path, id: &str, grace: Duration) -> bool {
+        let dir = state_dir.join(id);
+        if dir.join("jail.json").exists() {
+            return Jail::attach(state_dir, id).is_err();
+        }
+        let age = fs::metadata(&dir)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok());
+        age.is_some_and(|a| a > grace)
     }
 
     /// Removes what is left of a sandbox that is not running (its cgroup and
@@ -425,8 +443,10 @@ pub fn list_sandboxes(state_dir: &Path) -> Vec<String> {
 
 fn read_status(sock: &mut UnixStream, timeout: Duration, log: &Path) -> Result<(), SpawnError> {
     let map_read = |e: io::Error| match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => SpawnError::ReadyTimeout(timeout),
-        io::ErrorKind::UnexpectedEof => SpawnError::AgentDied(log.to_path_buf()),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+            SpawnError::ReadyTimeout(timeout, log_tail(log))
+        }
+        io::ErrorKind::UnexpectedEof => SpawnError::AgentDied(log_tail(log)),
         _ => SpawnError::Setup(e),
     };
     let mut tag = [0u8; 1];
@@ -453,6 +473,29 @@ fn read_status(sock: &mut UnixStream, timeout: Duration, log: &Path) -> Result<(
             "unexpected setup status byte {other:#x}"
         ))),
     }
+}
+
+/// The last lines of the agent's log, for error messages.
+fn log_tail(log: &Path) -> String {
+    let text = fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(5)..].join(" | ");
+    if tail.is_empty() {
+        "(empty)".into()
+    } else {
+        tail
+    }
+}
+
+/// Whether a process exists and is not a zombie.
+fn running(pid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rfind(')')
+                .map(|i| s[i + 2..].starts_with(|c| c != 'Z' && c != 'X'))
+        })
+        .unwrap_or(false)
 }
 
 /// Start time of a process in clock ticks since boot (field 22 of /proc/pid/stat).
