@@ -1,1 +1,229 @@
-fn main() {}
+//! Measures sandbox start-up cost against baselines, all in one run:
+//!
+//! (a) bare `/usr/bin/python3 -c pass`
+//! (b) the same under `bwrap --unshare-all`
+//! (c) the same under gVisor (`runsc --network=none do`), when installed
+//! (d) `runcell run python -c pass` (the CLI: create, run, destroy)
+//! (e) runcell sandbox create + destroy with no process (library)
+//! (f) runcell create + run python + destroy (library, no CLI start-up)
+//!
+//! Every command runs the same interpreter, Debian's `/usr/bin/python3`
+//! (the `host` template exposes the host's /usr, so runcell runs it too).
+//! Runs are interleaved round-robin so drift affects every row alike.
+//!
+//! Run with `sudo ./scripts/bench.sh` (builds in release mode first).
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use runcell_core::{RunOptions, Runtime, RuntimeConfig, SandboxOptions};
+use runcell_protocol::Language;
+
+const PYTHON: &str = "/usr/bin/python3";
+
+#[derive(Debug, Parser)]
+#[command(about = "Sandbox start-up benchmark (runs baselines side by side)")]
+struct Args {
+    /// Measured iterations per row.
+    #[arg(long, default_value_t = 100)]
+    iterations: usize,
+    /// Unmeasured warm-up iterations per row.
+    #[arg(long, default_value_t = 5)]
+    warmup: usize,
+    /// Iterations for the gVisor row (it is slow).
+    #[arg(long, default_value_t = 20)]
+    gvisor_iterations: usize,
+}
+
+#[derive(Debug)]
+struct Row {
+    label: &'static str,
+    samples: Vec<Duration>,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let idx = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[idx]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn time_command(argv: &[String]) -> Duration {
+    let started = Instant::now();
+    let status = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap_or_else(|e| panic!("could not run {}: {e}", argv[0]));
+    let took = started.elapsed();
+    assert!(status.success(), "{argv:?} failed: {status}");
+    took
+}
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+fn on_path(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+        .unwrap_or(false)
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let exe_dir = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(PathBuf::from))
+        .expect("own directory");
+    let runcell = exe_dir.join("runcell");
+    assert!(
+        runcell.is_file(),
+        "build the workspace first: {} is missing",
+        runcell.display()
+    );
+
+    let bare = strings(&[PYTHON, "-c", "pass"]);
+    let bwrap = strings(&[
+        "bwrap",
+        "--unshare-all",
+        "--die-with-parent",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+        "--symlink",
+        "usr/bin",
+        "/bin",
+        "--symlink",
+        "usr/lib",
+        "/lib",
+        "--symlink",
+        "usr/lib64",
+        "/lib64",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+        PYTHON,
+        "-c",
+        "pass",
+    ]);
+    let runsc = strings(&["runsc", "--network=none", "do", PYTHON, "-c", "pass"]);
+    let runcell_cli = vec![
+        runcell.display().to_string(),
+        "run".into(),
+        "python".into(),
+        "-c".into(),
+        "pass".into(),
+    ];
+    let has_bwrap = on_path("bwrap");
+    let has_runsc = on_path("runsc");
+
+    let rt = Runtime::new(RuntimeConfig {
+        state_dir: "/run/runcell-bench/sandboxes".into(),
+        cgroup_parent: "runcell-bench".into(),
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime");
+    let opts = SandboxOptions::default();
+
+    let mut rows: Vec<Row> = [
+        "(a) bare python3 -c pass",
+        "(b) bwrap --unshare-all python3",
+        "(c) runsc (gVisor) do python3",
+        "(d) runcell run python -c pass",
+        "(e) runcell create+destroy",
+        "(f) runcell create+run+destroy",
+    ]
+    .into_iter()
+    .map(|label| Row {
+        label,
+        samples: Vec::new(),
+    })
+    .collect();
+
+    let total = args.warmup + args.iterations;
+    for i in 0..total {
+        let keep = i >= args.warmup;
+        let mut record = |row: usize, d: Duration| {
+            if keep {
+                rows[row].samples.push(d);
+            }
+        };
+        record(0, time_command(&bare));
+        if has_bwrap {
+            record(1, time_command(&bwrap));
+        }
+        if has_runsc && i < args.warmup + args.gvisor_iterations {
+            record(2, time_command(&runsc));
+        }
+        record(3, time_command(&runcell_cli));
+
+        let t = Instant::now();
+        let sb = rt.create(opts.clone()).await.expect("create");
+        sb.destroy().await.expect("destroy");
+        record(4, t.elapsed());
+
+        let t = Instant::now();
+        let sb = rt.create(opts.clone()).await.expect("create");
+        let r = sb
+            .run_code(Language::Python, "pass", &RunOptions::default())
+            .await
+            .expect("run");
+        assert_eq!(r.outcome.status(), 0);
+        sb.destroy().await.expect("destroy");
+        record(5, t.elapsed());
+    }
+
+    let base = {
+        let mut s = rows[0].samples.clone();
+        s.sort();
+        percentile(&s, 0.5)
+    };
+    println!(
+        "python: {PYTHON}; iterations: {} (gVisor {}); machine: {} cores",
+        args.iterations,
+        args.gvisor_iterations,
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0)
+    );
+    println!();
+    println!("| what | p50 ms | p95 ms | p50 / (a) | overhead over (a), ms |");
+    println!("|---|---:|---:|---:|---:|");
+    for row in &mut rows {
+        if row.samples.is_empty() {
+            println!("| {} | n/a | n/a | n/a | n/a |", row.label);
+            continue;
+        }
+        row.samples.sort();
+        let p50 = percentile(&row.samples, 0.5);
+        let p95 = percentile(&row.samples, 0.95);
+        let ratio = p50.as_secs_f64() / base.as_secs_f64();
+        let over = if row.label.starts_with("(e)") {
+            "n/a (no process)".to_string()
+        } else {
+            format!("{:.1}", ms(p50) - ms(base))
+        };
+        println!(
+            "| {} | {:.1} | {:.1} | {:.2}x | {} |",
+            row.label,
+            ms(p50),
+            ms(p95),
+            ratio,
+            over
+        );
+    }
+}

@@ -16,6 +16,7 @@ mod server;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    let started = std::time::Instant::now();
     match std::env::args().nth(1).as_deref() {
         Some("init") => {}
         Some("--version") => {
@@ -38,6 +39,7 @@ fn main() -> ExitCode {
         .with_ansi(false)
         .init();
 
+    tracing::debug!(us = started.elapsed().as_micros() as u64, "agent started");
     let boot = match runcell_jail::inside::bootstrap() {
         Ok(b) => b,
         Err(e) => {
@@ -63,6 +65,7 @@ fn main() -> ExitCode {
         tracing::error!("could not make the agent non-dumpable: {e}");
         return ExitCode::FAILURE;
     }
+    tracing::debug!(us = started.elapsed().as_micros() as u64, "agent set up");
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

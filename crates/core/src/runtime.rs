@@ -1,9 +1,11 @@
 //! Where sandboxes live on the host and how they are created.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use runcell_jail::{IdMap, Jail, JailConfig, SandboxUser};
+use runcell_jail::{IdMap, Jail, JailConfig, SandboxUser, Standby};
 
 use crate::limits::SandboxLimits;
 use crate::sandbox::Sandbox;
@@ -25,6 +27,10 @@ pub struct RuntimeConfig {
     pub id_map: IdMap,
     /// Log filter for agents (`RUST_LOG` syntax).
     pub agent_log: Option<String>,
+    /// Sandboxes kept prepared (namespaces, cgroup and agent ready, waiting
+    /// for a spec) so creation skips the slow half. For long-lived processes
+    /// such as the daemon; 0 for one-shot use.
+    pub standby: usize,
 }
 
 impl Default for RuntimeConfig {
@@ -36,6 +42,7 @@ impl Default for RuntimeConfig {
             cgroup_parent: "runcell".into(),
             id_map: IdMap::default(),
             agent_log: std::env::var("RUNCELL_AGENT_LOG").ok(),
+            standby: 0,
         }
     }
 }
@@ -69,6 +76,14 @@ impl Default for SandboxOptions {
 pub struct Runtime {
     config: RuntimeConfig,
     agent: PathBuf,
+    pool: Arc<Pool>,
+}
+
+/// Prepared sandboxes waiting to be claimed. Each is claimed at most once.
+#[derive(Debug, Default)]
+struct Pool {
+    ready: Mutex<std::collections::VecDeque<Standby>>,
+    refilling: AtomicBool,
 }
 
 impl Runtime {
@@ -78,7 +93,82 @@ impl Runtime {
             Some(p) => p.clone(),
             None => find_agent()?,
         };
-        Ok(Self { config, agent })
+        Ok(Self {
+            config,
+            agent,
+            pool: Arc::default(),
+        })
+    }
+
+    fn jail_config(&self, id: String, template: &Template, opts: &SandboxOptions) -> JailConfig {
+        let deadline_unix_ms = opts.max_lifetime.map(|d| {
+            (SystemTime::now() + d)
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis() as u64
+        });
+        JailConfig {
+            id,
+            agent: self.agent.clone(),
+            state_dir: self.config.state_dir.clone(),
+            cgroup_parent: self.config.cgroup_parent.clone(),
+            rootfs: template.rootfs.clone(),
+            limits: opts.limits.jail(),
+            id_map: self.config.id_map,
+            user: SandboxUser::default(),
+            exit_on_host_close: opts.tied_to_process,
+            deadline_unix_ms,
+            ready_timeout: Duration::from_secs(10),
+            agent_log: self.config.agent_log.clone(),
+        }
+    }
+
+    /// Number of prepared sandboxes waiting.
+    pub fn standby_ready(&self) -> usize {
+        self.pool.ready.lock().expect("pool lock").len()
+    }
+
+    /// Fills the standby pool and waits until it is full.
+    pub async fn warm_up(&self) {
+        self.refill_now().await;
+    }
+
+    fn refill(&self) {
+        if self.config.standby == 0 || self.pool.refilling.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let rt = self.clone();
+        tokio::spawn(async move {
+            rt.refill_now().await;
+        });
+    }
+
+    async fn refill_now(&self) {
+        self.pool.refilling.store(true, Ordering::Release);
+        while self.standby_ready() < self.config.standby {
+            let cfg = self.jail_config(
+                uuid::Uuid::new_v4().to_string(),
+                &Template::host(),
+                &SandboxOptions::default(),
+            );
+            match tokio::task::spawn_blocking(move || Standby::prepare(&cfg)).await {
+                Ok(Ok(standby)) => self
+                    .pool
+                    .ready
+                    .lock()
+                    .expect("pool lock")
+                    .push_back(standby),
+                Ok(Err(e)) => {
+                    tracing::warn!("could not prepare a standby sandbox: {e}");
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!("standby preparation task failed: {e}");
+                    break;
+                }
+            }
+        }
+        self.pool.refilling.store(false, Ordering::Release);
     }
 
     /// The settings.
@@ -95,30 +185,24 @@ impl Runtime {
     #[tracing::instrument(skip_all, fields(template = %opts.template))]
     pub async fn create(&self, opts: SandboxOptions) -> Result<Sandbox, Error> {
         let template = self.template(&opts.template)?;
-        let id = uuid::Uuid::new_v4().to_string();
-        let deadline_unix_ms = opts.max_lifetime.map(|d| {
-            (SystemTime::now() + d)
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_millis() as u64
-        });
-        let cfg = JailConfig {
-            id: id.clone(),
-            agent: self.agent.clone(),
-            state_dir: self.config.state_dir.clone(),
-            cgroup_parent: self.config.cgroup_parent.clone(),
-            rootfs: template.rootfs.clone(),
-            limits: opts.limits.jail(),
-            id_map: self.config.id_map,
-            user: SandboxUser::default(),
-            exit_on_host_close: opts.tied_to_process,
-            deadline_unix_ms,
-            ready_timeout: Duration::from_secs(10),
-            agent_log: self.config.agent_log.clone(),
+        let standby = self.pool.ready.lock().expect("pool lock").pop_front();
+        let jail = match standby {
+            Some(standby) => {
+                let cfg = self.jail_config(standby.id().to_string(), &template, &opts);
+                self.refill();
+                tokio::task::spawn_blocking(move || standby.start(&cfg))
+                    .await
+                    .map_err(Error::Task)??
+            }
+            None => {
+                let cfg = self.jail_config(uuid::Uuid::new_v4().to_string(), &template, &opts);
+                self.refill();
+                tokio::task::spawn_blocking(move || Jail::spawn(&cfg))
+                    .await
+                    .map_err(Error::Task)??
+            }
         };
-        let jail = tokio::task::spawn_blocking(move || Jail::spawn(&cfg))
-            .await
-            .map_err(Error::Task)??;
+        let id = jail.id().to_string();
         let agent = match AgentClient::connect(&jail.socket_path()).await {
             Ok(a) => a,
             Err(e) => {

@@ -80,7 +80,10 @@ pub fn bootstrap() -> Result<Bootstrap, SetupError> {
         .map_err(step("marking the setup fds close-on-exec"))?;
     }
     let mut sock = File::from(setup);
-    let result = read_spec(&mut sock).and_then(|spec| build(&spec).map(|()| spec));
+    let result = read_spec(&mut sock).and_then(|spec| {
+        tracing::debug!(sandbox = %spec.sandbox_id, "spec received");
+        build(&spec).map(|()| spec)
+    });
     match result {
         Ok(spec) => {
             sock.write_all(b"R").map_err(SetupError::Spec)?;
@@ -110,6 +113,7 @@ fn read_spec(sock: &mut File) -> Result<InitSpec, SetupError> {
 }
 
 fn build(spec: &InitSpec) -> Result<(), SetupError> {
+    let t0 = std::time::Instant::now();
     // We were moved into our cgroup before we started: make it our root.
     unshare(CloneFlags::CLONE_NEWCGROUP).map_err(step("unsharing the cgroup namespace"))?;
     // Nothing we mount may propagate back to the host.
@@ -161,7 +165,9 @@ fn build(spec: &InitSpec) -> Result<(), SetupError> {
         }
     }
 
+    let t_root = t0.elapsed();
     populate(spec, &root, stage)?;
+    let t_populate = t0.elapsed();
 
     chdir(&root).map_err(step("entering the new root"))?;
     pivot_root(".", ".").map_err(step("pivot_root"))?;
@@ -171,6 +177,12 @@ fn build(spec: &InitSpec) -> Result<(), SetupError> {
 
     sethostname(&spec.hostname).map_err(step("setting the host name"))?;
     crate::sys::loopback_up().map_err(step("bringing up loopback"))?;
+    tracing::debug!(
+        root_us = t_root.as_micros() as u64,
+        populate_us = (t_populate - t_root).as_micros() as u64,
+        pivot_us = (t0.elapsed() - t_populate).as_micros() as u64,
+        "sandbox filesystem built"
+    );
     Ok(())
 }
 

@@ -20,5 +20,5 @@ mod spawn;
 mod spec;
 mod sys;
 
-pub use spawn::{list_sandboxes, Jail, JailConfig, SpawnError};
+pub use spawn::{list_sandboxes, Jail, JailConfig, SpawnError, Standby};
 pub use spec::{IdMap, InitSpec, Limits, RootfsSpec, SandboxUser};

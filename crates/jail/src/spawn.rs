@@ -148,14 +148,15 @@ fn hierarchy() -> Result<&'static Hierarchy, CgroupError> {
 }
 
 /// Kills and cleans up a half-created sandbox unless defused.
-struct Cleanup<'a> {
+#[derive(Debug)]
+struct Cleanup {
     armed: bool,
-    dir: &'a Path,
+    dir: PathBuf,
     pid: Option<i32>,
     cgroup: Option<Cgroup>,
 }
 
-impl Drop for Cleanup<'_> {
+impl Drop for Cleanup {
     fn drop(&mut self) {
         if !self.armed {
             return;
@@ -170,17 +171,39 @@ impl Drop for Cleanup<'_> {
         if let Some(cg) = &self.cgroup {
             let _ = cg.destroy(Duration::from_secs(2));
         }
-        let _ = fs::remove_dir_all(self.dir);
+        let _ = fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A sandbox that is half made: its namespaces, cgroup and agent process
+/// exist, and the agent waits for its spec. Preparing is the slow part of
+/// creation (clone, id maps, and on cgroup v1 a cgroup migration that waits
+/// for an RCU grace period); a pool of standbys takes it off the critical
+/// path. Dropping a standby kills it and removes what it had.
+#[derive(Debug)]
+pub struct Standby {
+    id: String,
+    pidfd: OwnedFd,
+    host_end: UnixStream,
+    cleanup: Cleanup,
 }
 
 impl Jail {
     /// Creates a sandbox and waits until its agent is ready.
     pub fn spawn(cfg: &JailConfig) -> Result<Jail, SpawnError> {
+        Standby::prepare(cfg)?.start(cfg)
+    }
+}
+
+impl Standby {
+    /// Does everything that does not depend on the sandbox's spec. Uses
+    /// `id`, `agent`, `state_dir`, `cgroup_parent`, `limits` and `id_map` of `cfg`.
+    pub fn prepare(cfg: &JailConfig) -> Result<Standby, SpawnError> {
         if !nix::unistd::geteuid().is_root() {
             return Err(SpawnError::NotRoot);
         }
         let hierarchy = hierarchy()?;
+        let t0 = std::time::Instant::now();
         let agent =
             File::open(&cfg.agent).map_err(|_| SpawnError::AgentMissing(cfg.agent.clone()))?;
 
@@ -191,7 +214,7 @@ impl Jail {
         fs::create_dir(&dir).map_err(io_err(&dir))?;
         let mut cleanup = Cleanup {
             armed: true,
-            dir: &dir,
+            dir: dir.clone(),
             pid: None,
             cgroup: None,
         };
@@ -268,6 +291,7 @@ impl Jail {
         drop(devnull);
         drop(agent);
 
+        let t_clone = t0.elapsed();
         let pidfd = sys::pidfd_open(pid).map_err(SpawnError::Setup)?;
         let map = format!("0 {} {}\n", cfg.id_map.host_base, cfg.id_map.count);
         for file in ["uid_map", "gid_map"] {
@@ -277,10 +301,42 @@ impl Jail {
         if let Some(cg) = &cleanup.cgroup {
             cg.add_process(pid)?;
         }
+        drop(staging);
+        // Let the child exec the agent, which then waits for its spec.
+        host_end.write_all(b"G").map_err(SpawnError::Setup)?;
+        tracing::debug!(
+            sandbox = %cfg.id,
+            clone_us = t_clone.as_micros() as u64,
+            attach_us = (t0.elapsed() - t_clone).as_micros() as u64,
+            "sandbox prepared"
+        );
+        Ok(Standby {
+            id: cfg.id.clone(),
+            pidfd,
+            host_end,
+            cleanup,
+        })
+    }
+
+    /// The id the sandbox will have.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Sends the spec and waits until the sandbox is ready. Uses everything in
+    /// `cfg` except `id`, `agent`, `state_dir`, `cgroup_parent` and `id_map`,
+    /// which were fixed by [`Standby::prepare`].
+    pub fn start(mut self, cfg: &JailConfig) -> Result<Jail, SpawnError> {
+        let t0 = std::time::Instant::now();
+        let dir = self.cleanup.dir.clone();
+        let pid = self.cleanup.pid.expect("prepared");
+        if let Some(cg) = &self.cleanup.cgroup {
+            cg.set_limits(&cfg.limits)?;
+        }
         let spec = InitSpec {
-            sandbox_id: cfg.id.clone(),
-            hostname: format!("runcell-{}", &cfg.id[..cfg.id.len().min(8)]),
-            staging_dir: staging.clone(),
+            sandbox_id: self.id.clone(),
+            hostname: format!("runcell-{}", &self.id[..self.id.len().min(8)]),
+            staging_dir: dir.join("rootfs"),
             rootfs: cfg.rootfs.clone(),
             disk_bytes: cfg.limits.disk_bytes,
             user: cfg.user.clone(),
@@ -288,19 +344,29 @@ impl Jail {
             deadline_unix_ms: cfg.deadline_unix_ms,
         };
         let spec = serde_json::to_vec(&spec).expect("spec serializes");
-        let mut msg = Vec::with_capacity(5 + spec.len());
-        msg.push(b'G');
+        let mut msg = Vec::with_capacity(4 + spec.len());
         msg.extend_from_slice(&(spec.len() as u32).to_be_bytes());
         msg.extend_from_slice(&spec);
+        let host_end = &mut self.host_end;
         host_end.write_all(&msg).map_err(SpawnError::Setup)?;
         host_end
             .set_read_timeout(Some(cfg.ready_timeout))
             .map_err(SpawnError::Setup)?;
-        read_status(&mut host_end, cfg.ready_timeout, &log_path)?;
+        read_status(host_end, cfg.ready_timeout, &dir.join("agent.log")).map_err(|e| match e {
+            SpawnError::ReadyTimeout(t, log) => {
+                SpawnError::ReadyTimeout(t, format!("{log} [agent {}]", agent_state(pid)))
+            }
+            other => other,
+        })?;
         host_end.set_read_timeout(None).map_err(SpawnError::Setup)?;
+        tracing::debug!(
+            sandbox = %self.id,
+            setup_us = t0.elapsed().as_micros() as u64,
+            "sandbox started"
+        );
 
         let state = StateFile {
-            id: cfg.id.clone(),
+            id: self.id.clone(),
             pid,
             start_time: start_time(pid).unwrap_or(0),
             cgroup_parent: cfg.cgroup_parent.clone(),
@@ -312,19 +378,20 @@ impl Jail {
         )
         .map_err(io_err(&state_path))?;
 
-        let cgroup = cleanup.cgroup.take().expect("created above");
-        cleanup.armed = false;
-        drop(cleanup);
+        let cgroup = self.cleanup.cgroup.take().expect("created in prepare");
+        self.cleanup.armed = false;
         Ok(Jail {
-            id: cfg.id.clone(),
+            id: self.id,
             dir,
             pid,
-            pidfd,
+            pidfd: self.pidfd,
             cgroup,
-            _host_end: cfg.exit_on_host_close.then_some(host_end),
+            _host_end: cfg.exit_on_host_close.then_some(self.host_end),
         })
     }
+}
 
+impl Jail {
     /// Finds a running sandbox again (after a restart of the host process).
     pub fn attach(state_dir: &Path, id: &str) -> Result<Jail, SpawnError> {
         let dir = state_dir.join(id);
@@ -417,11 +484,19 @@ impl Jail {
 
     /// Kills every process in the sandbox and removes its cgroup and directory.
     pub fn destroy(self) -> Result<(), SpawnError> {
+        let t0 = std::time::Instant::now();
         let _ = sys::pidfd_send_signal(self.pidfd.as_raw_fd(), libc::SIGKILL);
         // Init of a pid namespace exits only after every process in it is gone.
         let _ = sys::pidfd_wait_exit(self.pidfd.as_raw_fd(), 5000);
         sys::reap(self.pid);
+        let t_kill = t0.elapsed();
         self.cgroup.destroy(Duration::from_secs(5))?;
+        tracing::debug!(
+            sandbox = %self.id,
+            kill_us = t_kill.as_micros() as u64,
+            cgroup_us = (t0.elapsed() - t_kill).as_micros() as u64,
+            "sandbox destroyed"
+        );
         match fs::remove_dir_all(&self.dir) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(&self.dir)(e)),
             _ => Ok(()),
@@ -485,6 +560,26 @@ fn log_tail(log: &Path) -> String {
     } else {
         tail
     }
+}
+
+/// A one-line description of where a process is (for timeout diagnostics).
+fn agent_state(pid: i32) -> String {
+    let read = |f: &str| {
+        fs::read_to_string(format!("/proc/{pid}/{f}"))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "?".into())
+    };
+    let stat = read("stat");
+    let state = stat
+        .rfind(')')
+        .and_then(|i| stat.get(i + 2..i + 3))
+        .unwrap_or("gone")
+        .to_string();
+    format!(
+        "state {state}, wchan {}, syscall {}",
+        read("wchan"),
+        read("syscall")
+    )
 }
 
 /// Whether a process exists and is not a zombie.

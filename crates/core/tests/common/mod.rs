@@ -27,7 +27,7 @@ pub fn runtime(name: &str) -> Runtime {
     let cfg = RuntimeConfig {
         state_dir: PathBuf::from(format!("/run/runcell-test/{name}")),
         cgroup_parent: format!("runcell-test-{name}"),
-        agent_log: Some("info".into()),
+        agent_log: Some("debug".into()),
         ..RuntimeConfig::default()
     };
     Runtime::new(cfg)

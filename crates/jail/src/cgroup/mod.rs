@@ -203,6 +203,14 @@ impl Cgroup {
         names
     }
 
+    /// Rewrites the limits (e.g. when a standby sandbox is claimed).
+    pub fn set_limits(&self, limits: &Limits) -> Result<(), CgroupError> {
+        match &self.inner {
+            Inner::V1(g) => g.set_limits(limits),
+            Inner::V2(g) => g.set_limits(limits),
+        }
+    }
+
     /// Moves a process into the cgroup.
     pub fn add_process(&self, pid: i32) -> Result<(), CgroupError> {
         let dirs = self.dirs();

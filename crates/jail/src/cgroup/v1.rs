@@ -83,6 +83,12 @@ impl Group {
         for dir in g.dirs() {
             std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
         }
+        g.set_limits(limits)?;
+        Ok(g)
+    }
+
+    pub(super) fn set_limits(&self, limits: &Limits) -> Result<(), CgroupError> {
+        let g = self;
         let mem = limits.memory_bytes.to_string();
         write(&g.memory.join("memory.limit_in_bytes"), &mem)?;
         let memsw = g.memory.join("memory.memsw.limit_in_bytes");
@@ -98,7 +104,7 @@ impl Group {
             write(&cpu.join("cpu.cfs_period_us"), &period.to_string())?;
             write(&cpu.join("cpu.cfs_quota_us"), &quota.to_string())?;
         }
-        Ok(g)
+        Ok(())
     }
 
     pub(super) fn dirs(&self) -> Vec<PathBuf> {

@@ -53,6 +53,12 @@ impl Group {
         let g = Self::open(root, parent, name);
         fs::create_dir_all(&g.dir).map_err(io_err(&g.dir))?;
         prepare(&g.dir);
+        g.set_limits(limits)?;
+        Ok(g)
+    }
+
+    pub(super) fn set_limits(&self, limits: &Limits) -> Result<(), CgroupError> {
+        let g = self;
         write(&g.dir.join("memory.max"), &limits.memory_bytes.to_string())?;
         let swap = g.dir.join("memory.swap.max");
         if swap.exists() {
@@ -65,7 +71,7 @@ impl Group {
             let quota = (limits.cpu_millis * period / 1000).max(1000);
             write(&cpu, &format!("{quota} {period}"))?;
         }
-        Ok(g)
+        Ok(())
     }
 
     pub(super) fn dir(&self) -> &Path {

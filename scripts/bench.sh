@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Sandbox start-up benchmark: runcell beside bare python3, bwrap and gVisor in
+# one run. Needs root. Usage: sudo ./scripts/bench.sh [--iterations N]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/install-deps.sh
+cargo build --release --workspace --quiet
+exec target/release/runcell-bench "$@"
