@@ -6,6 +6,8 @@
 //! (d) `runcell run python -c pass` (the CLI: create, run, destroy)
 //! (e) runcell sandbox create + destroy with no process (library)
 //! (f) runcell create + run python + destroy (library, no CLI start-up)
+//! (g) as (e), taking a prepared sandbox from the standby pool
+//! (h) as (f), taking a prepared sandbox from the standby pool
 //!
 //! Every command runs the same interpreter, Debian's `/usr/bin/python3`
 //! (the `host` template exposes the host's /usr, so runcell runs it too).
@@ -82,6 +84,13 @@ fn on_path(tool: &str) -> bool {
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RUNCELL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let exe_dir = std::env::current_exe()
         .ok()
         .and_then(|p| p.parent().map(PathBuf::from))
@@ -138,6 +147,14 @@ async fn main() {
     })
     .expect("runtime");
     let opts = SandboxOptions::default();
+    let pooled = Runtime::new(RuntimeConfig {
+        state_dir: "/run/runcell-bench/pooled".into(),
+        cgroup_parent: "runcell-bench-pooled".into(),
+        standby: 2,
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime");
+    pooled.warm_up().await;
 
     let mut rows: Vec<Row> = [
         "(a) bare python3 -c pass",
@@ -146,6 +163,8 @@ async fn main() {
         "(d) runcell run python -c pass",
         "(e) runcell create+destroy",
         "(f) runcell create+run+destroy",
+        "(g) runcell create+destroy, standby pool",
+        "(h) runcell create+run+destroy, standby pool",
     ]
     .into_iter()
     .map(|label| Row {
@@ -185,6 +204,25 @@ async fn main() {
         assert_eq!(r.outcome.status(), 0);
         sb.destroy().await.expect("destroy");
         record(5, t.elapsed());
+
+        // The pool refills in the background; make sure a standby is there
+        // (not measured), as it is in a daemon between requests.
+        pooled.warm_up().await;
+        let t = Instant::now();
+        let sb = pooled.create(opts.clone()).await.expect("create");
+        sb.destroy().await.expect("destroy");
+        record(6, t.elapsed());
+
+        pooled.warm_up().await;
+        let t = Instant::now();
+        let sb = pooled.create(opts.clone()).await.expect("create");
+        let r = sb
+            .run_code(Language::Python, "pass", &RunOptions::default())
+            .await
+            .expect("run");
+        assert_eq!(r.outcome.status(), 0);
+        sb.destroy().await.expect("destroy");
+        record(7, t.elapsed());
     }
 
     let base = {
@@ -212,7 +250,7 @@ async fn main() {
         let p50 = percentile(&row.samples, 0.5);
         let p95 = percentile(&row.samples, 0.95);
         let ratio = p50.as_secs_f64() / base.as_secs_f64();
-        let over = if row.label.starts_with("(e)") {
+        let over = if row.label.contains("create+destroy") {
             "n/a (no process)".to_string()
         } else {
             format!("{:.1}", ms(p50) - ms(base))

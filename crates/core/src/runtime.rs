@@ -79,6 +79,9 @@ pub struct Runtime {
     pool: Arc<Pool>,
 }
 
+/// How long after a claim the standby pool is refilled.
+const REFILL_DELAY: Duration = Duration::from_millis(100);
+
 /// Prepared sandboxes waiting to be claimed. Each is claimed at most once.
 #[derive(Debug, Default)]
 struct Pool {
@@ -139,6 +142,10 @@ impl Runtime {
         }
         let rt = self.clone();
         tokio::spawn(async move {
+            // Debounced: a burst of claims is refilled in one batch, and on
+            // cgroup v1 back-to-back migrations share one RCU grace period
+            // instead of each stalling forks and exits host-wide.
+            tokio::time::sleep(REFILL_DELAY).await;
             rt.refill_now().await;
         });
     }
@@ -189,20 +196,22 @@ impl Runtime {
         let jail = match standby {
             Some(standby) => {
                 let cfg = self.jail_config(standby.id().to_string(), &template, &opts);
-                self.refill();
                 tokio::task::spawn_blocking(move || standby.start(&cfg))
                     .await
                     .map_err(Error::Task)??
             }
             None => {
                 let cfg = self.jail_config(uuid::Uuid::new_v4().to_string(), &template, &opts);
-                self.refill();
                 tokio::task::spawn_blocking(move || Jail::spawn(&cfg))
                     .await
                     .map_err(Error::Task)??
             }
         };
         let id = jail.id().to_string();
+        // Refill only now: preparing migrates a process between cgroups, which
+        // on cgroup v1 holds a host-wide lock that also stalls this sandbox's
+        // first fork.
+        self.refill();
         let agent = match AgentClient::connect(&jail.socket_path()).await {
             Ok(a) => a,
             Err(e) => {

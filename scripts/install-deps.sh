@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what runcell's tests and benchmark need on a Debian (bookworm)
+# machine. Idempotent; needs root. Nothing here is needed to *run* runcell
+# beyond a Linux kernel with user namespaces and cgroups.
+set -euo pipefail
+
+need=()
+have() { command -v "$1" >/dev/null 2>&1; }
+# The `host` template exposes the host's /usr: the tests run Debian's
+# /usr/bin/python3 and /usr/bin/node inside sandboxes.
+[ -x /usr/bin/python3 ] || need+=(python3)
+[ -x /usr/bin/node ] || need+=(nodejs)
+have ps || need+=(procps)
+have unshare || need+=(util-linux)
+have bwrap || need+=(bubblewrap)   # benchmark baseline
+have runsc || need+=(runsc)        # benchmark baseline (gVisor)
+
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing: ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi

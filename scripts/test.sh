@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Runs every test. The integration tests create real sandboxes, so this must
+# run as root; it installs what the tests need first.
+#   sudo ./scripts/test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "$(id -u)" -ne 0 ]; then
+  echo "scripts/test.sh: the tests create real sandboxes and must run as root (sudo ./scripts/test.sh)" >&2
+  exit 1
+fi
+./scripts/install-deps.sh
+# The agent binary must exist before the tests that start sandboxes.
+cargo build --workspace --all-targets --quiet
+cargo test --workspace -- --test-threads=2
