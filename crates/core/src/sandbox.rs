@@ -358,6 +358,15 @@ impl Sandbox {
         }
     }
 
+    /// Asks the agent to stop every process and exit, then removes what is left.
+    pub async fn shutdown(self) -> Result<(), Error> {
+        match self.agent.call(Request::Shutdown, Vec::new()).await {
+            Ok(_) | Err(ClientError::Closed) => {}
+            Err(e) => return Err(e.into()),
+        }
+        self.destroy().await
+    }
+
     /// Kills every process in the sandbox and removes it.
     #[tracing::instrument(skip_all, fields(sandbox = %self.id()))]
     pub async fn destroy(mut self) -> Result<(), Error> {

@@ -625,3 +625,39 @@ async fn a_sandbox_tied_to_its_owner_stops_when_the_owner_dies() {
     );
     assert!(!std::path::Path::new(&dir).exists());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_host_can_reconnect_to_a_running_sandbox() {
+    let rt = runtime("isolation");
+    let sb = rt
+        .create(runcell_core::SandboxOptions {
+            limits: limits(),
+            tied_to_process: false,
+            ..runcell_core::SandboxOptions::default()
+        })
+        .await
+        .unwrap();
+    let id = sb.id().to_string();
+    let pid = sb.agent_pid();
+    sh(&sb, "echo kept > /home/user/state.txt; sleep 300 &").await;
+    // The host process lets go (as a daemon does when it restarts)...
+    drop(sb);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // ...and finds the same sandbox again, with its files and processes.
+    let again = rt
+        .attach(&id, runcell_core::Template::host(), limits())
+        .await
+        .unwrap();
+    assert_eq!(again.agent_pid(), pid);
+    let r = sh(&again, "cat /home/user/state.txt; pgrep -c sleep").await;
+    assert_eq!(text(&r.stdout), "kept\n1\n");
+    // A clean shutdown through the protocol leaves nothing behind.
+    again.shutdown().await.unwrap();
+    assert!(!std::path::Path::new(&format!("/run/runcell-test/isolation/{id}")).exists());
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}/cmdline")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|s| s.contains(") Z"))
+                .unwrap_or(true)
+    );
+}
