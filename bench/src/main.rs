@@ -81,6 +81,25 @@ fn on_path(tool: &str) -> bool {
         .unwrap_or(false)
 }
 
+async fn create_destroy(rt: &Runtime, opts: &SandboxOptions) -> Duration {
+    let t = Instant::now();
+    let sb = rt.create(opts.clone()).await.expect("create");
+    sb.destroy().await.expect("destroy");
+    t.elapsed()
+}
+
+async fn create_run_destroy(rt: &Runtime, opts: &SandboxOptions) -> Duration {
+    let t = Instant::now();
+    let sb = rt.create(opts.clone()).await.expect("create");
+    let r = sb
+        .run_code(Language::Python, "pass", &RunOptions::default())
+        .await
+        .expect("run");
+    assert_eq!(r.outcome.status(), 0);
+    sb.destroy().await.expect("destroy");
+    t.elapsed()
+}
+
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
@@ -190,39 +209,14 @@ async fn main() {
         }
         record(3, time_command(&runcell_cli));
 
-        let t = Instant::now();
-        let sb = rt.create(opts.clone()).await.expect("create");
-        sb.destroy().await.expect("destroy");
-        record(4, t.elapsed());
-
-        let t = Instant::now();
-        let sb = rt.create(opts.clone()).await.expect("create");
-        let r = sb
-            .run_code(Language::Python, "pass", &RunOptions::default())
-            .await
-            .expect("run");
-        assert_eq!(r.outcome.status(), 0);
-        sb.destroy().await.expect("destroy");
-        record(5, t.elapsed());
-
+        record(4, create_destroy(&rt, &opts).await);
+        record(5, create_run_destroy(&rt, &opts).await);
         // The pool refills in the background; make sure a standby is there
         // (not measured), as it is in a daemon between requests.
         pooled.warm_up().await;
-        let t = Instant::now();
-        let sb = pooled.create(opts.clone()).await.expect("create");
-        sb.destroy().await.expect("destroy");
-        record(6, t.elapsed());
-
+        record(6, create_destroy(&pooled, &opts).await);
         pooled.warm_up().await;
-        let t = Instant::now();
-        let sb = pooled.create(opts.clone()).await.expect("create");
-        let r = sb
-            .run_code(Language::Python, "pass", &RunOptions::default())
-            .await
-            .expect("run");
-        assert_eq!(r.outcome.status(), 0);
-        sb.destroy().await.expect("destroy");
-        record(7, t.elapsed());
+        record(7, create_run_destroy(&pooled, &opts).await);
     }
 
     let base = {
