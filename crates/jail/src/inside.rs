@@ -470,9 +470,13 @@ pub fn drop_privileges(uid: u32, gid: u32) -> io::Result<()> {
             0,
             0,
         ))?;
-        check(libc::setgroups(0, std::ptr::null()))?;
-        check(libc::setresgid(gid, gid, gid))?;
-        check(libc::setresuid(uid, uid, uid))?;
+        // Raw syscalls, not the libc wrappers, which coordinate a credential
+        // change across all threads of the process (see spawn::child_exec).
+        check(
+            libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) as libc::c_int,
+        )?;
+        check(libc::syscall(libc::SYS_setresgid, gid, gid, gid) as libc::c_int)?;
+        check(libc::syscall(libc::SYS_setresuid, uid, uid, uid) as libc::c_int)?;
         check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
         let no_core = libc::rlimit {
             rlim_cur: 0,

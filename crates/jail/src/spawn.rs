@@ -638,10 +638,12 @@ unsafe fn child_exec(
             libc::_exit(126);
         }
         // The uid/gid maps are written now: become root of the user namespace
-        // so that exec keeps the namespace's capabilities.
-        if libc::setgroups(0, std::ptr::null()) != 0
-            || libc::setresgid(0, 0, 0) != 0
-            || libc::setresuid(0, 0, 0) != 0
+        // so that exec keeps the namespace's capabilities. Raw syscalls: the
+        // libc wrappers would try to change the credentials of every thread
+        // the parent had (which do not exist here) and wait forever.
+        if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
+            || libc::syscall(libc::SYS_setresgid, 0, 0, 0) != 0
+            || libc::syscall(libc::SYS_setresuid, 0, 0, 0) != 0
         {
             report_errno_and_exit(setup);
         }
