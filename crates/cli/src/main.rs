@@ -1,6 +1,7 @@
 //! `runcell`: run untrusted code in a sandbox.
 
 mod run;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -33,6 +34,9 @@ struct Cli {
 enum Commands {
     /// Run code in a fresh sandbox that is destroyed when it finishes.
     Run(run::RunArgs),
+    /// Run the daemon: the /v1 HTTP API (PandaStack-compatible), with TTLs
+    /// that survive restarts.
+    Serve(serve::ServeArgs),
 }
 
 fn main() -> ExitCode {
@@ -44,6 +48,9 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    if let Commands::Serve(args) = cli.command {
+        return serve::main(args, cli.templates_dir);
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -63,6 +70,7 @@ fn main() -> ExitCode {
     let code = runtime.block_on(async {
         match cli.command {
             Commands::Run(args) => run::run(config, args).await,
+            Commands::Serve(_) => unreachable!("handled above"),
         }
     });
     ExitCode::from(code)

@@ -29,7 +29,7 @@ mod template;
 pub use client::{AgentClient, ClientError};
 pub use limits::{format_size, parse_size, SandboxLimits, SizeError};
 pub use runtime::{Runtime, RuntimeConfig, SandboxOptions};
-pub use sandbox::{ExecOutcome, ExecResult, Output, RunOptions, Sandbox};
+pub use sandbox::{truncation_marker, ExecOutcome, ExecResult, Output, RunOptions, Sandbox};
 pub use template::{Template, TemplateError};
 
 /// Errors from the core.

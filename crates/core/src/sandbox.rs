@@ -350,6 +350,20 @@ impl Sandbox {
         }
     }
 
+    /// Whether the agent is still running.
+    pub fn is_alive(&self) -> bool {
+        self.jail().is_alive()
+    }
+
+    /// Sets the agent's own deadline (unix ms), after which it stops the
+    /// sandbox even if no host is left to do it.
+    pub async fn set_deadline(&self, unix_ms: Option<u64>) -> Result<(), Error> {
+        self.agent
+            .call(Request::SetDeadline { unix_ms }, Vec::new())
+            .await?;
+        Ok(())
+    }
+
     /// Resource use reported by the agent.
     pub async fn stats(&self) -> Result<AgentStats, Error> {
         match self.agent.call(Request::Stats, Vec::new()).await? {

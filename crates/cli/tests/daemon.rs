@@ -1,0 +1,342 @@
+//! `runcell serve` over real HTTP: lifecycle promises and bad input. Needs root.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+struct Daemon {
+    child: Child,
+    url: String,
+    key: String,
+    data: std::path::PathBuf,
+    port: u16,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Daemon {
+    fn start(data: &std::path::Path, port: u16, extra: &[&str]) -> Daemon {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let euid = unsafe { libc::geteuid() };
+        assert_eq!(euid, 0, "the daemon tests must run as root");
+        let child = Command::new(env!("CARGO_BIN_EXE_runcell"))
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--data-dir",
+            ])
+            .arg(data)
+            .args(["--standby", "1"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let url = format!("http://127.0.0.1:{port}");
+        let until = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < until, "the daemon did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let key = std::fs::read_to_string(data.join("api-key"))
+            .unwrap()
+            .trim()
+            .to_string();
+        Daemon {
+            child,
+            url,
+            key,
+            data: data.to_path_buf(),
+            port,
+        }
+    }
+
+    fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        reqwest::Client::new()
+            .request(method, format!("{}{path}", self.url))
+            .bearer_auth(&self.key)
+    }
+
+    async fn create(&self, body: Value) -> String {
+        let r = self
+            .req(reqwest::Method::POST, "/v1/sandboxes")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+        r.json::<Value>().await.unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    async fn exec(&self, id: &str, cmd: &str) -> (u16, Value) {
+        let r = self
+            .req(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/exec"))
+            .json(&json!({"cmd": cmd}))
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json().await.unwrap())
+    }
+
+    fn kill9(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn data_dir(name: &str) -> std::path::PathBuf {
+    let d = std::path::PathBuf::from(format!(
+        "/run/runcell-test/daemon-{name}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_mid_exec_then_restart_reattaches_reaps_and_cleans() {
+    let data = data_dir("restart");
+    let port = free_port();
+    let mut d = Daemon::start(&data, port, &[]);
+    let keep = d
+        .create(json!({"ttl_seconds": 600, "metadata": {"threadId": "t1"}}))
+        .await;
+    let expire = d.create(json!({"ttl_seconds": 1})).await;
+    let (s, _) = d.exec(&keep, "echo kept > /home/user/f").await;
+    assert_eq!(s, 200);
+    // SIGKILL the daemon in the middle of an exec.
+    let long = {
+        let req = d
+            .req(reqwest::Method::POST, &format!("/v1/sandboxes/{keep}/exec"))
+            .json(&json!({"cmd": "sleep 30"}));
+        tokio::spawn(async move { req.send().await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    d.kill9();
+    let _ = long.await;
+    // An orphan the registry does not know: a directory and cgroup left by hand.
+    let orphan = data.join("sandboxes/00000000-0000-0000-0000-00000000dead");
+    std::fs::create_dir_all(&orphan).unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let d = Daemon::start(&data, port, &[]);
+    // The live one is back, with its files.
+    let (s, body) = d.exec(&keep, "cat /home/user/f").await;
+    assert_eq!(
+        (s, body["stdout"].as_str().unwrap()),
+        (200, "kept\n"),
+        "{body}"
+    );
+    // The one whose TTL passed while the daemon was down is gone.
+    let r = d
+        .req(reqwest::Method::GET, &format!("/v1/sandboxes/{expire}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    assert!(!data.join("sandboxes").join(&expire).exists());
+    assert!(!orphan.exists(), "the orphan directory was not removed");
+    // Metadata filters see it.
+    let list: Vec<Value> = d
+        .req(reqwest::Method::GET, "/v1/sandboxes?metadata.threadId=t1")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0]["id"], keep.as_str());
+    let r = d
+        .req(reqwest::Method::DELETE, &format!("/v1/sandboxes/{keep}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    assert!(!data.join("sandboxes").join(&keep).exists());
+    drop(d);
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_ttl_is_enforced_within_two_seconds_and_persistent_is_exempt() {
+    let data = data_dir("ttl");
+    let d = Daemon::start(&data, free_port(), &[]);
+    let short = d.create(json!({"ttl_seconds": 1})).await;
+    let pinned = d
+        .create(json!({"ttl_seconds": 1, "persistent": true}))
+        .await;
+    let started = Instant::now();
+    loop {
+        let r = d
+            .req(reqwest::Method::GET, &format!("/v1/sandboxes/{short}"))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 404 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "the idle TTL was not enforced"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (s, body) = d.exec(&pinned, "true").await;
+    assert_eq!(
+        s, 200,
+        "a persistent sandbox must survive its idle TTL: {body}"
+    );
+    let life: Value = d
+        .req(
+            reqwest::Method::GET,
+            &format!("/v1/sandboxes/{pinned}/lifecycle"),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(life["persistent"], true);
+    drop(d);
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_input_gets_clear_errors() {
+    let data = data_dir("bad");
+    let d = Daemon::start(&data, free_port(), &["--max-body", "1M"]);
+    let check = |status: u16, body: &Value, want: u16, words: &str| {
+        assert_eq!(status, want, "{body}");
+        assert!(body["error"].as_str().unwrap().contains(words), "{body}");
+    };
+    let post = |path: &str, body: &'static str| {
+        d.req(reqwest::Method::POST, path)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    let r = post("/v1/sandboxes", "{not json").await.unwrap();
+    check(
+        r.status().as_u16(),
+        &r.json().await.unwrap(),
+        400,
+        "not valid JSON",
+    );
+    let r = post("/v1/sandboxes", r#"{"template":"cobol-99"}"#)
+        .await
+        .unwrap();
+    check(
+        r.status().as_u16(),
+        &r.json().await.unwrap(),
+        400,
+        "installed templates: host",
+    );
+    let r = post("/v1/sandboxes", r#"{"ttl_seconds":-5}"#)
+        .await
+        .unwrap();
+    check(
+        r.status().as_u16(),
+        &r.json().await.unwrap(),
+        400,
+        "non-negative",
+    );
+    let r = post("/v1/sandboxes/nope/exec", r#"{"cmd":"true"}"#)
+        .await
+        .unwrap();
+    check(
+        r.status().as_u16(),
+        &r.json().await.unwrap(),
+        404,
+        "sandbox not found",
+    );
+    let id = d.create(json!({})).await;
+    let r = d
+        .req(
+            reqwest::Method::PUT,
+            &format!("/v1/sandboxes/{id}/fs?path=/tmp/big"),
+        )
+        .body(vec![0u8; 2 << 20])
+        .send()
+        .await
+        .unwrap();
+    check(
+        r.status().as_u16(),
+        &r.json().await.unwrap(),
+        413,
+        "larger than",
+    );
+    let r = d
+        .req(
+            reqwest::Method::GET,
+            &format!("/v1/sandboxes/{id}/fs?path=etc/passwd"),
+        )
+        .send()
+        .await
+        .unwrap();
+    check(
+        r.status().as_u16(),
+        &r.json().await.unwrap(),
+        400,
+        "absolute",
+    );
+    let r = d
+        .req(
+            reqwest::Method::GET,
+            &format!("/v1/sandboxes/{id}/fs?path=/no/such"),
+        )
+        .send()
+        .await
+        .unwrap();
+    check(
+        r.status().as_u16(),
+        &r.json().await.unwrap(),
+        404,
+        "No such file",
+    );
+    let r = reqwest::Client::new()
+        .get(format!("{}/v1/sandboxes", d.url))
+        .bearer_auth("wrong")
+        .send()
+        .await
+        .unwrap();
+    check(
+        r.status().as_u16(),
+        &r.json().await.unwrap(),
+        401,
+        "unauthorized",
+    );
+    // The sandbox lost nothing through all that.
+    let (s, body) = d.exec(&id, "echo fine").await;
+    assert_eq!((s, body["stdout"].as_str().unwrap()), (200, "fine\n"));
+    let list: Vec<Value> = d
+        .req(reqwest::Method::GET, "/v1/sandboxes")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list.len(), 1);
+    let _ = (d.port, &d.data);
+    drop(d);
+    let _ = std::fs::remove_dir_all(&data);
+}

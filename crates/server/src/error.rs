@@ -1,0 +1,85 @@
+//! API errors: a status and a sentence, sent as `{"error": "..."}`.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use runcell_protocol::ErrorKind;
+
+/// An error answered to an API caller.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// What the caller reads.
+    pub message: String,
+    /// Extra JSON fields merged into the body (e.g. partial output on a timeout).
+    pub extra: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+impl ApiError {
+    /// An error with a status and message.
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            extra: None,
+        }
+    }
+
+    /// 400.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    /// 404 for a sandbox.
+    pub fn no_sandbox() -> Self {
+        Self::new(StatusCode::NOT_FOUND, "sandbox not found")
+    }
+
+    /// 500.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut body = self.extra.unwrap_or_default();
+        body.insert("error".into(), self.message.into());
+        (self.status, Json(serde_json::Value::Object(body))).into_response()
+    }
+}
+
+impl From<runcell_core::Error> for ApiError {
+    fn from(e: runcell_core::Error) -> Self {
+        use runcell_core::{ClientError, Error};
+        match &e {
+            Error::Template(t) => ApiError::bad_request(t.to_string()),
+            Error::Agent(ClientError::Agent { kind, message }) => {
+                let status = match kind {
+                    ErrorKind::NotFound => StatusCode::NOT_FOUND,
+                    ErrorKind::InvalidInput => StatusCode::BAD_REQUEST,
+                    ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
+                    ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+                    ErrorKind::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
+                    ErrorKind::SpawnFailed => StatusCode::BAD_REQUEST,
+                    ErrorKind::Other => StatusCode::INTERNAL_SERVER_ERROR,
+                };
+                ApiError::new(status, message.clone())
+            }
+            Error::Agent(ClientError::Closed) => {
+                ApiError::new(StatusCode::CONFLICT, "The sandbox is no longer running.")
+            }
+            _ => {
+                let mut msg = e.to_string();
+                let mut src = std::error::Error::source(&e);
+                while let Some(s) = src {
+                    msg.push_str(&format!(": {s}"));
+                    src = s.source();
+                }
+                ApiError::internal(msg)
+            }
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! `runcell serve`: the daemon. It owns the sandboxes it creates, records
+//! them in SQLite, enforces their TTLs, and serves the `/v1` HTTP API that
+//! the PandaStack clients and runcell's own clients speak.
+
+mod error;
+mod registry;
+mod routes;
+mod state;
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use runcell_core::{Runtime, RuntimeConfig};
+
+pub use error::ApiError;
+pub use registry::{Record, Registry, RegistryError};
+pub use routes::router;
+pub use state::{AppState, ServeConfig};
+
+/// Errors starting or running the daemon.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The data directory is unusable.
+    #[error("The data directory {0} could not be prepared.")]
+    DataDir(std::path::PathBuf, #[source] std::io::Error),
+    /// The registry failed.
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    /// The sandbox runtime failed.
+    #[error(transparent)]
+    Core(#[from] runcell_core::Error),
+    /// The listener failed.
+    #[error("Could not listen on {0}.")]
+    Listen(std::net::SocketAddr, #[source] std::io::Error),
+    /// Serving failed.
+    #[error("The HTTP server failed.")]
+    Http(#[source] std::io::Error),
+}
+
+/// Reads the API key from the data directory, creating it (mode 0600) on
+/// first start. Returns the key and whether it was created.
+fn api_key(dir: &std::path::Path) -> Result<(String, bool), ServeError> {
+    let path = dir.join("api-key");
+    if let Ok(k) = fs::read_to_string(&path) {
+        return Ok((k.trim().to_string(), false));
+    }
+    let mut raw = [0u8; 24];
+    fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut raw))
+        .map_err(|e| ServeError::DataDir(dir.into(), e))?;
+    let key: String = std::iter::once("rc_".to_string())
+        .chain(raw.iter().map(|b| format!("{b:02x}")))
+        .collect();
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| ServeError::DataDir(path.clone(), e))?;
+    writeln!(f, "{key}").map_err(|e| ServeError::DataDir(path.clone(), e))?;
+    Ok((key, true))
+}
+
+/// Builds the state, reconciles with what survived a restart, and serves
+/// until SIGINT or SIGTERM. Sandboxes keep running across a restart.
+pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
+    fs::create_dir_all(&config.data_dir)
+        .map_err(|e| ServeError::DataDir(config.data_dir.clone(), e))?;
+    // Sandbox agents (an unprivileged host uid) must traverse it to their directories.
+    fs::set_permissions(&config.data_dir, fs::Permissions::from_mode(0o711))
+        .map_err(|e| ServeError::DataDir(config.data_dir.clone(), e))?;
+    let (key, created) = api_key(&config.data_dir)?;
+    let registry = Registry::open(&config.data_dir.join("registry.db"))?;
+    let runtime = Runtime::new(RuntimeConfig {
+        state_dir: config.data_dir.join("sandboxes"),
+        templates_dir: config.templates_dir.clone(),
+        cgroup_parent: config.cgroup_parent.clone(),
+        standby: config.standby,
+        ..RuntimeConfig::default()
+    })?;
+    let state = Arc::new(AppState {
+        config: config.clone(),
+        runtime,
+        registry,
+        api_key: key.clone(),
+        sandboxes: RwLock::new(Default::default()),
+    });
+    reconcile(&state).await;
+    state.runtime.warm_up().await;
+
+    let reaper = state.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tick.tick().await;
+            reaper.reap_once().await;
+        }
+    });
+
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| ServeError::Listen(config.listen, e))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| ServeError::Listen(config.listen, e))?;
+    println!("runcell is listening on http://{addr}");
+    if created {
+        println!(
+            "A new API key was written to {}.",
+            config.data_dir.join("api-key").display()
+        );
+    }
+    println!(
+        "  curl -H \"Authorization: Bearer $(cat {})\" http://{addr}/v1/sandboxes",
+        config.data_dir.join("api-key").display()
+    );
+    println!(
+        "  export PANDASTACK_API=http://{addr} PANDASTACK_API_KEY=$(cat {})",
+        config.data_dir.join("api-key").display()
+    );
+    tracing::info!(%addr, "listening");
+    axum::serve(listener, router(state.clone()))
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(ServeError::Http)?;
+    tracing::info!("stopped; sandboxes keep running and are re-attached by the next start");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// After a (re)start: re-attach live sandboxes, reap expired and dead ones,
+/// and remove anything on the host the registry does not know.
+async fn reconcile(state: &Arc<AppState>) {
+    let running = match state.registry.with_status("running") {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("could not read the registry: {e}");
+            Vec::new()
+        }
+    };
+    let state_dir = state.runtime.config().state_dir.clone();
+    let parent = state.config.cgroup_parent.clone();
+    let now = state::now_ms();
+    let mut known = std::collections::HashSet::new();
+    for rec in running {
+        known.insert(rec.id.clone());
+        let expired = (!rec.persistent
+            && now - rec.last_activity_ms > rec.ttl_seconds as i64 * 1000)
+            || now - rec.created_at * 1000 > state.config.max_lifetime.as_millis() as i64;
+        if expired {
+            let _ = runcell_jail::Jail::remove(&state_dir, &parent, &rec.id);
+            let _ = state
+                .registry
+                .end(&rec.id, "deleted", "expired while the daemon was down");
+            tracing::info!(sandbox = %rec.id, "reaped: expired while the daemon was down");
+            continue;
+        }
+        let template_name = state
+            .config
+            .aliases
+            .get(&rec.template)
+            .cloned()
+            .unwrap_or(rec.template.clone());
+        let template = state
+            .runtime
+            .template(&template_name)
+            .unwrap_or_else(|_| runcell_core::Template::host());
+        let limits = limits_from_json(&rec.limits, state.config.default_limits);
+        match state
+            .runtime
+            .attach(&rec.id, template.clone(), limits)
+            .await
+        {
+            Ok(sandbox) => {
+                tracing::info!(sandbox = %rec.id, "re-attached");
+                let entry = Arc::new(state::Entry {
+                    sandbox,
+                    record: std::sync::Mutex::new(rec.clone()),
+                    template,
+                });
+                state
+                    .sandboxes
+                    .write()
+                    .expect("sandboxes lock")
+                    .insert(rec.id.clone(), entry);
+            }
+            Err(e) => {
+                tracing::warn!(sandbox = %rec.id, "could not re-attach, marking failed: {e}");
+                let _ = runcell_jail::Jail::remove(&state_dir, &parent, &rec.id);
+                let _ = state
+                    .registry
+                    .end(&rec.id, "failed", "not running after a daemon restart");
+            }
+        }
+    }
+    // Anything in our state directory that the registry does not list as
+    // running is an orphan: kill it and remove it. Orphans are found through
+    // the state directory only: the cgroup parent is shared with other
+    // runcell processes (`runcell run`, other daemons) whose sandboxes are
+    // not ours to judge.
+    for id in state.runtime.list() {
+        if !known.contains(&id) {
+            tracing::info!(sandbox = %id, "removing an orphaned sandbox");
+            let _ = runcell_jail::Jail::remove(&state_dir, &parent, &id);
+        }
+    }
+}
+
+fn limits_from_json(
+    v: &serde_json::Value,
+    mut l: runcell_core::SandboxLimits,
+) -> runcell_core::SandboxLimits {
+    let get = |k: &str| v.get(k).and_then(|x| x.as_f64());
+    if let Some(m) = get("memory_mb") {
+        l.memory_bytes = (m as u64) << 20;
+    }
+    if let Some(c) = get("cpu") {
+        l.cpu_millis = (c * 1000.0) as u64;
+    }
+    if let Some(p) = get("pids") {
+        l.pids = p as u64;
+    }
+    if let Some(d) = get("disk_mb") {
+        l.disk_bytes = (d as u64) << 20;
+    }
+    if let Some(t) = get("timeout_seconds") {
+        l.timeout = Duration::from_secs_f64(t.max(0.001));
+    }
+    if let Some(o) = get("output_bytes") {
+        l.output_bytes = o as u64;
+    }
+    l
+}

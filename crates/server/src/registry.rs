@@ -1,0 +1,242 @@
+//! The registry: every sandbox the daemon created, in SQLite, so that a
+//! restarted daemon knows what exists and what to reap.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Mutex;
+
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::{Deserialize, Serialize};
+
+/// Registry errors.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// SQLite failed.
+    #[error("The sandbox registry failed.")]
+    Sqlite(#[from] rusqlite::Error),
+    /// A stored field is unreadable.
+    #[error("A stored sandbox record is unreadable.")]
+    Decode(#[from] serde_json::Error),
+}
+
+/// One sandbox as recorded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    /// Sandbox id.
+    pub id: String,
+    /// Owning workspace.
+    pub workspace: String,
+    /// Template name as requested.
+    pub template: String,
+    /// Caller metadata.
+    pub metadata: BTreeMap<String, String>,
+    /// Limits (runcell extension), as JSON.
+    pub limits: serde_json::Value,
+    /// Extra environment for every run.
+    pub env: BTreeMap<String, String>,
+    /// Idle TTL in seconds.
+    pub ttl_seconds: u64,
+    /// Exempt from idle reaping.
+    pub persistent: bool,
+    /// Unix seconds.
+    pub created_at: i64,
+    /// Unix milliseconds of the last activity.
+    pub last_activity_ms: i64,
+    /// running, deleted, failed.
+    pub status: String,
+    /// Why it ended, when it did.
+    pub end_reason: Option<String>,
+}
+
+/// The SQLite registry.
+#[derive(Debug)]
+pub struct Registry {
+    conn: Mutex<Connection>,
+}
+
+impl Registry {
+    /// Opens (creating if needed) the registry at `path`.
+    pub fn open(path: &Path) -> Result<Self, RegistryError> {
+        let conn = Connection::open(path)?;
+        conn.execute_batch(
+            "PRAGMA journal_mode=WAL;
+             PRAGMA synchronous=NORMAL;
+             CREATE TABLE IF NOT EXISTS sandboxes (
+                 id TEXT PRIMARY KEY,
+                 workspace TEXT NOT NULL,
+                 template TEXT NOT NULL,
+                 metadata TEXT NOT NULL,
+                 limits TEXT NOT NULL,
+                 env TEXT NOT NULL,
+                 ttl_seconds INTEGER NOT NULL,
+                 persistent INTEGER NOT NULL,
+                 created_at INTEGER NOT NULL,
+                 last_activity_ms INTEGER NOT NULL,
+                 status TEXT NOT NULL,
+                 end_reason TEXT
+             );
+             CREATE INDEX IF NOT EXISTS sandboxes_status ON sandboxes(status);",
+        )?;
+        Ok(Self {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    /// Inserts or replaces a record.
+    pub fn put(&self, r: &Record) -> Result<(), RegistryError> {
+        self.conn.lock().expect("registry lock").execute(
+            "INSERT OR REPLACE INTO sandboxes
+             (id, workspace, template, metadata, limits, env, ttl_seconds, persistent,
+              created_at, last_activity_ms, status, end_reason)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            params![
+                r.id,
+                r.workspace,
+                r.template,
+                serde_json::to_string(&r.metadata)?,
+                r.limits.to_string(),
+                serde_json::to_string(&r.env)?,
+                r.ttl_seconds as i64,
+                r.persistent,
+                r.created_at,
+                r.last_activity_ms,
+                r.status,
+                r.end_reason,
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Marks a sandbox ended.
+    pub fn end(&self, id: &str, status: &str, reason: &str) -> Result<(), RegistryError> {
+        self.conn.lock().expect("registry lock").execute(
+            "UPDATE sandboxes SET status = ?2, end_reason = ?3 WHERE id = ?1",
+            params![id, status, reason],
+        )?;
+        Ok(())
+    }
+
+    /// Records activity.
+    pub fn touch(&self, id: &str, at_ms: i64) -> Result<(), RegistryError> {
+        self.conn.lock().expect("registry lock").execute(
+            "UPDATE sandboxes SET last_activity_ms = ?2 WHERE id = ?1",
+            params![id, at_ms],
+        )?;
+        Ok(())
+    }
+
+    /// One record.
+    pub fn get(&self, id: &str) -> Result<Option<Record>, RegistryError> {
+        let conn = self.conn.lock().expect("registry lock");
+        let row = conn
+            .query_row(
+                "SELECT id, workspace, template, metadata, limits, env, ttl_seconds, persistent,
+                        created_at, last_activity_ms, status, end_reason
+                 FROM sandboxes WHERE id = ?1",
+                params![id],
+                raw_row,
+            )
+            .optional()?;
+        row.map(decode).transpose()
+    }
+
+    /// Every record with `status`.
+    pub fn with_status(&self, status: &str) -> Result<Vec<Record>, RegistryError> {
+        let conn = self.conn.lock().expect("registry lock");
+        let mut stmt = conn.prepare(
+            "SELECT id, workspace, template, metadata, limits, env, ttl_seconds, persistent,
+                    created_at, last_activity_ms, status, end_reason
+             FROM sandboxes WHERE status = ?1 ORDER BY created_at",
+        )?;
+        let rows = stmt.query_map(params![status], raw_row)?;
+        let mut out = Vec::new();
+        for row in rows {
+            out.push(decode(row?)?);
+        }
+        Ok(out)
+    }
+}
+
+type RawRow = (
+    String,
+    String,
+    String,
+    String,
+    String,
+    String,
+    i64,
+    bool,
+    i64,
+    i64,
+    String,
+    Option<String>,
+);
+
+fn raw_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
+    Ok((
+        r.get(0)?,
+        r.get(1)?,
+        r.get(2)?,
+        r.get(3)?,
+        r.get(4)?,
+        r.get(5)?,
+        r.get(6)?,
+        r.get(7)?,
+        r.get(8)?,
+        r.get(9)?,
+        r.get(10)?,
+        r.get(11)?,
+    ))
+}
+
+fn decode(r: RawRow) -> Result<Record, RegistryError> {
+    Ok(Record {
+        id: r.0,
+        workspace: r.1,
+        template: r.2,
+        metadata: serde_json::from_str(&r.3)?,
+        limits: serde_json::from_str(&r.4)?,
+        env: serde_json::from_str(&r.5)?,
+        ttl_seconds: r.6.max(0) as u64,
+        persistent: r.7,
+        created_at: r.8,
+        last_activity_ms: r.9,
+        status: r.10,
+        end_reason: r.11,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_survive_reopening() {
+        let dir = std::env::temp_dir().join(format!("runcell-registry-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("registry.db");
+        let rec = Record {
+            id: "a".into(),
+            workspace: "local".into(),
+            template: "host".into(),
+            metadata: [("threadId".to_string(), "t1".to_string())].into(),
+            limits: serde_json::json!({"memory_mb": 512}),
+            env: BTreeMap::new(),
+            ttl_seconds: 300,
+            persistent: false,
+            created_at: 1,
+            last_activity_ms: 2,
+            status: "running".into(),
+            end_reason: None,
+        };
+        Registry::open(&path).unwrap().put(&rec).unwrap();
+        let reg = Registry::open(&path).unwrap();
+        assert_eq!(reg.get("a").unwrap().unwrap(), rec);
+        reg.touch("a", 99).unwrap();
+        reg.end("a", "deleted", "ttl").unwrap();
+        let got = reg.get("a").unwrap().unwrap();
+        assert_eq!((got.last_activity_ms, got.status.as_str()), (99, "deleted"));
+        assert!(reg.with_status("running").unwrap().is_empty());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

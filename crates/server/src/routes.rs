@@ -1,0 +1,783 @@
+//! The `/v1` routes. Thin: parse, call the core, map errors. Shapes follow
+//! the PandaStack v1 sandbox API (shared/pandastack-api.md); runcell's own
+//! additions are extra fields the PandaStack clients ignore.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Path, Query, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use axum::{Json, Router};
+use futures_util::StreamExt;
+use runcell_core::{format_size, Output, RunOptions, SandboxLimits, SandboxOptions};
+use runcell_protocol::{Command, FileStat};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::error::ApiError;
+use crate::registry::Record;
+use crate::state::{now_ms, AppState, Entry};
+
+type AppResult<T> = Result<T, ApiError>;
+type St = State<Arc<AppState>>;
+
+/// The daemon's router.
+pub fn router(state: Arc<AppState>) -> Router {
+    let v1 = Router::new()
+        .route("/me", get(me))
+        .route("/sandboxes", get(list).post(create))
+        .route("/sandboxes/{id}", get(get_one).delete(delete))
+        .route("/sandboxes/{id}/exec", post(exec))
+        .route("/sandboxes/{id}/exec/stream", post(exec_stream))
+        .route("/sandboxes/{id}/fs", get(fs_read).put(fs_write))
+        .route("/sandboxes/{id}/fs/dir", get(fs_dir))
+        .route("/sandboxes/{id}/fs/stat", get(fs_stat))
+        .route(
+            "/sandboxes/{id}/lifecycle",
+            get(lifecycle).patch(set_lifecycle),
+        )
+        .route("/sandboxes/{id}/repl/sessions", any(repl_unavailable))
+        .route(
+            "/sandboxes/{id}/repl/sessions/{*rest}",
+            any(repl_unavailable),
+        )
+        .route("/templates", get(templates))
+        .route("/templates/{name}", get(template))
+        .fallback(no_route)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), auth));
+    Router::new()
+        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .nest("/v1", v1)
+        .fallback(no_route)
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(state)
+}
+
+async fn no_route() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "There is no such route in this API.")
+}
+
+async fn repl_unavailable() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_IMPLEMENTED,
+        "Code contexts (repl/sessions) are not available in this runcell version yet; use /exec.",
+    )
+}
+
+/// Bearer-token check for every /v1 route.
+async fn auth(State(state): St, req: Request, next: Next) -> Response {
+    let header_token = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, token) = v.split_once(' ')?;
+            scheme
+                .eq_ignore_ascii_case("bearer")
+                .then(|| token.trim().to_string())
+        });
+    let query_token = req.uri().query().and_then(|q| {
+        q.split('&')
+            .find_map(|kv| kv.strip_prefix("access_token=").map(str::to_string))
+    });
+    let detail = match header_token.or(query_token) {
+        None => "missing bearer token",
+        Some(t) if constant_time_eq(t.as_bytes(), state.api_key.as_bytes()) => {
+            return next.run(req).await
+        }
+        Some(_) => "invalid api token",
+    };
+    let mut err = ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized");
+    err.extra = Some(
+        [("detail".to_string(), Value::from(detail))]
+            .into_iter()
+            .collect(),
+    );
+    err.into_response()
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A JSON body with runcell's error shapes: 413 over the size limit, 400
+/// for anything malformed.
+struct JsonBody<T>(T);
+
+impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, Self::Rejection> {
+        let bytes = RawBody::from_request(req, state).await?.0;
+        if bytes.is_empty() {
+            return Err(ApiError::bad_request(
+                "The request body is empty; a JSON object is expected.",
+            ));
+        }
+        serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| {
+            ApiError::bad_request(format!(
+                "The request body is not valid JSON for this route: {e}."
+            ))
+        })
+    }
+}
+
+/// Raw body bytes, limited to the configured size.
+struct RawBody(Bytes);
+
+impl FromRequest<Arc<AppState>> for RawBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, Self::Rejection> {
+        let limit = state.config.max_body_bytes;
+        let body = req.into_body();
+        match axum::body::to_bytes(body, limit).await {
+            Ok(b) => Ok(RawBody(b)),
+            Err(_) => Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "The request body is larger than the {} allowed.",
+                    format_size(limit as u64)
+                ),
+            )),
+        }
+    }
+}
+
+async fn me() -> Json<Value> {
+    Json(json!({
+        "user_id": "local",
+        "email": "",
+        "current_org": null,
+        "orgs": [],
+        "auth_method": "token",
+    }))
+}
+
+/// runcell's per-sandbox limits in API form.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsReq {
+    memory_mb: Option<u64>,
+    cpu: Option<f64>,
+    pids: Option<u64>,
+    disk_mb: Option<u64>,
+    timeout_seconds: Option<f64>,
+    output_bytes: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct CreateReq {
+    template: Option<String>,
+    ttl_seconds: Option<i64>,
+    persistent: Option<bool>,
+    #[serde(default)]
+    metadata: BTreeMap<String, String>,
+    from_snapshot: Option<String>,
+    #[serde(default)]
+    limits: Option<LimitsReq>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+}
+
+fn limits_json(l: &SandboxLimits) -> Value {
+    json!({
+        "memory_mb": l.memory_bytes >> 20,
+        "cpu": l.cpu_millis as f64 / 1000.0,
+        "pids": l.pids,
+        "disk_mb": l.disk_bytes >> 20,
+        "timeout_seconds": l.timeout.as_secs_f64(),
+        "output_bytes": l.output_bytes,
+    })
+}
+
+fn rfc3339(unix: i64) -> String {
+    // Civil-from-days (Howard Hinnant's algorithm), UTC.
+    let days = unix.div_euclid(86_400);
+    let secs = unix.rem_euclid(86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60
+    )
+}
+
+fn sandbox_json(e: &Entry) -> Value {
+    let r = e.record.lock().expect("record lock");
+    let l = e.sandbox.limits();
+    json!({
+        "id": r.id,
+        "template": r.template,
+        "cpu": (l.cpu_millis as f64 / 1000.0).ceil().max(1.0) as u64,
+        "memory_mb": l.memory_bytes >> 20,
+        "status": "running",
+        "metadata": r.metadata,
+        "created_at": rfc3339(r.created_at),
+        "persistent": r.persistent,
+        "ttl_seconds": r.ttl_seconds,
+        "limits": limits_json(l),
+        "network": {"mode": "none"},
+    })
+}
+
+async fn create(
+    State(state): St,
+    JsonBody(req): JsonBody<CreateReq>,
+) -> AppResult<(StatusCode, Json<Value>)> {
+    if req.from_snapshot.is_some() {
+        return Err(ApiError::bad_request(
+            "Snapshots are not supported by this runcell version.",
+        ));
+    }
+    let ttl = match req.ttl_seconds {
+        Some(t) if t < 0 => return Err(ApiError::bad_request("ttl_seconds must be non-negative")),
+        Some(t) => t as u64,
+        None => state.config.default_ttl_seconds,
+    };
+    let requested = req.template.clone().unwrap_or_else(|| "host".into());
+    let resolved = state
+        .config
+        .aliases
+        .get(&requested)
+        .cloned()
+        .unwrap_or_else(|| requested.clone());
+    let template = state.runtime.template(&resolved).map_err(|_| {
+        let mut installed =
+            runcell_core::Template::installed(state.config.templates_dir.as_deref());
+        installed.extend(state.config.aliases.keys().cloned());
+        ApiError::bad_request(format!(
+            "unknown template \"{requested}\"; installed templates: {}",
+            installed.join(", ")
+        ))
+    })?;
+    let limits = apply_limits(state.config.default_limits, req.limits.unwrap_or_default())?;
+    let started = std::time::Instant::now();
+    let sandbox = state
+        .runtime
+        .create(SandboxOptions {
+            template: template.name.clone(),
+            limits,
+            tied_to_process: false,
+            max_lifetime: Some(state.config.max_lifetime),
+        })
+        .await?;
+    let now = now_ms();
+    let record = Record {
+        id: sandbox.id().to_string(),
+        workspace: "local".into(),
+        template: requested,
+        metadata: req.metadata,
+        limits: limits_json(&limits),
+        env: req.env,
+        ttl_seconds: ttl,
+        persistent: req.persistent.unwrap_or(false),
+        created_at: now / 1000,
+        last_activity_ms: now,
+        status: "running".into(),
+        end_reason: None,
+    };
+    if let Err(e) = state.registry.put(&record) {
+        let _ = sandbox.destroy().await;
+        return Err(ApiError::internal(format!(
+            "The sandbox could not be recorded: {e}"
+        )));
+    }
+    let entry = Arc::new(Entry {
+        sandbox,
+        record: std::sync::Mutex::new(record),
+        template,
+    });
+    state.touch(&entry).await;
+    let mut body = sandbox_json(&entry);
+    body["boot_ms"] = json!(started.elapsed().as_millis() as u64);
+    let id = entry.sandbox.id().to_string();
+    state
+        .sandboxes
+        .write()
+        .expect("sandboxes lock")
+        .insert(id, entry);
+    Ok((StatusCode::CREATED, Json(body)))
+}
+
+fn apply_limits(mut l: SandboxLimits, req: LimitsReq) -> AppResult<SandboxLimits> {
+    if let Some(m) = req.memory_mb {
+        if m < 16 {
+            return Err(ApiError::bad_request(
+                "limits.memory_mb must be at least 16.",
+            ));
+        }
+        l.memory_bytes = m << 20;
+    }
+    if let Some(c) = req.cpu {
+        if !(c > 0.0 && c <= 64.0) {
+            return Err(ApiError::bad_request(
+                "limits.cpu must be between 0 and 64 cores.",
+            ));
+        }
+        l.cpu_millis = (c * 1000.0).round() as u64;
+    }
+    if let Some(p) = req.pids {
+        if p < 8 {
+            return Err(ApiError::bad_request("limits.pids must be at least 8."));
+        }
+        l.pids = p;
+    }
+    if let Some(d) = req.disk_mb {
+        if d < 1 {
+            return Err(ApiError::bad_request("limits.disk_mb must be at least 1."));
+        }
+        l.disk_bytes = d << 20;
+    }
+    if let Some(t) = req.timeout_seconds {
+        if !(t > 0.0 && t.is_finite()) {
+            return Err(ApiError::bad_request(
+                "limits.timeout_seconds must be positive.",
+            ));
+        }
+        l.timeout = Duration::from_secs_f64(t);
+    }
+    if let Some(o) = req.output_bytes {
+        l.output_bytes = o;
+    }
+    Ok(l)
+}
+
+async fn list(State(state): St, Query(query): Query<Vec<(String, String)>>) -> Json<Vec<Value>> {
+    let filters: Vec<(String, String)> = query
+        .into_iter()
+        .filter_map(|(k, v)| k.strip_prefix("metadata.").map(|k| (k.to_string(), v)))
+        .collect();
+    let entries: Vec<Arc<Entry>> = state
+        .sandboxes
+        .read()
+        .expect("sandboxes lock")
+        .values()
+        .cloned()
+        .collect();
+    let mut out: Vec<(i64, Value)> = entries
+        .iter()
+        .filter(|e| {
+            let r = e.record.lock().expect("record lock");
+            filters.iter().all(|(k, v)| r.metadata.get(k) == Some(v))
+        })
+        .map(|e| {
+            let created = e.record.lock().expect("record lock").created_at;
+            (created, sandbox_json(e))
+        })
+        .collect();
+    out.sort_by_key(|(t, _)| *t);
+    Json(out.into_iter().map(|(_, v)| v).collect())
+}
+
+fn find(state: &AppState, id: &str) -> AppResult<Arc<Entry>> {
+    state.entry(id).ok_or_else(ApiError::no_sandbox)
+}
+
+async fn get_one(State(state): St, Path(id): Path<String>) -> AppResult<Json<Value>> {
+    let e = find(&state, &id)?;
+    Ok(Json(sandbox_json(&e)))
+}
+
+async fn delete(State(state): St, Path(id): Path<String>) -> AppResult<StatusCode> {
+    if state.remove(&id, "deleted by the API").await {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::no_sandbox())
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct ExecReq {
+    cmd: String,
+    timeout_seconds: Option<f64>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    cwd: Option<String>,
+}
+
+fn run_options(state: &AppState, e: &Entry, req: &ExecReq) -> AppResult<RunOptions> {
+    if req.cmd.trim().is_empty() {
+        return Err(ApiError::bad_request("cmd required"));
+    }
+    let timeout = match req.timeout_seconds {
+        Some(t) if !(t > 0.0 && t.is_finite()) => {
+            return Err(ApiError::bad_request("timeout_seconds must be positive."))
+        }
+        Some(t) => Duration::from_secs_f64(t).min(state.config.max_exec_timeout),
+        None => e.sandbox.limits().timeout,
+    };
+    let mut env = e.record.lock().expect("record lock").env.clone();
+    env.extend(req.env.clone());
+    Ok(RunOptions {
+        env,
+        cwd: req.cwd.clone(),
+        timeout: Some(timeout),
+        ..RunOptions::default()
+    })
+}
+
+fn with_marker(mut text: String, truncated: bool, stream: &str, total: u64) -> String {
+    if truncated {
+        if !text.ends_with('\n') && !text.is_empty() {
+            text.push('\n');
+        }
+        text.push_str(&runcell_core::truncation_marker(stream, total));
+        text.push('\n');
+    }
+    text
+}
+
+fn secs(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s.fract() == 0.0 {
+        format!("{s:.0}")
+    } else {
+        format!("{s}")
+    }
+}
+
+async fn exec(
+    State(state): St,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<ExecReq>,
+) -> AppResult<Json<Value>> {
+    let e = find(&state, &id)?;
+    let opts = run_options(&state, &e, &req)?;
+    state.touch(&e).await;
+    let r = e
+        .sandbox
+        .exec(Command::Shell(req.cmd.clone()), &opts)
+        .await?;
+    state.touch(&e).await;
+    let x = &r.outcome.exit;
+    let body = json!({
+        "stdout": with_marker(String::from_utf8_lossy(&r.stdout).into_owned(), x.stdout_truncated, "stdout", x.stdout_bytes),
+        "stderr": with_marker(String::from_utf8_lossy(&r.stderr).into_owned(), x.stderr_truncated, "stderr", x.stderr_bytes),
+        "exit_code": r.outcome.status(),
+        "duration_ms": x.duration_ms,
+        "timed_out": x.timed_out,
+        "oom_killed": r.outcome.oom_killed,
+        "pids_limit": r.outcome.pids_limit,
+        "stdout_truncated": x.stdout_truncated,
+        "stderr_truncated": x.stderr_truncated,
+        "stdout_bytes": x.stdout_bytes,
+        "stderr_bytes": x.stderr_bytes,
+        "messages": r.outcome.messages(),
+    });
+    if x.timed_out {
+        // The PandaStack clients raise SandboxTimeout for a 5xx whose message
+        // contains "timeout" (see the API contract, section 6).
+        let mut err = ApiError::internal(format!(
+            "exec timeout after {}s: context deadline exceeded",
+            secs(r.outcome.timeout)
+        ));
+        err.extra = body.as_object().cloned();
+        return Err(err);
+    }
+    Ok(Json(body))
+}
+
+/// Splits a byte stream into valid UTF-8 text without breaking characters
+/// across chunks.
+#[derive(Debug, Default)]
+struct Utf8Carry(Vec<u8>);
+
+impl Utf8Carry {
+    fn push(&mut self, bytes: &[u8]) -> String {
+        self.0.extend_from_slice(bytes);
+        let valid = match std::str::from_utf8(&self.0) {
+            Ok(_) => self.0.len(),
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(_) => self.0.len(),
+        };
+        let rest = self.0.split_off(valid);
+        let text = String::from_utf8_lossy(&self.0).into_owned();
+        self.0 = rest;
+        text
+    }
+}
+
+async fn exec_stream(
+    State(state): St,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<ExecReq>,
+) -> AppResult<impl IntoResponse> {
+    let e = find(&state, &id)?;
+    let opts = run_options(&state, &e, &req)?;
+    state.touch(&e).await;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<SseEvent>();
+    tokio::spawn(async move {
+        let (mut out, mut err) = (Utf8Carry::default(), Utf8Carry::default());
+        let chunk_tx = tx.clone();
+        let result = e
+            .sandbox
+            .exec_streaming(Command::Shell(req.cmd.clone()), &opts, |stream, bytes| {
+                let (name, text) = match stream {
+                    Output::Stdout => ("stdout", out.push(bytes)),
+                    Output::Stderr => ("stderr", err.push(bytes)),
+                };
+                if !text.is_empty() {
+                    let _ = chunk_tx.send(
+                        SseEvent::default()
+                            .event(name)
+                            .data(json!({"chunk": text}).to_string()),
+                    );
+                }
+            })
+            .await;
+        state.touch(&e).await;
+        let last = match result {
+            Ok(o) if o.exit.timed_out => SseEvent::default().event("error").data(
+                json!({"error": format!("exec timeout after {}s", secs(o.timeout))}).to_string(),
+            ),
+            Ok(o) => {
+                for m in o.messages() {
+                    let _ = tx.send(
+                        SseEvent::default()
+                            .event("stderr")
+                            .data(json!({"chunk": format!("{m}\n")}).to_string()),
+                    );
+                }
+                SseEvent::default()
+                    .event("exit")
+                    .data(json!({"exit_code": o.status(), "oom_killed": o.oom_killed, "pids_limit": o.pids_limit}).to_string())
+            }
+            Err(err) => SseEvent::default()
+                .event("error")
+                .data(json!({"error": ApiError::from(err).message}).to_string()),
+        };
+        let _ = tx.send(last);
+    });
+    let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(Ok::<_, Infallible>);
+    let sse = Sse::new(stream).keep_alive(
+        KeepAlive::new()
+            .interval(Duration::from_secs(15))
+            .text("ping"),
+    );
+    // Without a charset, Python's requests decodes the stream as ISO-8859-1.
+    Ok((
+        [
+            (header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+            (header::HeaderName::from_static("x-accel-buffering"), "no"),
+        ],
+        sse,
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+struct PathQuery {
+    path: Option<String>,
+}
+
+fn need_path(q: &PathQuery) -> AppResult<&str> {
+    match q.path.as_deref() {
+        None | Some("") => Err(ApiError::bad_request(
+            "The path query parameter is required.",
+        )),
+        Some(p) if !p.starts_with('/') => Err(ApiError::bad_request(format!(
+            "path must be absolute, got \"{p}\""
+        ))),
+        Some(p) => Ok(p),
+    }
+}
+
+async fn fs_read(
+    State(state): St,
+    Path(id): Path<String>,
+    Query(q): Query<PathQuery>,
+) -> AppResult<Response> {
+    let e = find(&state, &id)?;
+    let path = need_path(&q)?;
+    state.touch(&e).await;
+    let data = e
+        .sandbox
+        .read_file(path, state.config.max_body_bytes as u64)
+        .await?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response())
+}
+
+async fn fs_write(
+    State(state): St,
+    Path(id): Path<String>,
+    Query(q): Query<PathQuery>,
+    body: RawBody,
+) -> AppResult<Json<Value>> {
+    let e = find(&state, &id)?;
+    let path = need_path(&q)?.to_string();
+    state.touch(&e).await;
+    let bytes = e.sandbox.write_file(&path, &body.0).await?;
+    Ok(Json(json!({"path": path, "bytes": bytes})))
+}
+
+fn entry_json(s: &FileStat) -> Value {
+    let kind = if s.is_symlink {
+        "l"
+    } else if s.is_dir {
+        "d"
+    } else {
+        "f"
+    };
+    json!({"name": s.name, "is_dir": s.is_dir, "size": s.size, "mode": kind, "mtime": s.mtime, "permissions": format!("{:o}", s.mode)})
+}
+
+async fn fs_dir(
+    State(state): St,
+    Path(id): Path<String>,
+    Query(q): Query<PathQuery>,
+) -> AppResult<Json<Value>> {
+    let e = find(&state, &id)?;
+    let path = q
+        .path
+        .clone()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "/".into());
+    need_path(&PathQuery {
+        path: Some(path.clone()),
+    })?;
+    let entries = e.sandbox.list_dir(&path).await?;
+    let entries: Vec<Value> = entries.iter().map(entry_json).collect();
+    Ok(Json(json!({"path": path, "entries": entries})))
+}
+
+async fn fs_stat(
+    State(state): St,
+    Path(id): Path<String>,
+    Query(q): Query<PathQuery>,
+) -> AppResult<Json<Value>> {
+    let e = find(&state, &id)?;
+    let path = need_path(&q)?;
+    match e.sandbox.stat(path).await {
+        Ok(s) => Ok(Json(entry_json(&s))),
+        Err(err) => {
+            let mut api = ApiError::from(err);
+            if api.status == StatusCode::NOT_FOUND {
+                api.message = "file does not exist".into();
+            }
+            Err(api)
+        }
+    }
+}
+
+fn lifecycle_json(r: &Record) -> Value {
+    json!({
+        "ttl_seconds": r.ttl_seconds,
+        "persistent": r.persistent,
+        "idle_seconds": ((now_ms() - r.last_activity_ms).max(0) / 1000),
+    })
+}
+
+async fn lifecycle(State(state): St, Path(id): Path<String>) -> AppResult<Json<Value>> {
+    let e = find(&state, &id)?;
+    let r = e.record.lock().expect("record lock");
+    Ok(Json(lifecycle_json(&r)))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LifecycleReq {
+    ttl_seconds: Option<i64>,
+    persistent: Option<bool>,
+}
+
+async fn set_lifecycle(
+    State(state): St,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<LifecycleReq>,
+) -> AppResult<Json<Value>> {
+    let e = find(&state, &id)?;
+    if matches!(req.ttl_seconds, Some(t) if t < 0) {
+        return Err(ApiError::bad_request("ttl_seconds must be non-negative"));
+    }
+    let (record, deadline) = {
+        let mut r = e.record.lock().expect("record lock");
+        if let Some(t) = req.ttl_seconds {
+            r.ttl_seconds = t as u64;
+        }
+        if let Some(p) = req.persistent {
+            r.persistent = p;
+        }
+        (r.clone(), state.agent_deadline(&r))
+    };
+    state
+        .registry
+        .put(&record)
+        .map_err(|err| ApiError::internal(format!("The change could not be recorded: {err}")))?;
+    e.sandbox.set_deadline(Some(deadline)).await?;
+    Ok(Json(lifecycle_json(&record)))
+}
+
+fn template_json(state: &AppState, name: &str, alias_of: Option<&str>) -> AppResult<Value> {
+    let t = state
+        .runtime
+        .template(alias_of.unwrap_or(name))
+        .map_err(ApiError::from)?;
+    let l = &state.config.default_limits;
+    Ok(json!({
+        "name": name,
+        "rootfs_path": "",
+        "size_bytes": 0,
+        "cpu": (l.cpu_millis as f64 / 1000.0).ceil().max(1.0) as u64,
+        "memory_mb": l.memory_bytes >> 20,
+        "is_global": true,
+        "description": t.description,
+        "alias_of": alias_of,
+    }))
+}
+
+async fn templates(State(state): St) -> AppResult<Json<Vec<Value>>> {
+    let mut out = Vec::new();
+    for name in runcell_core::Template::installed(state.config.templates_dir.as_deref()) {
+        out.push(template_json(&state, &name, None)?);
+    }
+    for (alias, target) in &state.config.aliases {
+        if let Ok(v) = template_json(&state, alias, Some(target)) {
+            out.push(v);
+        }
+    }
+    Ok(Json(out))
+}
+
+async fn template(State(state): St, Path(name): Path<String>) -> AppResult<Json<Value>> {
+    let alias = state.config.aliases.get(&name).cloned();
+    template_json(&state, &name, alias.as_deref())
+        .map(Json)
+        .map_err(|_| ApiError::new(StatusCode::NOT_FOUND, "template not found"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_rfc3339() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_795_941_814), "2026-11-29T08:43:34Z");
+    }
+
+    #[test]
+    fn utf8_is_never_split() {
+        let mut c = Utf8Carry::default();
+        let s = "héllo".as_bytes();
+        assert_eq!(c.push(&s[..2]), "h");
+        assert_eq!(c.push(&s[2..]), "éllo");
+    }
+}

@@ -1,0 +1,178 @@
+//! Daemon state: the live sandboxes, the registry, activity and reaping.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use runcell_core::{Runtime, Sandbox, SandboxLimits, Template};
+
+use crate::registry::{Record, Registry};
+
+/// Settings of `runcell serve`.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// Data directory (registry, API key, sandbox state).
+    pub data_dir: PathBuf,
+    /// Installed templates.
+    pub templates_dir: Option<PathBuf>,
+    /// Template aliases (name → installed template).
+    pub aliases: BTreeMap<String, String>,
+    /// Idle TTL when a create request gives none.
+    pub default_ttl_seconds: u64,
+    /// Lifetime no sandbox may exceed, persistent or not.
+    pub max_lifetime: Duration,
+    /// Limits of a sandbox whose create request gives none.
+    pub default_limits: SandboxLimits,
+    /// Largest `timeout_seconds` an exec may ask for.
+    pub max_exec_timeout: Duration,
+    /// Largest request body.
+    pub max_body_bytes: usize,
+    /// Prepared sandboxes kept ready.
+    pub standby: usize,
+    /// Cgroup parent name.
+    pub cgroup_parent: String,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:7070".parse().expect("valid address"),
+            data_dir: PathBuf::from("/var/lib/runcell"),
+            templates_dir: None,
+            aliases: [
+                ("code-interpreter".to_string(), "host".to_string()),
+                ("ubuntu-24.04".to_string(), "host".to_string()),
+            ]
+            .into(),
+            default_ttl_seconds: 300,
+            max_lifetime: Duration::from_secs(24 * 3600),
+            default_limits: SandboxLimits::default(),
+            max_exec_timeout: Duration::from_secs(3600),
+            max_body_bytes: 32 << 20,
+            standby: 2,
+            cgroup_parent: "runcell".into(),
+        }
+    }
+}
+
+/// A live sandbox and its record.
+#[derive(Debug)]
+pub struct Entry {
+    /// The sandbox.
+    pub sandbox: Sandbox,
+    /// Its record (mirrors the registry).
+    pub record: Mutex<Record>,
+    /// Whether the template was a directory template or `host`.
+    pub template: Template,
+}
+
+/// Shared daemon state.
+#[derive(Debug)]
+pub struct AppState {
+    /// Settings.
+    pub config: ServeConfig,
+    /// Sandbox runtime.
+    pub runtime: Runtime,
+    /// Registry.
+    pub registry: Registry,
+    /// The API key callers present.
+    pub api_key: String,
+    /// Live sandboxes.
+    pub sandboxes: RwLock<HashMap<String, Arc<Entry>>>,
+}
+
+/// Now, unix milliseconds.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as i64
+}
+
+/// Grace the agent's own deadline gives the daemon to reap first.
+const AGENT_DEADLINE_GRACE_MS: i64 = 30_000;
+
+impl AppState {
+    /// A live sandbox.
+    pub fn entry(&self, id: &str) -> Option<Arc<Entry>> {
+        self.sandboxes
+            .read()
+            .expect("sandboxes lock")
+            .get(id)
+            .cloned()
+    }
+
+    /// The agent-enforced deadline for a record: idle TTL (plus grace) unless
+    /// persistent, and never past the maximum lifetime. It holds even while
+    /// the daemon is down.
+    pub fn agent_deadline(&self, r: &Record) -> u64 {
+        let hard = r.created_at * 1000 + self.config.max_lifetime.as_millis() as i64;
+        let idle = r.last_activity_ms + (r.ttl_seconds as i64) * 1000 + AGENT_DEADLINE_GRACE_MS;
+        (if r.persistent { hard } else { idle.min(hard) }).max(0) as u64
+    }
+
+    /// Records activity on a sandbox (exec, file access, code run).
+    pub async fn touch(&self, entry: &Entry) {
+        let (id, deadline) = {
+            let mut r = entry.record.lock().expect("record lock");
+            r.last_activity_ms = now_ms();
+            (r.id.clone(), self.agent_deadline(&r))
+        };
+        if let Err(e) = self.registry.touch(&id, now_ms()) {
+            tracing::warn!(sandbox = %id, "could not record activity: {e}");
+        }
+        if let Err(e) = entry.sandbox.set_deadline(Some(deadline)).await {
+            tracing::warn!(sandbox = %id, "could not move the agent's deadline: {e}");
+        }
+    }
+
+    /// Removes a sandbox: destroys it and records why.
+    pub async fn remove(&self, id: &str, reason: &str) -> bool {
+        let entry = self.sandboxes.write().expect("sandboxes lock").remove(id);
+        let Some(entry) = entry else { return false };
+        tracing::info!(sandbox = %id, reason, "removing sandbox");
+        match Arc::try_unwrap(entry) {
+            Ok(entry) => {
+                if let Err(e) = entry.sandbox.destroy().await {
+                    tracing::warn!(sandbox = %id, "destroy failed: {e}");
+                }
+            }
+            Err(shared) => {
+                // A request still holds it: kill it now; the handle goes with the request.
+                let _ = runcell_jail::Jail::remove(
+                    &self.runtime.config().state_dir,
+                    &self.config.cgroup_parent,
+                    shared.sandbox.id(),
+                );
+            }
+        }
+        if let Err(e) = self.registry.end(id, "deleted", reason) {
+            tracing::warn!(sandbox = %id, "could not record the removal: {e}");
+        }
+        true
+    }
+
+    /// Reaps expired and dead sandboxes. Runs every half second.
+    pub async fn reap_once(&self) {
+        let now = now_ms();
+        let max = self.config.max_lifetime.as_millis() as i64;
+        let mut expired = Vec::new();
+        for (id, e) in self.sandboxes.read().expect("sandboxes lock").iter() {
+            let r = e.record.lock().expect("record lock");
+            if !r.persistent && now - r.last_activity_ms > (r.ttl_seconds as i64) * 1000 {
+                expired.push((id.clone(), "idle ttl expired"));
+            } else if now - r.created_at * 1000 > max {
+                expired.push((id.clone(), "maximum lifetime reached"));
+            } else if !e.sandbox.is_alive() {
+                expired.push((id.clone(), "sandbox stopped"));
+            }
+        }
+        for (id, reason) in expired {
+            self.remove(&id, reason).await;
+        }
+    }
+}
