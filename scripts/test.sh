@@ -12,3 +12,5 @@ fi
 # The agent binary must exist before the tests that start sandboxes.
 cargo build --workspace --all-targets --quiet
 cargo test --workspace -- --test-threads=2
+# The published PandaStack clients (npm and PyPI) against a real daemon.
+./scripts/test-clients.sh

@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# Client-compatibility tests: starts a real `runcell serve` on loopback and
+# drives it through the published PandaStack client packages, unchanged:
+# @pandastack/sdk (npm, tests/clients/package.json) and pandastack (PyPI,
+# tests/clients/requirements.txt). The daemon creates real sandboxes, so this
+# must run as root, from anywhere (it cds to the repo root):
+#   sudo ./scripts/test-clients.sh
+# Exits non-zero if any test fails or anything it needs is missing; it never
+# skips a suite because a tool is absent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+CLIENTS=$REPO/tests/clients
+
+die() { echo "scripts/test-clients.sh: $*" >&2; exit 1; }
+
+[ "$(id -u)" -eq 0 ] || die "the daemon creates real sandboxes: run as root (sudo ./scripts/test-clients.sh)"
+
+# --- tools -------------------------------------------------------------------
+apt_install() {
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+command -v curl >/dev/null 2>&1 || apt_install curl ca-certificates
+for tool in node npm cargo curl; do
+  command -v "$tool" >/dev/null 2>&1 || die "'$tool' is not installed; the client tests need it"
+done
+[ -x /usr/bin/python3 ] || apt_install python3
+# The venv must come from Debian's interpreter (the one sandboxes see too).
+if ! /usr/bin/python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+  apt_install python3-venv
+fi
+
+# --- client packages ---------------------------------------------------------
+echo "== installing @pandastack/sdk (npm ci)"
+(cd "$CLIENTS" && npm ci --no-audit --no-fund --loglevel=error)
+node -e 'const v = require(process.argv[1]).version; if (v !== "0.9.0") { console.error("@pandastack/sdk is " + v + ", want 0.9.0"); process.exit(1); }' \
+  "$CLIENTS/node_modules/@pandastack/sdk/package.json"
+
+echo "== installing pandastack (venv + pip)"
+VENV=$CLIENTS/.venv
+if [ -e "$VENV" ] && ! grep -qx 'home = /usr/bin' "$VENV/pyvenv.cfg" 2>/dev/null; then
+  echo "$VENV was not made by /usr/bin/python3; recreating it"
+  rm -rf "$VENV"
+fi
+[ -x "$VENV/bin/python" ] || /usr/bin/python3 -m venv "$VENV"
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$CLIENTS/requirements.txt"
+"$VENV/bin/python" -c 'import pandastack, sys; sys.exit(0 if pandastack.__version__ == "0.10.0" else "pandastack is " + pandastack.__version__ + ", want 0.10.0")'
+
+# --- daemon ------------------------------------------------------------------
+echo "== building"
+cargo build --workspace --quiet
+
+# Each suite gets a fresh daemon (own port, own data dir), so a crash or hang
+# caused by one SDK's traffic cannot turn the other suite into timeouts.
+DAEMON_PID=
+DATA_DIR=
+LOG=
+failed=()
+
+stop_daemon() {
+  if [ -n "$DAEMON_PID" ] && kill -0 "$DAEMON_PID" 2>/dev/null; then
+    kill -TERM "$DAEMON_PID" 2>/dev/null || true
+    for _ in $(seq 1 50); do
+      kill -0 "$DAEMON_PID" 2>/dev/null || break
+      sleep 0.2
+    done
+    if kill -0 "$DAEMON_PID" 2>/dev/null; then
+      echo "daemon did not stop within 10 s of SIGTERM; killing it" >&2
+      kill -KILL "$DAEMON_PID" 2>/dev/null || true
+    fi
+  fi
+  [ -z "$DAEMON_PID" ] || wait "$DAEMON_PID" 2>/dev/null || true
+  DAEMON_PID=
+  # Remove the data dir only if nothing is still mounted under it: a bind
+  # mount of a host directory left behind must never be deleted through.
+  if [ -n "$DATA_DIR" ] && [ -d "$DATA_DIR" ]; then
+    if awk -v d="$DATA_DIR/" '{ if (index($5 "/", d) == 1) found = 1 } END { exit !found }' /proc/self/mountinfo; then
+      echo "leaving $DATA_DIR in place: mounts remain under it" >&2
+    else
+      rm -rf "$DATA_DIR"
+    fi
+  fi
+  DATA_DIR=
+  [ -z "$LOG" ] || rm -f "$LOG"
+  LOG=
+}
+on_exit() {
+  local rc=$?
+  stop_daemon
+  exit "$rc"
+}
+trap on_exit EXIT
+trap 'exit 130' INT TERM
+
+show_log() {
+  echo "---- daemon log ($LOG) ----" >&2
+  cat "$LOG" >&2 || true
+  echo "---- end of daemon log ----" >&2
+}
+
+healthy() { curl -fsS -o /dev/null --max-time 5 "http://127.0.0.1:$PORT/healthz" 2>/dev/null; }
+
+# Starts the daemon, waits for /healthz, exports PANDASTACK_API(_KEY).
+start_daemon() {
+  PORT=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  DATA_DIR=$(mktemp -d /tmp/runcell-clients.XXXXXX)
+  LOG=$(mktemp /tmp/runcell-clients-log.XXXXXX)
+  echo "== starting runcell serve on 127.0.0.1:$PORT (data dir $DATA_DIR)"
+  target/debug/runcell serve --listen "127.0.0.1:$PORT" --data-dir "$DATA_DIR" >"$LOG" 2>&1 &
+  DAEMON_PID=$!
+
+  local ready= status
+  for _ in $(seq 1 60); do
+    if ! kill -0 "$DAEMON_PID" 2>/dev/null; then
+      wait "$DAEMON_PID" && status=0 || status=$?
+      DAEMON_PID=
+      show_log
+      die "runcell serve exited (status $status) before answering /healthz"
+    fi
+    if curl -fsS -o /dev/null --max-time 2 "http://127.0.0.1:$PORT/healthz" 2>/dev/null; then
+      ready=1
+      break
+    fi
+    sleep 0.5
+  done
+  if [ -z "$ready" ]; then
+    show_log
+    die "runcell serve did not answer GET /healthz with 200 within 30 s"
+  fi
+
+  local key_file=$DATA_DIR/api-key mode
+  [ -s "$key_file" ] || { show_log; die "$key_file is missing or empty after start-up"; }
+  mode=$(stat -c %a "$key_file")
+  if [ "$mode" != 600 ]; then
+    echo "FAIL: $key_file has mode $mode, want 600" >&2
+    failed+=("api-key mode $mode")
+  fi
+  export PANDASTACK_API="http://127.0.0.1:$PORT"
+  PANDASTACK_API_KEY=$(tr -d '\r\n' <"$key_file")
+  export PANDASTACK_API_KEY
+}
+
+# Runs one suite against a fresh daemon; the daemon must survive it.
+run_suite() {
+  local name=$1
+  shift
+  start_daemon
+  echo "== $name"
+  # A hung daemon makes every request wait for the client timeout; bound the
+  # whole suite so it cannot eat the CI budget.
+  local suite_ok=1
+  timeout --kill-after=30 1200 "$@" || { suite_ok=; failed+=("$name"); }
+  if ! kill -0 "$DAEMON_PID" 2>/dev/null; then
+    echo "FAIL: the daemon exited during $name" >&2
+    failed+=("daemon exited during $name")
+    suite_ok=
+  elif ! healthy; then
+    echo "FAIL: the daemon stopped answering /healthz during $name" >&2
+    failed+=("daemon unresponsive after $name")
+    suite_ok=
+  fi
+  [ -n "$suite_ok" ] || show_log
+  stop_daemon
+}
+
+# Loopback only, whatever proxy the environment names.
+export NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}" no_proxy="127.0.0.1,localhost${no_proxy:+,$no_proxy}"
+
+# --- tests -------------------------------------------------------------------
+run_suite "@pandastack/sdk@0.9.0" node --test tests/clients/pandastack-sdk.test.mjs
+run_suite "pandastack==0.10.0" "$VENV/bin/python" -m pytest -v -p no:cacheprovider "$CLIENTS/test_pandastack_py.py"
+
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "scripts/test-clients.sh: FAILED: ${failed[*]}" >&2
+  exit 1
+fi
+echo "scripts/test-clients.sh: all client tests passed"
