@@ -88,6 +88,27 @@ impl Daemon {
         (r.status().as_u16(), r.json().await.unwrap())
     }
 
+    /// Deletes every sandbox (they outlive the daemon by design).
+    async fn delete_all(&self) {
+        let list: Vec<Value> = self
+            .req(reqwest::Method::GET, "/v1/sandboxes")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        for sb in list {
+            let id = sb["id"].as_str().unwrap();
+            let r = self
+                .req(reqwest::Method::DELETE, &format!("/v1/sandboxes/{id}"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 204);
+        }
+    }
+
     fn kill9(&mut self) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
@@ -216,6 +237,7 @@ async fn idle_ttl_is_enforced_within_two_seconds_and_persistent_is_exempt() {
         .await
         .unwrap();
     assert_eq!(life["persistent"], true);
+    d.delete_all().await;
     drop(d);
     let _ = std::fs::remove_dir_all(&data);
 }
@@ -336,7 +358,71 @@ async fn bad_input_gets_clear_errors() {
         .await
         .unwrap();
     assert_eq!(list.len(), 1);
+    // The sandbox's log has the output of its execs, as text and as SSE.
+    let log = d
+        .req(
+            reqwest::Method::GET,
+            &format!("/v1/sandboxes/{id}/logs?stream=stdout"),
+        )
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(log, "fine\n");
+    let follow = d
+        .req(
+            reqwest::Method::GET,
+            &format!("/v1/sandboxes/{id}/logs?follow=true"),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(follow.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let (s, _) = d.exec(&id, "echo live").await;
+    assert_eq!(s, 200);
+    let mut body = follow.bytes_stream();
+    let mut seen = String::new();
+    use futures_util::StreamExt;
+    while !seen.contains("live") {
+        let chunk = tokio::time::timeout(Duration::from_secs(5), body.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(
+        seen.contains("event: line\ndata: {\"line\":\"fine\\n\"}"),
+        "{seen}"
+    );
+    assert!(seen.contains("{\"line\":\"live\\n\"}"), "{seen}");
+    // The errors and the creation show up in the metrics (no key needed).
+    let text = reqwest::get(format!("{}/metrics", d.url))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("runcell_sandbox_creations_total 1"), "{text}");
+    assert!(
+        text.contains("runcell_sandboxes{state=\"running\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("runcell_api_errors_total{route=\"/v1/sandboxes\",status=\"400\"} 3"),
+        "{text}"
+    );
+    assert!(
+        text.contains("route=\"/v1/sandboxes/{id}/fs\",status=\"413\"} 1"),
+        "{text}"
+    );
     let _ = (d.port, &d.data);
+    d.delete_all().await;
     drop(d);
     let _ = std::fs::remove_dir_all(&data);
 }

@@ -82,8 +82,9 @@ async fn two_hundred_sandboxes_leave_nothing_behind() {
     }
     let per_sandbox = started.elapsed() / 200;
     let after = snapshot("runcell-test-leaks", state_dir);
+    // Compared with the state before the loop: other runcell processes on
+    // the host (a daemon, other tests) may have sandboxes of their own.
     assert_eq!(after, before, "something was left behind");
-    assert_eq!(after.agents, 0);
     assert!(
         after.cgroups.is_empty() && after.dirs.is_empty(),
         "{after:?}"

@@ -3,6 +3,8 @@
 //! the PandaStack clients and runcell's own clients speak.
 
 mod error;
+mod logs;
+mod metrics;
 mod registry;
 mod routes;
 mod state;
@@ -16,6 +18,7 @@ use std::time::Duration;
 use runcell_core::{Runtime, RuntimeConfig};
 
 pub use error::ApiError;
+pub use metrics::Metrics;
 pub use registry::{Record, Registry, RegistryError};
 pub use routes::router;
 pub use state::{AppState, ServeConfig};
@@ -87,6 +90,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
         registry,
         api_key: key.clone(),
         sandboxes: RwLock::new(Default::default()),
+        metrics: Metrics::default(),
     });
     reconcile(&state).await;
     state.runtime.warm_up().await;
@@ -193,6 +197,7 @@ async fn reconcile(state: &Arc<AppState>) {
                     sandbox,
                     record: std::sync::Mutex::new(rec.clone()),
                     template,
+                    log: logs::SandboxLog::default(),
                 });
                 state
                     .sandboxes

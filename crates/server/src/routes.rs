@@ -44,6 +44,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/sandboxes/{id}/lifecycle",
             get(lifecycle).patch(set_lifecycle),
         )
+        .route("/sandboxes/{id}/logs", get(logs))
         .route("/sandboxes/{id}/repl/sessions", any(repl_unavailable))
         .route(
             "/sandboxes/{id}/repl/sessions/{*rest}",
@@ -55,10 +56,61 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/metrics", get(metrics))
         .nest("/v1", v1)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
         .fallback(no_route)
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(state)
+}
+
+async fn metrics(State(state): St) -> impl IntoResponse {
+    let running = state.sandboxes.read().expect("sandboxes lock").len();
+    let text = state
+        .metrics
+        .render(&[("running", running)], state.runtime.standby_ready());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+}
+
+/// One span per request (with the sandbox id when the path names one), and
+/// API errors counted by route template and status.
+async fn observe(State(state): St, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into());
+    let path = req.uri().path().to_string();
+    let sandbox = path
+        .strip_prefix("/v1/sandboxes/")
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or("")
+        .to_string();
+    let span =
+        tracing::info_span!("request", method = %req.method(), route = %route, sandbox = %sandbox);
+    let started = std::time::Instant::now();
+    let resp = {
+        use tracing::Instrument;
+        next.run(req).instrument(span.clone()).await
+    };
+    let status = resp.status();
+    span.in_scope(|| {
+        tracing::debug!(
+            status = status.as_u16(),
+            ms = started.elapsed().as_millis() as u64,
+            "request done"
+        )
+    });
+    if status.is_client_error() || status.is_server_error() {
+        state.metrics.error(&route, status.as_u16());
+    }
+    resp
 }
 
 async fn no_route() -> ApiError {
@@ -304,10 +356,16 @@ async fn create(
         sandbox,
         record: std::sync::Mutex::new(record),
         template,
+        log: crate::logs::SandboxLog::default(),
     });
     state.touch(&entry).await;
     let mut body = sandbox_json(&entry);
     body["boot_ms"] = json!(started.elapsed().as_millis() as u64);
+    state
+        .metrics
+        .creations
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    state.metrics.create_latency.observe(started.elapsed());
     let id = entry.sandbox.id().to_string();
     state
         .sandboxes
@@ -462,10 +520,24 @@ async fn exec(
     let e = find(&state, &id)?;
     let opts = run_options(&state, &e, &req)?;
     state.touch(&e).await;
-    let r = e
+    let started = std::time::Instant::now();
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let outcome = e
         .sandbox
-        .exec(Command::Shell(req.cmd.clone()), &opts)
+        .exec_streaming(Command::Shell(req.cmd.clone()), &opts, |s, b| {
+            e.log.append(s, &String::from_utf8_lossy(b));
+            match s {
+                Output::Stdout => stdout.extend_from_slice(b),
+                Output::Stderr => stderr.extend_from_slice(b),
+            }
+        })
         .await?;
+    let r = runcell_core::ExecResult {
+        outcome,
+        stdout,
+        stderr,
+    };
+    state.metrics.exec_latency.observe(started.elapsed());
     state.touch(&e).await;
     let x = &r.outcome.exit;
     let body = json!({
@@ -534,6 +606,7 @@ async fn exec_stream(
                     Output::Stdout => ("stdout", out.push(bytes)),
                     Output::Stderr => ("stderr", err.push(bytes)),
                 };
+                e.log.append(stream, &text);
                 if !text.is_empty() {
                     let _ = chunk_tx.send(
                         SseEvent::default()
@@ -675,6 +748,83 @@ async fn fs_stat(
             Err(api)
         }
     }
+}
+
+#[derive(Debug, Deserialize)]
+struct LogsQuery {
+    stream: Option<String>,
+    follow: Option<String>,
+}
+
+/// The output of the sandbox's execs: a plain-text snapshot, or with
+/// `follow` (1, true or yes) an SSE stream of `line` events.
+async fn logs(
+    State(state): St,
+    Path(id): Path<String>,
+    Query(q): Query<LogsQuery>,
+) -> AppResult<Response> {
+    let e = find(&state, &id)?;
+    let want = match q.stream.as_deref().unwrap_or("both") {
+        "stdout" => Some(Output::Stdout),
+        "stderr" => Some(Output::Stderr),
+        "both" | "" => None,
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "stream must be stdout, stderr or both, not \"{other}\"."
+            )))
+        }
+    };
+    let keep = move |s: Output| want.is_none_or(|w| w == s);
+    let follow = q
+        .follow
+        .as_deref()
+        .is_some_and(|f| ["1", "true", "yes"].contains(&f.to_ascii_lowercase().as_str()));
+    if !follow {
+        let text: String = e.log.snapshot(keep).into_iter().map(|l| l.text).collect();
+        return Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response());
+    }
+    let (past, mut rx) = e.log.follow();
+    drop(e);
+    let (tx, out) = tokio::sync::mpsc::unbounded_channel::<SseEvent>();
+    let line_event = |text: &str| {
+        SseEvent::default()
+            .event("line")
+            .data(json!({"line": text}).to_string())
+    };
+    let _ = tx.send(SseEvent::default().comment("open"));
+    for l in past.iter().filter(|l| keep(l.stream)) {
+        let _ = tx.send(line_event(&l.text));
+    }
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                got = rx.recv() => match got {
+                    Ok(l) if keep(l.stream) => { if tx.send(line_event(&l.text)).is_err() { return } }
+                    Ok(_) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                        let _ = tx.send(SseEvent::default().comment(format!("{n} lines dropped")));
+                    }
+                    // The sandbox is gone: end the stream.
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                },
+                _ = tx.closed() => return,
+            }
+        }
+    });
+    let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(out).map(Ok::<_, Infallible>);
+    let sse = Sse::new(stream).keep_alive(
+        KeepAlive::new()
+            .interval(Duration::from_secs(15))
+            .text("ping"),
+    );
+    Ok((
+        [
+            (header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        sse,
+    )
+        .into_response())
 }
 
 fn lifecycle_json(r: &Record) -> Value {

@@ -68,6 +68,8 @@ pub struct Entry {
     pub record: Mutex<Record>,
     /// Whether the template was a directory template or `host`.
     pub template: Template,
+    /// The output of its execs.
+    pub log: crate::logs::SandboxLog,
 }
 
 /// Shared daemon state.
@@ -83,6 +85,8 @@ pub struct AppState {
     pub api_key: String,
     /// Live sandboxes.
     pub sandboxes: RwLock<HashMap<String, Arc<Entry>>>,
+    /// Counters and histograms for /metrics.
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// Now, unix milliseconds.
@@ -135,6 +139,7 @@ impl AppState {
         let entry = self.sandboxes.write().expect("sandboxes lock").remove(id);
         let Some(entry) = entry else { return false };
         tracing::info!(sandbox = %id, reason, "removing sandbox");
+        self.metrics.reaped(reason);
         match Arc::try_unwrap(entry) {
             Ok(entry) => {
                 if let Err(e) = entry.sandbox.destroy().await {
