@@ -1,5 +1,6 @@
 //! `runcell`: run untrusted code in a sandbox.
 
+mod key;
 mod run;
 mod serve;
 
@@ -37,6 +38,8 @@ enum Commands {
     /// Run the daemon: the /v1 HTTP API (PandaStack-compatible), with TTLs
     /// that survive restarts.
     Serve(serve::ServeArgs),
+    /// Manage the daemon's API keys and their workspaces.
+    Key(key::KeyArgs),
 }
 
 fn main() -> ExitCode {
@@ -48,9 +51,11 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    if let Commands::Serve(args) = cli.command {
-        return serve::main(args, cli.templates_dir);
-    }
+    let command = match cli.command {
+        Commands::Serve(args) => return serve::main(args, cli.templates_dir),
+        Commands::Key(args) => return key::main(args),
+        other => other,
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -68,9 +73,9 @@ fn main() -> ExitCode {
         ..Default::default()
     };
     let code = runtime.block_on(async {
-        match cli.command {
+        match command {
             Commands::Run(args) => run::run(config, args).await,
-            Commands::Serve(_) => unreachable!("handled above"),
+            Commands::Serve(_) | Commands::Key(_) => unreachable!("handled above"),
         }
     });
     ExitCode::from(code)

@@ -50,6 +50,9 @@ pub struct ServeArgs {
     /// Largest request body (file uploads, code).
     #[arg(long, env = "RUNCELL_MAX_BODY", default_value = "32M", value_parser = parse_size_arg)]
     max_body: u64,
+    /// Most sandboxes alive at once; creates beyond it get 503 with Retry-After.
+    #[arg(long, env = "RUNCELL_MAX_SANDBOXES", default_value_t = 64)]
+    max_sandboxes: usize,
     /// Prepared sandboxes kept ready for fast creation.
     #[arg(long, env = "RUNCELL_STANDBY", default_value_t = 2)]
     standby: usize,
@@ -87,6 +90,7 @@ pub fn main(args: ServeArgs, templates_dir: Option<PathBuf>) -> ExitCode {
         max_exec_timeout: args.max_exec_timeout,
         max_body_bytes: args.max_body as usize,
         standby: args.standby,
+        max_sandboxes: args.max_sandboxes,
         ..ServeConfig::default()
     };
     if !args.aliases.is_empty() {

@@ -34,7 +34,11 @@ impl Daemon {
                 "--data-dir",
             ])
             .arg(data)
-            .args(["--standby", "1"])
+            .args(if extra.contains(&"--standby") {
+                &[][..]
+            } else {
+                &["--standby", "1"][..]
+            })
             .args(extra)
             .stdout(Stdio::null())
             .spawn()
@@ -425,4 +429,182 @@ async fn bad_input_gets_clear_errors() {
     d.delete_all().await;
     drop(d);
     let _ = std::fs::remove_dir_all(&data);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn workspaces_only_see_their_own_sandboxes_and_keys_can_be_revoked() {
+    let data = data_dir("ws");
+    let d = Daemon::start(&data, free_port(), &[]);
+    let key_cmd = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_runcell"))
+            .arg("key")
+            .arg("--data-dir")
+            .arg(&data)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let other_key = key_cmd(&["create", "--workspace", "team-b", "--name", "test"])
+        .trim()
+        .to_string();
+    assert!(other_key.starts_with("rc_"));
+    // The database never holds the key itself.
+    let db = std::fs::read(data.join("registry.db")).unwrap();
+    assert!(!String::from_utf8_lossy(&db).contains(&other_key[3..]));
+    let other = |method: reqwest::Method, path: &str| {
+        reqwest::Client::new()
+            .request(method, format!("{}{path}", d.url))
+            .bearer_auth(&other_key)
+    };
+    let mine = d
+        .create(json!({"metadata": {"workspace": "team-b", "kind": "x", "threadId": "t"}}))
+        .await;
+    // Reserved metadata is stamped by the server.
+    let got: Value = d
+        .req(reqwest::Method::GET, &format!("/v1/sandboxes/{mine}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got["metadata"]["workspace"], "default");
+    assert!(got["metadata"].get("kind").is_none());
+    assert_eq!(got["metadata"]["threadId"], "t");
+    // Another workspace sees nothing of it.
+    for (m, p) in [
+        (reqwest::Method::GET, format!("/v1/sandboxes/{mine}")),
+        (reqwest::Method::DELETE, format!("/v1/sandboxes/{mine}")),
+        (
+            reqwest::Method::GET,
+            format!("/v1/sandboxes/{mine}/fs?path=/etc/passwd"),
+        ),
+    ] {
+        let r = other(m, &p).send().await.unwrap();
+        assert_eq!(r.status(), 404, "{p}");
+    }
+    let r = other(reqwest::Method::POST, &format!("/v1/sandboxes/{mine}/exec"))
+        .json(&json!({"cmd": "true"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let list: Vec<Value> = other(reqwest::Method::GET, "/v1/sandboxes")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(list.is_empty(), "{list:?}");
+    let me: Value = other(reqwest::Method::GET, "/v1/me")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(me["user_id"], "team-b");
+    // The owner still has it.
+    let (s, _) = d.exec(&mine, "true").await;
+    assert_eq!(s, 200);
+    // Revoked keys stop working at once.
+    let listing = key_cmd(&["ls"]);
+    assert!(
+        listing.contains("team-b") && listing.contains(&other_key[..11]),
+        "{listing}"
+    );
+    key_cmd(&["revoke", &other_key[..11]]);
+    let r = other(reqwest::Method::GET, "/v1/sandboxes")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    d.delete_all().await;
+    drop(d);
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sixty_four_concurrent_clients_and_a_capacity_limit() {
+    let data = data_dir("load");
+    let d = std::sync::Arc::new(Daemon::start(
+        &data,
+        free_port(),
+        &["--standby", "0", "--max-sandboxes", "80"],
+    ));
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let d = d.clone();
+        tasks.push(tokio::spawn(async move {
+            let id = d
+                .create(json!({"metadata": {"client": i.to_string()}}))
+                .await;
+            let (s, body) = d.exec(&id, &format!("python3 -c 'print({i} * 2)'")).await;
+            assert_eq!(
+                (s, body["stdout"].as_str().unwrap().to_string()),
+                (200, format!("{}\n", i * 2)),
+                "{body}"
+            );
+            let r = d
+                .req(reqwest::Method::DELETE, &format!("/v1/sandboxes/{id}"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 204);
+        }));
+    }
+    for t in tasks {
+        t.await.expect("a client failed");
+    }
+    let list: Vec<Value> = d
+        .req(reqwest::Method::GET, "/v1/sandboxes")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(list.is_empty());
+    let left: Vec<_> = std::fs::read_dir(data.join("sandboxes")).unwrap().collect();
+    assert!(left.is_empty(), "sandbox directories left behind: {left:?}");
+    drop(d);
+
+    // Past the configured maximum, creates are refused with Retry-After and
+    // nothing is made.
+    let data2 = data_dir("cap");
+    let d = Daemon::start(
+        &data2,
+        free_port(),
+        &["--standby", "0", "--max-sandboxes", "2"],
+    );
+    d.create(json!({})).await;
+    d.create(json!({})).await;
+    let r = d
+        .req(reqwest::Method::POST, "/v1/sandboxes")
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "5");
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["error"].as_str().unwrap().contains("limit is 2"),
+        "{body}"
+    );
+    assert_eq!(
+        std::fs::read_dir(data2.join("sandboxes")).unwrap().count(),
+        2
+    );
+    d.delete_all().await;
+    drop(d);
+    let _ = std::fs::remove_dir_all(&data);
+    let _ = std::fs::remove_dir_all(&data2);
 }

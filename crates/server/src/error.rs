@@ -15,6 +15,8 @@ pub struct ApiError {
     pub message: String,
     /// Extra JSON fields merged into the body (e.g. partial output on a timeout).
     pub extra: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Seconds for a Retry-After header.
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -24,6 +26,7 @@ impl ApiError {
             status,
             message: message.into(),
             extra: None,
+            retry_after: None,
         }
     }
 
@@ -47,7 +50,12 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut body = self.extra.unwrap_or_default();
         body.insert("error".into(), self.message.into());
-        (self.status, Json(serde_json::Value::Object(body))).into_response()
+        let mut resp = (self.status, Json(serde_json::Value::Object(body))).into_response();
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        resp
     }
 }
 

@@ -3,6 +3,7 @@
 //! the PandaStack clients and runcell's own clients speak.
 
 mod error;
+pub mod keys;
 mod logs;
 mod metrics;
 mod registry;
@@ -10,8 +11,7 @@ mod routes;
 mod state;
 
 use std::fs;
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -43,30 +43,6 @@ pub enum ServeError {
     Http(#[source] std::io::Error),
 }
 
-/// Reads the API key from the data directory, creating it (mode 0600) on
-/// first start. Returns the key and whether it was created.
-fn api_key(dir: &std::path::Path) -> Result<(String, bool), ServeError> {
-    let path = dir.join("api-key");
-    if let Ok(k) = fs::read_to_string(&path) {
-        return Ok((k.trim().to_string(), false));
-    }
-    let mut raw = [0u8; 24];
-    fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut raw))
-        .map_err(|e| ServeError::DataDir(dir.into(), e))?;
-    let key: String = std::iter::once("rc_".to_string())
-        .chain(raw.iter().map(|b| format!("{b:02x}")))
-        .collect();
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(|e| ServeError::DataDir(path.clone(), e))?;
-    writeln!(f, "{key}").map_err(|e| ServeError::DataDir(path.clone(), e))?;
-    Ok((key, true))
-}
-
 /// Builds the state, reconciles with what survived a restart, and serves
 /// until SIGINT or SIGTERM. Sandboxes keep running across a restart.
 pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
@@ -75,8 +51,10 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
     // Sandbox agents (an unprivileged host uid) must traverse it to their directories.
     fs::set_permissions(&config.data_dir, fs::Permissions::from_mode(0o711))
         .map_err(|e| ServeError::DataDir(config.data_dir.clone(), e))?;
-    let (key, created) = api_key(&config.data_dir)?;
     let registry = Registry::open(&config.data_dir.join("registry.db"))?;
+    let created = registry
+        .with_conn(|c| keys::bootstrap(c, &config.data_dir))
+        .map_err(|e| ServeError::DataDir(config.data_dir.clone(), e))?;
     let runtime = Runtime::new(RuntimeConfig {
         state_dir: config.data_dir.join("sandboxes"),
         templates_dir: config.templates_dir.clone(),
@@ -88,9 +66,9 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
         config: config.clone(),
         runtime,
         registry,
-        api_key: key.clone(),
         sandboxes: RwLock::new(Default::default()),
         metrics: Metrics::default(),
+        creating: Default::default(),
     });
     reconcile(&state).await;
     state.runtime.warm_up().await;
@@ -111,11 +89,12 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
         .local_addr()
         .map_err(|e| ServeError::Listen(config.listen, e))?;
     println!("runcell is listening on http://{addr}");
-    if created {
+    if let Some(path) = created {
         println!(
-            "A new API key was written to {}.",
-            config.data_dir.join("api-key").display()
+            "A new API key (workspace \"default\") was written to {}.",
+            path.display()
         );
+        println!("More keys: runcell key create --workspace NAME");
     }
     println!(
         "  curl -H \"Authorization: Bearer $(cat {})\" http://{addr}/v1/sandboxes",

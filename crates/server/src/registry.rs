@@ -77,9 +77,15 @@ impl Registry {
              );
              CREATE INDEX IF NOT EXISTS sandboxes_status ON sandboxes(status);",
         )?;
+        crate::keys::init(&conn)?;
         Ok(Self {
             conn: Mutex::new(conn),
         })
+    }
+
+    /// Runs `f` with the connection (for the key table).
+    pub fn with_conn<T>(&self, f: impl FnOnce(&Connection) -> T) -> T {
+        f(&self.conn.lock().expect("registry lock"))
     }
 
     /// Inserts or replaces a record.

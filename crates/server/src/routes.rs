@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Path, Query, Request, State};
+use axum::extract::{Extension, FromRequest, Path, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -142,10 +142,20 @@ async fn auth(State(state): St, req: Request, next: Next) -> Response {
     });
     let detail = match header_token.or(query_token) {
         None => "missing bearer token",
-        Some(t) if constant_time_eq(t.as_bytes(), state.api_key.as_bytes()) => {
-            return next.run(req).await
-        }
-        Some(_) => "invalid api token",
+        Some(t) => match state
+            .registry
+            .with_conn(|c| crate::keys::workspace_of(c, &t))
+        {
+            Ok(Some(ws)) => {
+                let mut req = req;
+                req.extensions_mut().insert(Workspace(ws));
+                return next.run(req).await;
+            }
+            Ok(None) => "invalid api token",
+            Err(e) => {
+                return ApiError::internal(format!("The key store failed: {e}")).into_response()
+            }
+        },
     };
     let mut err = ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized");
     err.extra = Some(
@@ -156,9 +166,9 @@ async fn auth(State(state): St, req: Request, next: Next) -> Response {
     err.into_response()
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
+/// The workspace of the caller's key.
+#[derive(Debug, Clone)]
+pub struct Workspace(pub String);
 
 /// A JSON body with runcell's error shapes: 413 over the size limit, 400
 /// for anything malformed.
@@ -204,9 +214,9 @@ impl FromRequest<Arc<AppState>> for RawBody {
     }
 }
 
-async fn me() -> Json<Value> {
+async fn me(Extension(ws): Extension<Workspace>) -> Json<Value> {
     Json(json!({
-        "user_id": "local",
+        "user_id": ws.0,
         "email": "",
         "current_org": null,
         "orgs": [],
@@ -292,8 +302,14 @@ fn sandbox_json(e: &Entry) -> Value {
 
 async fn create(
     State(state): St,
-    JsonBody(req): JsonBody<CreateReq>,
+    Extension(ws): Extension<Workspace>,
+    JsonBody(mut req): JsonBody<CreateReq>,
 ) -> AppResult<(StatusCode, Json<Value>)> {
+    // Keys the caller may not set are the server's to stamp.
+    for reserved in ["workspace", "kind", "app.id"] {
+        req.metadata.remove(reserved);
+    }
+    req.metadata.insert("workspace".into(), ws.0.clone());
     if req.from_snapshot.is_some() {
         return Err(ApiError::bad_request(
             "Snapshots are not supported by this runcell version.",
@@ -321,6 +337,28 @@ async fn create(
         ))
     })?;
     let limits = apply_limits(state.config.default_limits, req.limits.unwrap_or_default())?;
+    // Capacity: live sandboxes plus creates in flight.
+    struct Slot<'a>(&'a std::sync::atomic::AtomicUsize);
+    impl Drop for Slot<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        }
+    }
+    let in_flight = state
+        .creating
+        .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    let _slot = Slot(&state.creating);
+    let live = state.sandboxes.read().expect("sandboxes lock").len();
+    if live + in_flight >= state.config.max_sandboxes {
+        return Err(retry_later(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "no capacity: {live} sandboxes are running and the limit is {}; retry later",
+                state.config.max_sandboxes
+            ),
+            5,
+        ));
+    }
     let started = std::time::Instant::now();
     let sandbox = state
         .runtime
@@ -330,11 +368,24 @@ async fn create(
             tied_to_process: false,
             max_lifetime: Some(state.config.max_lifetime),
         })
-        .await?;
+        .await
+        .map_err(|e| match e {
+            // Nothing is left of a failed start (the jail cleans up), so a
+            // retry cannot duplicate anything.
+            runcell_core::Error::Jail(_) => retry_later(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "The sandbox could not be started: {}",
+                    ApiError::from(e).message
+                ),
+                1,
+            ),
+            other => ApiError::from(other),
+        })?;
     let now = now_ms();
     let record = Record {
         id: sandbox.id().to_string(),
-        workspace: "local".into(),
+        workspace: ws.0.clone(),
         template: requested,
         metadata: req.metadata,
         limits: limits_json(&limits),
@@ -373,6 +424,14 @@ async fn create(
         .expect("sandboxes lock")
         .insert(id, entry);
     Ok((StatusCode::CREATED, Json(body)))
+}
+
+/// A refusal the PandaStack Python client retries: 503/429 with
+/// Retry-After and a JSON error.
+fn retry_later(status: StatusCode, message: String, after_secs: u64) -> ApiError {
+    let mut e = ApiError::new(status, message);
+    e.retry_after = Some(after_secs);
+    e
 }
 
 fn apply_limits(mut l: SandboxLimits, req: LimitsReq) -> AppResult<SandboxLimits> {
@@ -418,7 +477,11 @@ fn apply_limits(mut l: SandboxLimits, req: LimitsReq) -> AppResult<SandboxLimits
     Ok(l)
 }
 
-async fn list(State(state): St, Query(query): Query<Vec<(String, String)>>) -> Json<Vec<Value>> {
+async fn list(
+    State(state): St,
+    Extension(ws): Extension<Workspace>,
+    Query(query): Query<Vec<(String, String)>>,
+) -> Json<Vec<Value>> {
     let filters: Vec<(String, String)> = query
         .into_iter()
         .filter_map(|(k, v)| k.strip_prefix("metadata.").map(|k| (k.to_string(), v)))
@@ -434,7 +497,7 @@ async fn list(State(state): St, Query(query): Query<Vec<(String, String)>>) -> J
         .iter()
         .filter(|e| {
             let r = e.record.lock().expect("record lock");
-            filters.iter().all(|(k, v)| r.metadata.get(k) == Some(v))
+            r.workspace == ws.0 && filters.iter().all(|(k, v)| r.metadata.get(k) == Some(v))
         })
         .map(|e| {
             let created = e.record.lock().expect("record lock").created_at;
@@ -445,16 +508,30 @@ async fn list(State(state): St, Query(query): Query<Vec<(String, String)>>) -> J
     Json(out.into_iter().map(|(_, v)| v).collect())
 }
 
-fn find(state: &AppState, id: &str) -> AppResult<Arc<Entry>> {
-    state.entry(id).ok_or_else(ApiError::no_sandbox)
+/// A sandbox of the caller's workspace; another workspace's sandbox is
+/// answered exactly as a missing one.
+fn find(state: &AppState, ws: &Workspace, id: &str) -> AppResult<Arc<Entry>> {
+    state
+        .entry(id)
+        .filter(|e| e.record.lock().expect("record lock").workspace == ws.0)
+        .ok_or_else(ApiError::no_sandbox)
 }
 
-async fn get_one(State(state): St, Path(id): Path<String>) -> AppResult<Json<Value>> {
-    let e = find(&state, &id)?;
+async fn get_one(
+    State(state): St,
+    Extension(ws): Extension<Workspace>,
+    Path(id): Path<String>,
+) -> AppResult<Json<Value>> {
+    let e = find(&state, &ws, &id)?;
     Ok(Json(sandbox_json(&e)))
 }
 
-async fn delete(State(state): St, Path(id): Path<String>) -> AppResult<StatusCode> {
+async fn delete(
+    State(state): St,
+    Extension(ws): Extension<Workspace>,
+    Path(id): Path<String>,
+) -> AppResult<StatusCode> {
+    drop(find(&state, &ws, &id)?);
     if state.remove(&id, "deleted by the API").await {
         Ok(StatusCode::NO_CONTENT)
     } else {
@@ -514,10 +591,11 @@ fn secs(d: Duration) -> String {
 
 async fn exec(
     State(state): St,
+    Extension(ws): Extension<Workspace>,
     Path(id): Path<String>,
     JsonBody(req): JsonBody<ExecReq>,
 ) -> AppResult<Json<Value>> {
-    let e = find(&state, &id)?;
+    let e = find(&state, &ws, &id)?;
     let opts = run_options(&state, &e, &req)?;
     state.touch(&e).await;
     let started = std::time::Instant::now();
@@ -589,10 +667,11 @@ impl Utf8Carry {
 
 async fn exec_stream(
     State(state): St,
+    Extension(ws): Extension<Workspace>,
     Path(id): Path<String>,
     JsonBody(req): JsonBody<ExecReq>,
 ) -> AppResult<impl IntoResponse> {
-    let e = find(&state, &id)?;
+    let e = find(&state, &ws, &id)?;
     let opts = run_options(&state, &e, &req)?;
     state.touch(&e).await;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<SseEvent>();
@@ -675,10 +754,11 @@ fn need_path(q: &PathQuery) -> AppResult<&str> {
 
 async fn fs_read(
     State(state): St,
+    Extension(ws): Extension<Workspace>,
     Path(id): Path<String>,
     Query(q): Query<PathQuery>,
 ) -> AppResult<Response> {
-    let e = find(&state, &id)?;
+    let e = find(&state, &ws, &id)?;
     let path = need_path(&q)?;
     state.touch(&e).await;
     let data = e
@@ -690,11 +770,12 @@ async fn fs_read(
 
 async fn fs_write(
     State(state): St,
+    Extension(ws): Extension<Workspace>,
     Path(id): Path<String>,
     Query(q): Query<PathQuery>,
     body: RawBody,
 ) -> AppResult<Json<Value>> {
-    let e = find(&state, &id)?;
+    let e = find(&state, &ws, &id)?;
     let path = need_path(&q)?.to_string();
     state.touch(&e).await;
     let bytes = e.sandbox.write_file(&path, &body.0).await?;
@@ -714,10 +795,11 @@ fn entry_json(s: &FileStat) -> Value {
 
 async fn fs_dir(
     State(state): St,
+    Extension(ws): Extension<Workspace>,
     Path(id): Path<String>,
     Query(q): Query<PathQuery>,
 ) -> AppResult<Json<Value>> {
-    let e = find(&state, &id)?;
+    let e = find(&state, &ws, &id)?;
     let path = q
         .path
         .clone()
@@ -733,10 +815,11 @@ async fn fs_dir(
 
 async fn fs_stat(
     State(state): St,
+    Extension(ws): Extension<Workspace>,
     Path(id): Path<String>,
     Query(q): Query<PathQuery>,
 ) -> AppResult<Json<Value>> {
-    let e = find(&state, &id)?;
+    let e = find(&state, &ws, &id)?;
     let path = need_path(&q)?;
     match e.sandbox.stat(path).await {
         Ok(s) => Ok(Json(entry_json(&s))),
@@ -760,10 +843,11 @@ struct LogsQuery {
 /// `follow` (1, true or yes) an SSE stream of `line` events.
 async fn logs(
     State(state): St,
+    Extension(ws): Extension<Workspace>,
     Path(id): Path<String>,
     Query(q): Query<LogsQuery>,
 ) -> AppResult<Response> {
-    let e = find(&state, &id)?;
+    let e = find(&state, &ws, &id)?;
     let want = match q.stream.as_deref().unwrap_or("both") {
         "stdout" => Some(Output::Stdout),
         "stderr" => Some(Output::Stderr),
@@ -835,8 +919,12 @@ fn lifecycle_json(r: &Record) -> Value {
     })
 }
 
-async fn lifecycle(State(state): St, Path(id): Path<String>) -> AppResult<Json<Value>> {
-    let e = find(&state, &id)?;
+async fn lifecycle(
+    State(state): St,
+    Extension(ws): Extension<Workspace>,
+    Path(id): Path<String>,
+) -> AppResult<Json<Value>> {
+    let e = find(&state, &ws, &id)?;
     let r = e.record.lock().expect("record lock");
     Ok(Json(lifecycle_json(&r)))
 }
@@ -850,10 +938,11 @@ struct LifecycleReq {
 
 async fn set_lifecycle(
     State(state): St,
+    Extension(ws): Extension<Workspace>,
     Path(id): Path<String>,
     JsonBody(req): JsonBody<LifecycleReq>,
 ) -> AppResult<Json<Value>> {
-    let e = find(&state, &id)?;
+    let e = find(&state, &ws, &id)?;
     if matches!(req.ttl_seconds, Some(t) if t < 0) {
         return Err(ApiError::bad_request("ttl_seconds must be non-negative"));
     }

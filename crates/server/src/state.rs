@@ -35,6 +35,8 @@ pub struct ServeConfig {
     pub standby: usize,
     /// Cgroup parent name.
     pub cgroup_parent: String,
+    /// Most sandboxes alive at once; creates beyond it get 503 + Retry-After.
+    pub max_sandboxes: usize,
 }
 
 impl Default for ServeConfig {
@@ -55,6 +57,7 @@ impl Default for ServeConfig {
             max_body_bytes: 32 << 20,
             standby: 2,
             cgroup_parent: "runcell".into(),
+            max_sandboxes: 64,
         }
     }
 }
@@ -81,12 +84,12 @@ pub struct AppState {
     pub runtime: Runtime,
     /// Registry.
     pub registry: Registry,
-    /// The API key callers present.
-    pub api_key: String,
     /// Live sandboxes.
     pub sandboxes: RwLock<HashMap<String, Arc<Entry>>>,
     /// Counters and histograms for /metrics.
     pub metrics: crate::metrics::Metrics,
+    /// Creates in progress (they count against the capacity).
+    pub creating: std::sync::atomic::AtomicUsize,
 }
 
 /// Now, unix milliseconds.
