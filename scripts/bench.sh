@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # Sandbox start-up benchmark: runcell beside bare python3, bwrap and gVisor in
 # one run. Needs root. Usage: sudo ./scripts/bench.sh [--iterations N]
+# The HTTP API benchmark: sudo ./scripts/bench.sh --api [--iterations N]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
 cargo build --release --workspace --quiet
+if [ "${1:-}" = "--api" ]; then
+  shift
+  exec target/release/runcell-bench-api "$@"
+fi
 exec target/release/runcell-bench "$@"

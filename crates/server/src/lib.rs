@@ -177,6 +177,7 @@ async fn reconcile(state: &Arc<AppState>) {
                     record: std::sync::Mutex::new(rec.clone()),
                     template,
                     log: logs::SandboxLog::default(),
+                    persisted: Default::default(),
                 });
                 state
                     .sandboxes

@@ -408,6 +408,7 @@ async fn create(
         record: std::sync::Mutex::new(record),
         template,
         log: crate::logs::SandboxLog::default(),
+        persisted: Default::default(),
     });
     state.touch(&entry).await;
     let mut body = sandbox_json(&entry);

@@ -73,6 +73,9 @@ pub struct Entry {
     pub template: Template,
     /// The output of its execs.
     pub log: crate::logs::SandboxLog,
+    /// When activity was last written to the registry (ms) and the agent
+    /// deadline last sent, to write each at most about once a second.
+    pub persisted: Mutex<(i64, u64)>,
 }
 
 /// Shared daemon state.
@@ -122,18 +125,38 @@ impl AppState {
         (if r.persistent { hard } else { idle.min(hard) }).max(0) as u64
     }
 
-    /// Records activity on a sandbox (exec, file access, code run).
+    /// Records activity on a sandbox (exec, file access, code run). The
+    /// in-memory time is exact; the registry and the agent's deadline (both
+    /// only backstops for a daemon that is down) are updated at most about
+    /// once a second per sandbox.
     pub async fn touch(&self, entry: &Entry) {
+        let now = now_ms();
         let (id, deadline) = {
             let mut r = entry.record.lock().expect("record lock");
-            r.last_activity_ms = now_ms();
+            r.last_activity_ms = now;
             (r.id.clone(), self.agent_deadline(&r))
         };
-        if let Err(e) = self.registry.touch(&id, now_ms()) {
-            tracing::warn!(sandbox = %id, "could not record activity: {e}");
+        let (write_registry, send_deadline) = {
+            let mut p = entry.persisted.lock().expect("persisted lock");
+            let write = now - p.0 >= 1000;
+            let send = deadline.abs_diff(p.1) >= 1000;
+            if write {
+                p.0 = now;
+            }
+            if send {
+                p.1 = deadline;
+            }
+            (write, send)
+        };
+        if write_registry {
+            if let Err(e) = self.registry.touch(&id, now) {
+                tracing::warn!(sandbox = %id, "could not record activity: {e}");
+            }
         }
-        if let Err(e) = entry.sandbox.set_deadline(Some(deadline)).await {
-            tracing::warn!(sandbox = %id, "could not move the agent's deadline: {e}");
+        if send_deadline {
+            if let Err(e) = entry.sandbox.set_deadline(Some(deadline)).await {
+                tracing::warn!(sandbox = %id, "could not move the agent's deadline: {e}");
+            }
         }
     }
 

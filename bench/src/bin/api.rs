@@ -1,0 +1,252 @@
+//! The HTTP API's own cost, in one run: create + exec `python3 -c pass` +
+//! delete through `runcell serve` on loopback (sequential, then 16 and 64
+//! concurrent clients), beside the same work through the library with the
+//! same standby pool (the direct path) and `runcell run python -c pass`.
+//!
+//! Run with `sudo ./scripts/bench.sh --api`.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use runcell_core::{RunOptions, Runtime, RuntimeConfig, SandboxOptions};
+use runcell_protocol::Command as Cmd;
+use serde_json::{json, Value};
+
+#[derive(Debug, Parser)]
+#[command(about = "HTTP API benchmark (runs the direct path beside it)")]
+struct Args {
+    /// Sequential iterations per row.
+    #[arg(long, default_value_t = 60)]
+    iterations: usize,
+    /// Operations per client in the concurrent rows.
+    #[arg(long, default_value_t = 3)]
+    per_client: usize,
+}
+
+fn pct(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1000.0
+}
+
+struct Api {
+    url: String,
+    key: String,
+    http: reqwest::Client,
+}
+
+impl Api {
+    async fn cycle(&self) -> Result<Duration, String> {
+        let t = Instant::now();
+        let r = self
+            .http
+            .post(format!("{}/v1/sandboxes", self.url))
+            .bearer_auth(&self.key)
+            .json(&json!({"template": "host"}))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if r.status() != 201 {
+            return Err(format!("create: {}", r.status()));
+        }
+        let id = r.json::<Value>().await.map_err(|e| e.to_string())?["id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let r = self
+            .http
+            .post(format!("{}/v1/sandboxes/{id}/exec", self.url))
+            .bearer_auth(&self.key)
+            .json(&json!({"cmd": "/usr/bin/python3 -c pass"}))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let body: Value = r.json().await.map_err(|e| e.to_string())?;
+        if body["exit_code"] != 0 {
+            return Err(format!("exec: {body}"));
+        }
+        let r = self
+            .http
+            .delete(format!("{}/v1/sandboxes/{id}", self.url))
+            .bearer_auth(&self.key)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if r.status() != 204 {
+            return Err(format!("delete: {}", r.status()));
+        }
+        Ok(t.elapsed())
+    }
+}
+
+async fn concurrent(
+    api: &Arc<Api>,
+    clients: usize,
+    per_client: usize,
+) -> (Vec<Duration>, usize, Duration) {
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let api = api.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut out = Vec::new();
+            let mut errors = 0;
+            for _ in 0..per_client {
+                match api.cycle().await {
+                    Ok(d) => out.push(d),
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        errors += 1
+                    }
+                }
+            }
+            (out, errors)
+        }));
+    }
+    let (mut all, mut errors) = (Vec::new(), 0);
+    for t in tasks {
+        let (d, e) = t.await.expect("client task");
+        all.extend(d);
+        errors += e;
+    }
+    all.sort();
+    (all, errors, started.elapsed())
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let dir = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(PathBuf::from))
+        .expect("own directory");
+    let runcell = dir.join("runcell");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let data = PathBuf::from(format!("/run/runcell-bench/api-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data);
+    let mut daemon = Command::new(&runcell)
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--standby",
+            "2",
+            "--max-sandboxes",
+            "128",
+            "--data-dir",
+        ])
+        .arg(&data)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("runcell serve");
+    let until = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < until, "the daemon did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let key = std::fs::read_to_string(data.join("api-key"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let api = Arc::new(Api {
+        url: format!("http://127.0.0.1:{port}"),
+        key,
+        http: reqwest::Client::new(),
+    });
+    let direct = Runtime::new(RuntimeConfig {
+        state_dir: "/run/runcell-bench/direct".into(),
+        cgroup_parent: "runcell-bench-direct".into(),
+        standby: 2,
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime");
+    direct.warm_up().await;
+    for _ in 0..3 {
+        api.cycle().await.expect("warm-up");
+    }
+
+    let (mut seq_api, mut seq_direct, mut cli) = (Vec::new(), Vec::new(), Vec::new());
+    let mut errors = 0;
+    for _ in 0..args.iterations {
+        // Between requests, as a daemon is, the pools have refilled.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        match api.cycle().await {
+            Ok(d) => seq_api.push(d),
+            Err(e) => {
+                eprintln!("error: {e}");
+                errors += 1
+            }
+        }
+        direct.warm_up().await;
+        let t = Instant::now();
+        let sb = direct
+            .create(SandboxOptions {
+                tied_to_process: false,
+                ..SandboxOptions::default()
+            })
+            .await
+            .expect("create");
+        // The same work as the API's exec: the command through a shell.
+        let r = sb
+            .exec(
+                Cmd::Shell("/usr/bin/python3 -c pass".into()),
+                &RunOptions::default(),
+            )
+            .await
+            .expect("run");
+        assert_eq!(r.outcome.status(), 0);
+        sb.destroy().await.expect("destroy");
+        seq_direct.push(t.elapsed());
+        let t = Instant::now();
+        let ok = Command::new(&runcell)
+            .args(["run", "python", "-c", "pass"])
+            .stdout(Stdio::null())
+            .status()
+            .expect("runcell run")
+            .success();
+        assert!(ok);
+        cli.push(t.elapsed());
+    }
+    for v in [&mut seq_api, &mut seq_direct, &mut cli] {
+        v.sort();
+    }
+    let (c16, e16, w16) = concurrent(&api, 16, args.per_client).await;
+    let (c64, e64, w64) = concurrent(&api, 64, args.per_client).await;
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+
+    println!(
+        "create + exec `python3 -c pass` + delete; iterations {}; {} ops per concurrent client\n",
+        args.iterations, args.per_client
+    );
+    println!("| what | p50 ms | p95 ms | errors | ops/s |");
+    println!("|---|---:|---:|---:|---:|");
+    let row = |label: &str, v: &[Duration], e: usize, wall: Option<Duration>| {
+        let ops = wall
+            .map(|w| format!("{:.1}", v.len() as f64 / w.as_secs_f64()))
+            .unwrap_or_else(|| "-".into());
+        println!(
+            "| {label} | {:.1} | {:.1} | {e} | {ops} |",
+            pct(v, 0.5),
+            pct(v, 0.95)
+        );
+    };
+    row("direct: library, standby pool", &seq_direct, 0, None);
+    row("HTTP API, sequential", &seq_api, errors, None);
+    row("HTTP API, 16 concurrent clients", &c16, e16, Some(w16));
+    row("HTTP API, 64 concurrent clients", &c64, e64, Some(w64));
+    row("`runcell run python -c pass` (no daemon)", &cli, 0, None);
+    println!(
+        "\nAPI cost over the direct path (p50): {:.1} ms",
+        pct(&seq_api, 0.5) - pct(&seq_direct, 0.5)
+    );
+    let _ = std::fs::remove_dir_all(&data);
+}
