@@ -18,6 +18,7 @@ struct HostState {
 }
 
 fn snapshot(parent: &str, state_dir: &str) -> HostState {
+    let me = std::process::id().to_string();
     let procs: Vec<String> = std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
@@ -56,9 +57,15 @@ fn snapshot(parent: &str, state_dir: &str) -> HostState {
             .flatten()
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect(),
+        // Our own unreaped children (zombies of other processes are not ours).
         zombies: procs
             .iter()
-            .filter(|s| s.rfind(')').is_some_and(|i| s[i + 2..].starts_with('Z')))
+            .filter(|s| {
+                s.rfind(')').is_some_and(|i| {
+                    let f: Vec<&str> = s[i + 2..].split(' ').collect();
+                    f.first() == Some(&"Z") && f.get(1) == Some(&me.as_str())
+                })
+            })
             .count(),
     }
 }
