@@ -646,6 +646,27 @@ async fn exec(
     Ok(Json(body))
 }
 
+/// An SSE response that sends the channel's events and ends when every
+/// sender is gone, with `: ping` keep-alives every 15 s.
+fn sse_response(rx: tokio::sync::mpsc::UnboundedReceiver<SseEvent>) -> Response {
+    let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(Ok::<_, Infallible>);
+    let sse = Sse::new(stream).keep_alive(
+        KeepAlive::new()
+            .interval(Duration::from_secs(15))
+            .text("ping"),
+    );
+    // Without a charset, Python's requests decodes the stream as ISO-8859-1.
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+            (header::HeaderName::from_static("x-accel-buffering"), "no"),
+        ],
+        sse,
+    )
+        .into_response()
+}
+
 /// Splits a byte stream into valid UTF-8 text without breaking characters
 /// across chunks.
 #[derive(Debug, Default)]
@@ -719,21 +740,7 @@ async fn exec_stream(
         };
         let _ = tx.send(last);
     });
-    let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(Ok::<_, Infallible>);
-    let sse = Sse::new(stream).keep_alive(
-        KeepAlive::new()
-            .interval(Duration::from_secs(15))
-            .text("ping"),
-    );
-    // Without a charset, Python's requests decodes the stream as ISO-8859-1.
-    Ok((
-        [
-            (header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
-            (header::CACHE_CONTROL, "no-cache"),
-            (header::HeaderName::from_static("x-accel-buffering"), "no"),
-        ],
-        sse,
-    ))
+    Ok(sse_response(rx))
 }
 
 #[derive(Debug, Deserialize)]
@@ -896,20 +903,7 @@ async fn logs(
             }
         }
     });
-    let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(out).map(Ok::<_, Infallible>);
-    let sse = Sse::new(stream).keep_alive(
-        KeepAlive::new()
-            .interval(Duration::from_secs(15))
-            .text("ping"),
-    );
-    Ok((
-        [
-            (header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        sse,
-    )
-        .into_response())
+    Ok(sse_response(out))
 }
 
 fn lifecycle_json(r: &Record) -> Value {
