@@ -1,5 +1,8 @@
-//! `runcell serve`: every setting is a flag with an environment variable.
+//! `runcell serve`: every setting is a flag, an environment variable, or a
+//! key in the TOML file given with `--config`. Flags and environment win
+//! over the file; the file wins over the built-in defaults.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,57 +11,88 @@ use std::time::Duration;
 use clap::Args;
 use runcell_core::{parse_size, SandboxLimits};
 use runcell_server::ServeConfig;
+use serde::Deserialize;
 
 use crate::report;
 use crate::run::parse_duration;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Address and port to listen on.
-    #[arg(long, env = "RUNCELL_LISTEN", default_value = "127.0.0.1:7070")]
-    listen: SocketAddr,
-    /// Data directory: registry, API key, sandbox state.
-    #[arg(long, env = "RUNCELL_DATA_DIR", default_value = "/var/lib/runcell")]
-    data_dir: PathBuf,
-    /// Idle time-to-live of a sandbox whose create request gives none.
-    #[arg(long, env = "RUNCELL_DEFAULT_TTL", default_value = "300s", value_parser = parse_duration)]
-    default_ttl: Duration,
-    /// Lifetime no sandbox may exceed, persistent or not.
-    #[arg(long, env = "RUNCELL_MAX_LIFETIME", default_value = "24h", value_parser = parse_duration)]
-    max_lifetime: Duration,
-    /// Default wall-clock limit of one exec.
-    #[arg(long, env = "RUNCELL_EXEC_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
-    exec_timeout: Duration,
-    /// Largest timeout an exec may ask for.
-    #[arg(long, env = "RUNCELL_MAX_EXEC_TIMEOUT", default_value = "1h", value_parser = parse_duration)]
-    max_exec_timeout: Duration,
-    /// Default memory limit of a sandbox.
-    #[arg(long, env = "RUNCELL_MEMORY", default_value = "1G", value_parser = parse_size_arg)]
-    memory: u64,
-    /// Default CPU limit of a sandbox, in cores.
-    #[arg(long, env = "RUNCELL_CPUS", default_value_t = 1.0)]
-    cpus: f64,
-    /// Default process limit of a sandbox.
-    #[arg(long, env = "RUNCELL_PIDS", default_value_t = 512)]
-    pids: u64,
-    /// Default writable-layer size of a sandbox.
-    #[arg(long, env = "RUNCELL_DISK", default_value = "512M", value_parser = parse_size_arg)]
-    disk: u64,
-    /// Bytes of each of stdout and stderr kept per exec.
-    #[arg(long, env = "RUNCELL_OUTPUT_LIMIT", default_value = "1M", value_parser = parse_size_arg)]
-    output_limit: u64,
-    /// Largest request body (file uploads, code).
-    #[arg(long, env = "RUNCELL_MAX_BODY", default_value = "32M", value_parser = parse_size_arg)]
-    max_body: u64,
-    /// Most sandboxes alive at once; creates beyond it get 503 with Retry-After.
-    #[arg(long, env = "RUNCELL_MAX_SANDBOXES", default_value_t = 64)]
-    max_sandboxes: usize,
-    /// Prepared sandboxes kept ready for fast creation.
-    #[arg(long, env = "RUNCELL_STANDBY", default_value_t = 2)]
-    standby: usize,
-    /// Template alias, NAME=TEMPLATE (repeatable; default code-interpreter=host and ubuntu-24.04=host).
+    /// TOML file with any of the settings below (keys as the flags, with `_`
+    /// for `-`, e.g. `default_ttl = "10m"`, `[aliases] base = "host"`).
+    #[arg(long, env = "RUNCELL_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address and port to listen on. [default: 127.0.0.1:7070]
+    #[arg(long, env = "RUNCELL_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// Data directory: registry, API key, sandbox state. [default: /var/lib/runcell]
+    #[arg(long, env = "RUNCELL_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Idle time-to-live of a sandbox whose create request gives none. [default: 300s]
+    #[arg(long, env = "RUNCELL_DEFAULT_TTL", value_parser = parse_duration)]
+    default_ttl: Option<Duration>,
+    /// Lifetime no sandbox may exceed, persistent or not. [default: 24h]
+    #[arg(long, env = "RUNCELL_MAX_LIFETIME", value_parser = parse_duration)]
+    max_lifetime: Option<Duration>,
+    /// Default wall-clock limit of one exec. [default: 60s]
+    #[arg(long, env = "RUNCELL_EXEC_TIMEOUT", value_parser = parse_duration)]
+    exec_timeout: Option<Duration>,
+    /// Largest timeout an exec may ask for. [default: 1h]
+    #[arg(long, env = "RUNCELL_MAX_EXEC_TIMEOUT", value_parser = parse_duration)]
+    max_exec_timeout: Option<Duration>,
+    /// Default memory limit of a sandbox. [default: 1G]
+    #[arg(long, env = "RUNCELL_MEMORY", value_parser = parse_size_arg)]
+    memory: Option<u64>,
+    /// Default CPU limit of a sandbox, in cores. [default: 1.0]
+    #[arg(long, env = "RUNCELL_CPUS")]
+    cpus: Option<f64>,
+    /// Default process limit of a sandbox. [default: 512]
+    #[arg(long, env = "RUNCELL_PIDS")]
+    pids: Option<u64>,
+    /// Default writable-layer size of a sandbox. [default: 512M]
+    #[arg(long, env = "RUNCELL_DISK", value_parser = parse_size_arg)]
+    disk: Option<u64>,
+    /// Bytes of each of stdout and stderr kept per exec. [default: 1M]
+    #[arg(long, env = "RUNCELL_OUTPUT_LIMIT", value_parser = parse_size_arg)]
+    output_limit: Option<u64>,
+    /// Largest request body (file uploads, code). [default: 32M]
+    #[arg(long, env = "RUNCELL_MAX_BODY", value_parser = parse_size_arg)]
+    max_body: Option<u64>,
+    /// Most sandboxes alive at once; creates beyond it get 503 with Retry-After. [default: 64]
+    #[arg(long, env = "RUNCELL_MAX_SANDBOXES")]
+    max_sandboxes: Option<usize>,
+    /// Prepared sandboxes kept ready for fast creation. [default: 2]
+    #[arg(long, env = "RUNCELL_STANDBY")]
+    standby: Option<usize>,
+    /// How long running requests may finish after SIGTERM/SIGINT. [default: 30s]
+    #[arg(long, env = "RUNCELL_SHUTDOWN_GRACE", value_parser = parse_duration)]
+    shutdown_grace: Option<Duration>,
+    /// Template alias, NAME=TEMPLATE (repeatable).
+    /// [default: code-interpreter=host, ubuntu-24.04=host]
     #[arg(long = "alias", env = "RUNCELL_ALIASES", value_delimiter = ',', value_parser = parse_alias)]
     aliases: Vec<(String, String)>,
+}
+
+/// The TOML file. Durations and sizes are strings as on the command line.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<SocketAddr>,
+    data_dir: Option<PathBuf>,
+    default_ttl: Option<String>,
+    max_lifetime: Option<String>,
+    exec_timeout: Option<String>,
+    max_exec_timeout: Option<String>,
+    memory: Option<String>,
+    cpus: Option<f64>,
+    pids: Option<u64>,
+    disk: Option<String>,
+    output_limit: Option<String>,
+    max_body: Option<String>,
+    max_sandboxes: Option<usize>,
+    standby: Option<usize>,
+    shutdown_grace: Option<String>,
+    aliases: Option<BTreeMap<String, String>>,
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
@@ -72,30 +106,127 @@ fn parse_alias(s: &str) -> Result<(String, String), String> {
     }
 }
 
-pub fn main(args: ServeArgs, templates_dir: Option<PathBuf>) -> ExitCode {
-    let mut config = ServeConfig {
-        listen: args.listen,
-        data_dir: args.data_dir,
-        templates_dir,
-        default_ttl_seconds: args.default_ttl.as_secs(),
-        max_lifetime: args.max_lifetime,
-        default_limits: SandboxLimits {
-            memory_bytes: args.memory,
-            pids: args.pids,
-            cpu_millis: (args.cpus * 1000.0).round().max(10.0) as u64,
-            disk_bytes: args.disk,
-            timeout: args.exec_timeout,
-            output_bytes: args.output_limit,
-        },
-        max_exec_timeout: args.max_exec_timeout,
-        max_body_bytes: args.max_body as usize,
-        standby: args.standby,
-        max_sandboxes: args.max_sandboxes,
-        ..ServeConfig::default()
+/// Merges flags (and environment), the file and the defaults.
+fn settings(
+    args: ServeArgs,
+    templates_dir: Option<PathBuf>,
+) -> Result<(ServeConfig, Duration), String> {
+    let file: FileConfig = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("could not read the config file {}: {e}", path.display()))?;
+            toml::from_str(&text)
+                .map_err(|e| format!("the config file {} is invalid: {e}", path.display()))?
+        }
+        None => FileConfig::default(),
     };
-    if !args.aliases.is_empty() {
-        config.aliases = args.aliases.into_iter().collect();
+    let dur = |flag: Option<Duration>,
+               file: &Option<String>,
+               key: &str,
+               default: Duration|
+     -> Result<Duration, String> {
+        match (flag, file) {
+            (Some(d), _) => Ok(d),
+            (None, Some(s)) => parse_duration(s).map_err(|e| format!("config {key}: {e}")),
+            (None, None) => Ok(default),
+        }
+    };
+    let size = |flag: Option<u64>,
+                file: &Option<String>,
+                key: &str,
+                default: u64|
+     -> Result<u64, String> {
+        match (flag, file) {
+            (Some(v), _) => Ok(v),
+            (None, Some(s)) => parse_size_arg(s).map_err(|e| format!("config {key}: {e}")),
+            (None, None) => Ok(default),
+        }
+    };
+    let d = ServeConfig::default();
+    let l = d.default_limits;
+    let cpus = args
+        .cpus
+        .or(file.cpus)
+        .unwrap_or(l.cpu_millis as f64 / 1000.0);
+    if !(cpus > 0.0 && cpus.is_finite()) {
+        return Err("cpus must be a positive number".into());
     }
+    let config = ServeConfig {
+        listen: args.listen.or(file.listen).unwrap_or(d.listen),
+        data_dir: args.data_dir.or(file.data_dir).unwrap_or(d.data_dir),
+        templates_dir,
+        aliases: if !args.aliases.is_empty() {
+            args.aliases.into_iter().collect()
+        } else {
+            file.aliases.unwrap_or(d.aliases)
+        },
+        default_ttl_seconds: dur(
+            args.default_ttl,
+            &file.default_ttl,
+            "default_ttl",
+            Duration::from_secs(d.default_ttl_seconds),
+        )?
+        .as_secs(),
+        max_lifetime: dur(
+            args.max_lifetime,
+            &file.max_lifetime,
+            "max_lifetime",
+            d.max_lifetime,
+        )?,
+        default_limits: SandboxLimits {
+            memory_bytes: size(args.memory, &file.memory, "memory", l.memory_bytes)?,
+            pids: args.pids.or(file.pids).unwrap_or(l.pids),
+            cpu_millis: (cpus * 1000.0).round().max(10.0) as u64,
+            disk_bytes: size(args.disk, &file.disk, "disk", l.disk_bytes)?,
+            timeout: dur(
+                args.exec_timeout,
+                &file.exec_timeout,
+                "exec_timeout",
+                l.timeout,
+            )?,
+            output_bytes: size(
+                args.output_limit,
+                &file.output_limit,
+                "output_limit",
+                l.output_bytes,
+            )?,
+        },
+        max_exec_timeout: dur(
+            args.max_exec_timeout,
+            &file.max_exec_timeout,
+            "max_exec_timeout",
+            d.max_exec_timeout,
+        )?,
+        max_body_bytes: size(
+            args.max_body,
+            &file.max_body,
+            "max_body",
+            d.max_body_bytes as u64,
+        )? as usize,
+        standby: args.standby.or(file.standby).unwrap_or(d.standby),
+        max_sandboxes: args
+            .max_sandboxes
+            .or(file.max_sandboxes)
+            .unwrap_or(d.max_sandboxes),
+        cgroup_parent: d.cgroup_parent,
+    };
+    let grace = dur(
+        args.shutdown_grace,
+        &file.shutdown_grace,
+        "shutdown_grace",
+        Duration::from_secs(30),
+    )?;
+    Ok((config, grace))
+}
+
+pub fn main(args: ServeArgs, templates_dir: Option<PathBuf>) -> ExitCode {
+    let (config, grace) = match settings(args, templates_dir) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("runcell: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -106,7 +237,7 @@ pub fn main(args: ServeArgs, templates_dir: Option<PathBuf>) -> ExitCode {
             return ExitCode::from(125);
         }
     };
-    match runtime.block_on(runcell_server::serve(config)) {
+    match runtime.block_on(runcell_server::serve(config, grace)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             report(&e);

@@ -608,3 +608,76 @@ async fn sixty_four_concurrent_clients_and_a_capacity_limit() {
     let _ = std::fs::remove_dir_all(&data);
     let _ = std::fs::remove_dir_all(&data2);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn config_file_flags_win_and_sigterm_lets_running_requests_finish() {
+    let data = data_dir("conf");
+    std::fs::create_dir_all(&data).unwrap();
+    let conf = data.join("runcell.toml");
+    std::fs::write(
+        &conf,
+        "default_ttl = \"7m\"\nmax_sandboxes = 1\nexec_timeout = \"9s\"\n[aliases]\nbase = \"host\"\n",
+    )
+    .unwrap();
+    // An invalid file is a clear error, not a silent default.
+    std::fs::write(data.join("bad.toml"), "no_such_setting = 1\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_runcell"))
+        .args(["serve", "--config"])
+        .arg(data.join("bad.toml"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no_such_setting"));
+
+    let conf_arg = conf.display().to_string();
+    // The flag wins over the file (max_sandboxes 2, not 1).
+    let mut d = Daemon::start(
+        &data,
+        free_port(),
+        &["--config", &conf_arg, "--max-sandboxes", "2"],
+    );
+    let id = d.create(json!({"template": "base"})).await;
+    let got: Value = d
+        .req(reqwest::Method::GET, &format!("/v1/sandboxes/{id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got["ttl_seconds"], 420, "{got}");
+    assert_eq!(got["limits"]["timeout_seconds"], 9.0, "{got}");
+    d.create(json!({})).await;
+    let r = d
+        .req(reqwest::Method::POST, "/v1/sandboxes")
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+
+    // SIGTERM during an exec: the exec finishes, then the daemon exits.
+    let req = d
+        .req(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/exec"))
+        .json(&json!({"cmd": "sleep 1; echo done"}));
+    let running =
+        tokio::spawn(async move { req.send().await.unwrap().json::<Value>().await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // SAFETY: kill sends a signal to our own child; no memory is involved.
+    unsafe { libc::kill(d.child.id() as i32, libc::SIGTERM) };
+    let body = running.await.unwrap();
+    assert_eq!(body["stdout"], "done\n", "{body}");
+    let status = d.child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    // The sandboxes outlived the daemon and are there for the next start.
+    let d = Daemon::start(
+        &data,
+        free_port(),
+        &["--config", &conf_arg, "--max-sandboxes", "2"],
+    );
+    let (s, _) = d.exec(&id, "true").await;
+    assert_eq!(s, 200);
+    d.delete_all().await;
+    drop(d);
+    let _ = std::fs::remove_dir_all(&data);
+}

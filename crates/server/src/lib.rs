@@ -45,7 +45,7 @@ pub enum ServeError {
 
 /// Builds the state, reconciles with what survived a restart, and serves
 /// until SIGINT or SIGTERM. Sandboxes keep running across a restart.
-pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
+pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeError> {
     fs::create_dir_all(&config.data_dir)
         .map_err(|e| ServeError::DataDir(config.data_dir.clone(), e))?;
     // Sandbox agents (an unprivileged host uid) must traverse it to their directories.
@@ -105,10 +105,24 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
         config.data_dir.join("api-key").display()
     );
     tracing::info!(%addr, "listening");
-    axum::serve(listener, router(state.clone()))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .map_err(ServeError::Http)?;
+    // On SIGTERM/SIGINT: stop accepting, give running requests `grace` to
+    // finish, then stop anyway. Sandboxes keep running either way.
+    let stopping = Arc::new(tokio::sync::Notify::new());
+    let notify = stopping.clone();
+    let server = axum::serve(listener, router(state.clone())).with_graceful_shutdown(async move {
+        shutdown_signal().await;
+        tracing::info!(
+            ?grace,
+            "stopping: no new connections; waiting for running requests"
+        );
+        notify.notify_one();
+    });
+    tokio::select! {
+        r = server => r.map_err(ServeError::Http)?,
+        _ = async { stopping.notified().await; tokio::time::sleep(grace).await } => {
+            tracing::warn!("the shutdown grace period ended with requests still running");
+        }
+    }
     tracing::info!("stopped; sandboxes keep running and are re-attached by the next start");
     Ok(())
 }
