@@ -48,6 +48,11 @@ fi
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$CLIENTS/requirements.txt"
 "$VENV/bin/python" -c 'import pandastack, sys; sys.exit(0 if pandastack.__version__ == "0.10.0" else "pandastack is " + pandastack.__version__ + ", want 0.10.0")'
 
+# `await using` is compiled by TypeScript (Node 20 cannot parse it).
+echo "== compiling the await-using test (tsc)"
+rm -rf "$CLIENTS/.build"
+(cd "$CLIENTS" && npx --no-install tsc -p tsconfig.json)
+
 # --- daemon ------------------------------------------------------------------
 echo "== building"
 cargo build --workspace --quiet
@@ -169,7 +174,7 @@ run_suite() {
 export NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}" no_proxy="127.0.0.1,localhost${no_proxy:+,$no_proxy}"
 
 # --- tests -------------------------------------------------------------------
-run_suite "@pandastack/sdk@0.9.0" node --test tests/clients/pandastack-sdk.test.mjs
+run_suite "@pandastack/sdk@0.9.0" node --test tests/clients/pandastack-sdk.test.mjs tests/clients/.build/await-using.test.mjs
 run_suite "pandastack==0.10.0" "$VENV/bin/python" -m pytest -v -p no:cacheprovider "$CLIENTS/test_pandastack_py.py"
 
 if [ ${#failed[@]} -gt 0 ]; then

@@ -450,49 +450,7 @@ test("kill() then get() -> NotFoundError; gone from list; exec -> NotFoundError"
   assert.ok(again instanceof NotFoundError, `expected NotFoundError, got ${again?.name}`);
 });
 
-// `await using` needs the explicit-resource-management syntax. Node 20's V8
-// (11.3) cannot parse it (SyntaxError), although Node 20 defines
-// Symbol.asyncDispose and the SDK implements Sandbox[Symbol.asyncDispose]
-// (it calls kill()). The syntax is compiled at run time so this file still
-// parses on Node 20; there the real `await using` case is skipped, visibly.
-const AsyncFunction = (async () => {}).constructor;
-let awaitUsingCase = null;
-try {
-  awaitUsingCase = new AsyncFunction(
-    "Sandbox",
-    `
-    let id;
-    {
-      await using sb = await Sandbox.create({ template: "host" });
-      id = sb.id;
-      const r = await sb.exec("echo inside");
-      if (r.stdout !== "inside\\n") throw new Error("unexpected stdout " + JSON.stringify(r.stdout));
-    }
-    return id;
-    `,
-  );
-} catch (err) {
-  if (!(err instanceof SyntaxError)) throw err;
-}
-
-test(
-  "`await using` disposes (deletes) the sandbox",
-  {
-    ...T,
-    skip: awaitUsingCase
-      ? false
-      : `node ${process.version} cannot parse \`await using\` (needs V8 explicit resource management)`,
-  },
-  async () => {
-    const id = await awaitUsingCase(Sandbox);
-    const err = await Sandbox.get(id).then(
-      () => assert.fail("sandbox still exists after its `await using` scope"),
-      (e) => e,
-    );
-    assert.ok(err instanceof NotFoundError, `expected NotFoundError, got ${err?.name}`);
-  },
-);
-
+// `await using` itself is tested in await-using.test.mts (compiled by TypeScript).
 test("Sandbox[Symbol.asyncDispose]() (what `await using` calls) deletes the sandbox", T, async (t) => {
   assert.equal(typeof Symbol.asyncDispose, "symbol", "this runtime has no Symbol.asyncDispose");
   const sb = await createSandbox(t);
