@@ -405,6 +405,31 @@ async fn bad_input_gets_clear_errors() {
         "{seen}"
     );
     assert!(seen.contains("{\"line\":\"live\\n\"}"), "{seen}");
+    // The OpenAPI document is generated from the handlers (no key needed).
+    let doc: Value = reqwest::get(format!("{}/v1/openapi.json", d.url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."), "{doc}");
+    for path in [
+        "/v1/sandboxes",
+        "/v1/sandboxes/{id}/exec",
+        "/v1/sandboxes/{id}/fs",
+        "/v1/sandboxes/{id}/lifecycle",
+        "/v1/templates",
+    ] {
+        assert!(
+            doc["paths"].get(path).is_some(),
+            "{path} missing from the OpenAPI document"
+        );
+    }
+    let exec_schema = &doc["components"]["schemas"]["ExecView"]["properties"];
+    assert!(
+        exec_schema.get("oom_killed").is_some() && exec_schema.get("exit_code").is_some(),
+        "{exec_schema}"
+    );
     // The errors and the creation show up in the metrics (no key needed).
     let text = reqwest::get(format!("{}/metrics", d.url))
         .await
@@ -677,6 +702,164 @@ async fn config_file_flags_win_and_sigterm_lets_running_requests_finish() {
     );
     let (s, _) = d.exec(&id, "true").await;
     assert_eq!(s, 200);
+    d.delete_all().await;
+    drop(d);
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn templates_files_lifecycle_and_limits_through_the_api() {
+    let data = data_dir("routes");
+    let d = Daemon::start(&data, free_port(), &[]);
+    let get = |path: String| d.req(reqwest::Method::GET, &path).send();
+    // Templates: the built-in one and the aliases; unknown is 404.
+    let list: Vec<Value> = get("/v1/templates".into())
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let names: Vec<&str> = list.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, vec!["host", "code-interpreter", "ubuntu-24.04"]);
+    let t: Value = get("/v1/templates/code-interpreter".into())
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(t["alias_of"], "host");
+    assert_eq!(
+        get("/v1/templates/nope".into()).await.unwrap().status(),
+        404
+    );
+
+    // Limits ride on create and are enforced.
+    let r = d
+        .req(reqwest::Method::POST, "/v1/sandboxes")
+        .json(&json!({"limits": {"memory_mb": 64, "pids": 32, "timeout_seconds": 5}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let sb: Value = r.json().await.unwrap();
+    assert_eq!(
+        (
+            sb["limits"]["memory_mb"].as_u64(),
+            sb["limits"]["pids"].as_u64()
+        ),
+        (Some(64), Some(32))
+    );
+    let id = sb["id"].as_str().unwrap().to_string();
+    let (s, body) = d.exec(&id, "python3 -c 'x = bytearray(256 << 20)'").await;
+    assert_eq!(
+        (s, body["oom_killed"].as_bool(), body["exit_code"].as_i64()),
+        (200, Some(true), Some(137)),
+        "{body}"
+    );
+    let r = d
+        .req(reqwest::Method::POST, "/v1/sandboxes")
+        .json(&json!({"limits": {"memory_mb": 1}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let r = d
+        .req(reqwest::Method::POST, "/v1/sandboxes")
+        .json(&json!({"limits": {"gpus": 1}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+
+    // Files: write, list, stat (PandaStack's mode letters), errors.
+    let r = d
+        .req(
+            reqwest::Method::PUT,
+            &format!("/v1/sandboxes/{id}/fs?path=/home/user/d/a.txt"),
+        )
+        .body("hello")
+        .send()
+        .await
+        .unwrap();
+    let w: Value = r.json().await.unwrap();
+    assert_eq!(
+        (w["path"].as_str(), w["bytes"].as_u64()),
+        (Some("/home/user/d/a.txt"), Some(5))
+    );
+    let dir: Value = get(format!("/v1/sandboxes/{id}/fs/dir?path=/home/user/d"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(dir["entries"][0]["name"], "a.txt");
+    assert_eq!(dir["entries"][0]["mode"], "f");
+    let st: Value = get(format!("/v1/sandboxes/{id}/fs/stat?path=/home/user/d"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (st["is_dir"].as_bool(), st["mode"].as_str()),
+        (Some(true), Some("d"))
+    );
+    let r = get(format!("/v1/sandboxes/{id}/fs/stat?path=/home/user/none"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"],
+        "file does not exist"
+    );
+    let r = get(format!("/v1/sandboxes/{id}/fs/dir?path=/home/user/none"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+
+    // Lifecycle: PATCH either field; bad input is 400.
+    let patch = |body: &'static str| {
+        d.req(
+            reqwest::Method::PATCH,
+            &format!("/v1/sandboxes/{id}/lifecycle"),
+        )
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+    };
+    let l: Value = patch(r#"{"ttl_seconds": 900}"#)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (l["ttl_seconds"].as_u64(), l["persistent"].as_bool()),
+        (Some(900), Some(false))
+    );
+    let l: Value = patch(r#"{"persistent": true}"#)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (l["ttl_seconds"].as_u64(), l["persistent"].as_bool()),
+        (Some(900), Some(true))
+    );
+    assert_eq!(patch("").await.unwrap().status(), 400);
+    assert_eq!(patch(r#"{"ttl_seconds": -1}"#).await.unwrap().status(), 400);
+    // The repl routes say plainly that they are not there yet.
+    let r = d
+        .req(
+            reqwest::Method::POST,
+            &format!("/v1/sandboxes/{id}/repl/sessions"),
+        )
+        .json(&json!({"language": "python"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 501);
     d.delete_all().await;
     drop(d);
     let _ = std::fs::remove_dir_all(&data);

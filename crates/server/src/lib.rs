@@ -9,6 +9,7 @@ mod metrics;
 mod registry;
 mod routes;
 mod state;
+pub mod views;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;

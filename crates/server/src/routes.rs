@@ -25,14 +25,61 @@ use serde_json::{json, Value};
 use crate::error::ApiError;
 use crate::registry::Record;
 use crate::state::{now_ms, AppState, Entry};
+use crate::views::*;
 
 type AppResult<T> = Result<T, ApiError>;
 type St = State<Arc<AppState>>;
+
+/// The OpenAPI document, generated from the handlers and their types.
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "runcell",
+        description = "Sandboxes for AI agents: the PandaStack-compatible /v1 API plus runcell's additions."
+    ),
+    paths(
+        me,
+        create,
+        list,
+        get_one,
+        delete,
+        exec,
+        exec_stream,
+        fs_read,
+        fs_write,
+        fs_dir,
+        fs_stat,
+        logs,
+        lifecycle,
+        set_lifecycle,
+        templates,
+        template
+    ),
+    components(schemas(
+        SandboxView,
+        LimitsView,
+        NetworkView,
+        ExecView,
+        LifecycleView,
+        FileView,
+        DirView,
+        WrittenView,
+        TemplateView,
+        MeView,
+        ErrorView
+    ))
+)]
+pub struct ApiDoc;
+
+async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(<ApiDoc as utoipa::OpenApi>::openapi())
+}
 
 /// The daemon's router.
 pub fn router(state: Arc<AppState>) -> Router {
     let v1 = Router::new()
         .route("/me", get(me))
+        .route("/openapi.json", get(openapi))
         .route("/sandboxes", get(list).post(create))
         .route("/sandboxes/{id}", get(get_one).delete(delete))
         .route("/sandboxes/{id}/exec", post(exec))
@@ -126,6 +173,10 @@ async fn repl_unavailable() -> ApiError {
 
 /// Bearer-token check for every /v1 route.
 async fn auth(State(state): St, req: Request, next: Next) -> Response {
+    // The API description is public, as /healthz and /metrics are.
+    if req.uri().path().ends_with("/openapi.json") {
+        return next.run(req).await;
+    }
     let header_token = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -214,18 +265,20 @@ impl FromRequest<Arc<AppState>> for RawBody {
     }
 }
 
-async fn me(Extension(ws): Extension<Workspace>) -> Json<Value> {
-    Json(json!({
-        "user_id": ws.0,
-        "email": "",
-        "current_org": null,
-        "orgs": [],
-        "auth_method": "token",
-    }))
+#[utoipa::path(get, path = "/v1/me", tag = "runcell",
+    responses((status = 200, body = MeView), (status = 401, body = ErrorView)))]
+async fn me(Extension(ws): Extension<Workspace>) -> Json<MeView> {
+    Json(MeView {
+        user_id: ws.0,
+        email: String::new(),
+        current_org: None,
+        orgs: Vec::new(),
+        auth_method: "token".into(),
+    })
 }
 
 /// runcell's per-sandbox limits in API form.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct LimitsReq {
     memory_mb: Option<u64>,
@@ -236,7 +289,7 @@ struct LimitsReq {
     output_bytes: Option<u64>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 struct CreateReq {
     template: Option<String>,
     ttl_seconds: Option<i64>,
@@ -250,15 +303,19 @@ struct CreateReq {
     env: BTreeMap<String, String>,
 }
 
+fn limits_view(l: &SandboxLimits) -> LimitsView {
+    LimitsView {
+        memory_mb: l.memory_bytes >> 20,
+        cpu: l.cpu_millis as f64 / 1000.0,
+        pids: l.pids,
+        disk_mb: l.disk_bytes >> 20,
+        timeout_seconds: l.timeout.as_secs_f64(),
+        output_bytes: l.output_bytes,
+    }
+}
+
 fn limits_json(l: &SandboxLimits) -> Value {
-    json!({
-        "memory_mb": l.memory_bytes >> 20,
-        "cpu": l.cpu_millis as f64 / 1000.0,
-        "pids": l.pids,
-        "disk_mb": l.disk_bytes >> 20,
-        "timeout_seconds": l.timeout.as_secs_f64(),
-        "output_bytes": l.output_bytes,
-    })
+    serde_json::to_value(limits_view(l)).expect("limits serialize")
 }
 
 fn rfc3339(unix: i64) -> String {
@@ -282,24 +339,34 @@ fn rfc3339(unix: i64) -> String {
     )
 }
 
-fn sandbox_json(e: &Entry) -> Value {
+fn sandbox_view(e: &Entry) -> SandboxView {
     let r = e.record.lock().expect("record lock");
     let l = e.sandbox.limits();
-    json!({
-        "id": r.id,
-        "template": r.template,
-        "cpu": (l.cpu_millis as f64 / 1000.0).ceil().max(1.0) as u64,
-        "memory_mb": l.memory_bytes >> 20,
-        "status": "running",
-        "metadata": r.metadata,
-        "created_at": rfc3339(r.created_at),
-        "persistent": r.persistent,
-        "ttl_seconds": r.ttl_seconds,
-        "limits": limits_json(l),
-        "network": {"mode": "none"},
-    })
+    SandboxView {
+        id: r.id.clone(),
+        template: r.template.clone(),
+        cpu: (l.cpu_millis as f64 / 1000.0).ceil().max(1.0) as u64,
+        memory_mb: l.memory_bytes >> 20,
+        status: "running".into(),
+        metadata: r.metadata.clone(),
+        created_at: rfc3339(r.created_at),
+        persistent: r.persistent,
+        ttl_seconds: r.ttl_seconds,
+        limits: limits_view(l),
+        network: NetworkView {
+            mode: "none".into(),
+        },
+        boot_ms: None,
+    }
 }
 
+fn sandbox_json(e: &Entry) -> Value {
+    serde_json::to_value(sandbox_view(e)).expect("sandbox serializes")
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes", tag = "runcell", request_body = CreateReq,
+    responses((status = 201, body = SandboxView), (status = 400, body = ErrorView), (status = 401, body = ErrorView),
+        (status = 413, body = ErrorView), (status = 503, description = "No capacity or the sandbox failed to start; has Retry-After", body = ErrorView)))]
 async fn create(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -478,6 +545,9 @@ fn apply_limits(mut l: SandboxLimits, req: LimitsReq) -> AppResult<SandboxLimits
     Ok(l)
 }
 
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "runcell",
+    params(("metadata.KEY" = Option<String>, Query, description = "Only sandboxes whose metadata KEY equals the value; several are ANDed")),
+    responses((status = 200, body = Vec<SandboxView>), (status = 401, body = ErrorView)))]
 async fn list(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -518,6 +588,8 @@ fn find(state: &AppState, ws: &Workspace, id: &str) -> AppResult<Arc<Entry>> {
         .ok_or_else(ApiError::no_sandbox)
 }
 
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "runcell", params(("id" = String, Path)),
+    responses((status = 200, body = SandboxView), (status = 401, body = ErrorView), (status = 404, body = ErrorView)))]
 async fn get_one(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -527,6 +599,8 @@ async fn get_one(
     Ok(Json(sandbox_json(&e)))
 }
 
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "runcell", params(("id" = String, Path)),
+    responses((status = 204, description = "Deleted"), (status = 401, body = ErrorView), (status = 404, body = ErrorView)))]
 async fn delete(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -540,7 +614,7 @@ async fn delete(
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 struct ExecReq {
     cmd: String,
     timeout_seconds: Option<f64>,
@@ -590,6 +664,9 @@ fn secs(d: Duration) -> String {
     }
 }
 
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "runcell", params(("id" = String, Path)), request_body = ExecReq,
+    responses((status = 200, body = ExecView), (status = 400, body = ErrorView), (status = 401, body = ErrorView), (status = 404, body = ErrorView),
+        (status = 500, description = "Timeout: error contains \"timeout\", with the ExecView fields", body = ErrorView)))]
 async fn exec(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -619,20 +696,31 @@ async fn exec(
     state.metrics.exec_latency.observe(started.elapsed());
     state.touch(&e).await;
     let x = &r.outcome.exit;
-    let body = json!({
-        "stdout": with_marker(String::from_utf8_lossy(&r.stdout).into_owned(), x.stdout_truncated, "stdout", x.stdout_bytes),
-        "stderr": with_marker(String::from_utf8_lossy(&r.stderr).into_owned(), x.stderr_truncated, "stderr", x.stderr_bytes),
-        "exit_code": r.outcome.status(),
-        "duration_ms": x.duration_ms,
-        "timed_out": x.timed_out,
-        "oom_killed": r.outcome.oom_killed,
-        "pids_limit": r.outcome.pids_limit,
-        "stdout_truncated": x.stdout_truncated,
-        "stderr_truncated": x.stderr_truncated,
-        "stdout_bytes": x.stdout_bytes,
-        "stderr_bytes": x.stderr_bytes,
-        "messages": r.outcome.messages(),
-    });
+    let body = serde_json::to_value(ExecView {
+        stdout: with_marker(
+            String::from_utf8_lossy(&r.stdout).into_owned(),
+            x.stdout_truncated,
+            "stdout",
+            x.stdout_bytes,
+        ),
+        stderr: with_marker(
+            String::from_utf8_lossy(&r.stderr).into_owned(),
+            x.stderr_truncated,
+            "stderr",
+            x.stderr_bytes,
+        ),
+        exit_code: r.outcome.status(),
+        duration_ms: x.duration_ms,
+        timed_out: x.timed_out,
+        oom_killed: r.outcome.oom_killed,
+        pids_limit: r.outcome.pids_limit,
+        stdout_truncated: x.stdout_truncated,
+        stderr_truncated: x.stderr_truncated,
+        stdout_bytes: x.stdout_bytes,
+        stderr_bytes: x.stderr_bytes,
+        messages: r.outcome.messages(),
+    })
+    .expect("exec result serializes");
     if x.timed_out {
         // The PandaStack clients raise SandboxTimeout for a 5xx whose message
         // contains "timeout" (see the API contract, section 6).
@@ -687,6 +775,8 @@ impl Utf8Carry {
     }
 }
 
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec/stream", tag = "runcell", params(("id" = String, Path)), request_body = ExecReq,
+    responses((status = 200, description = "SSE: stdout/stderr {chunk}, then one exit {exit_code} or error {error}", content_type = "text/event-stream"), (status = 401, body = ErrorView), (status = 404, body = ErrorView)))]
 async fn exec_stream(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -760,6 +850,8 @@ fn need_path(q: &PathQuery) -> AppResult<&str> {
     }
 }
 
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/fs", tag = "runcell", params(("id" = String, Path), ("path" = String, Query)),
+    responses((status = 200, description = "The file", content_type = "application/octet-stream"), (status = 400, body = ErrorView), (status = 401, body = ErrorView), (status = 404, body = ErrorView)))]
 async fn fs_read(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -776,6 +868,9 @@ async fn fs_read(
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response())
 }
 
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/fs", tag = "runcell", params(("id" = String, Path), ("path" = String, Query)),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses((status = 200, body = WrittenView), (status = 400, body = ErrorView), (status = 401, body = ErrorView), (status = 404, body = ErrorView), (status = 413, body = ErrorView)))]
 async fn fs_write(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -787,7 +882,9 @@ async fn fs_write(
     let path = need_path(&q)?.to_string();
     state.touch(&e).await;
     let bytes = e.sandbox.write_file(&path, &body.0).await?;
-    Ok(Json(json!({"path": path, "bytes": bytes})))
+    Ok(Json(
+        serde_json::to_value(WrittenView { path, bytes }).expect("serializes"),
+    ))
 }
 
 fn entry_json(s: &FileStat) -> Value {
@@ -798,9 +895,22 @@ fn entry_json(s: &FileStat) -> Value {
     } else {
         "f"
     };
-    json!({"name": s.name, "is_dir": s.is_dir, "size": s.size, "mode": kind, "mtime": s.mtime, "permissions": format!("{:o}", s.mode)})
+    serde_json::to_value(file_view(s, kind)).expect("serializes")
 }
 
+fn file_view(s: &FileStat, kind: &str) -> FileView {
+    FileView {
+        name: s.name.clone(),
+        is_dir: s.is_dir,
+        size: s.size,
+        mode: kind.into(),
+        mtime: s.mtime,
+        permissions: format!("{:o}", s.mode),
+    }
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/fs/dir", tag = "runcell", params(("id" = String, Path), ("path" = String, Query)),
+    responses((status = 200, body = DirView), (status = 401, body = ErrorView), (status = 404, body = ErrorView)))]
 async fn fs_dir(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -821,6 +931,8 @@ async fn fs_dir(
     Ok(Json(json!({"path": path, "entries": entries})))
 }
 
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/fs/stat", tag = "runcell", params(("id" = String, Path), ("path" = String, Query)),
+    responses((status = 200, body = FileView), (status = 401, body = ErrorView), (status = 404, body = ErrorView)))]
 async fn fs_stat(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -849,6 +961,9 @@ struct LogsQuery {
 
 /// The output of the sandbox's execs: a plain-text snapshot, or with
 /// `follow` (1, true or yes) an SSE stream of `line` events.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/logs", tag = "runcell",
+    params(("id" = String, Path), ("stream" = Option<String>, Query), ("follow" = Option<String>, Query)),
+    responses((status = 200, description = "text/plain, or with follow an SSE stream of line events"), (status = 401, body = ErrorView), (status = 404, body = ErrorView)))]
 async fn logs(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -907,13 +1022,16 @@ async fn logs(
 }
 
 fn lifecycle_json(r: &Record) -> Value {
-    json!({
-        "ttl_seconds": r.ttl_seconds,
-        "persistent": r.persistent,
-        "idle_seconds": ((now_ms() - r.last_activity_ms).max(0) / 1000),
+    serde_json::to_value(LifecycleView {
+        ttl_seconds: r.ttl_seconds,
+        persistent: r.persistent,
+        idle_seconds: (now_ms() - r.last_activity_ms).max(0) / 1000,
     })
+    .expect("serializes")
 }
 
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/lifecycle", tag = "runcell", params(("id" = String, Path)),
+    responses((status = 200, body = LifecycleView), (status = 401, body = ErrorView), (status = 404, body = ErrorView)))]
 async fn lifecycle(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -924,13 +1042,15 @@ async fn lifecycle(
     Ok(Json(lifecycle_json(&r)))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct LifecycleReq {
     ttl_seconds: Option<i64>,
     persistent: Option<bool>,
 }
 
+#[utoipa::path(patch, path = "/v1/sandboxes/{id}/lifecycle", tag = "runcell", params(("id" = String, Path)), request_body = LifecycleReq,
+    responses((status = 200, body = LifecycleView), (status = 400, body = ErrorView), (status = 401, body = ErrorView), (status = 404, body = ErrorView)))]
 async fn set_lifecycle(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -965,18 +1085,21 @@ fn template_json(state: &AppState, name: &str, alias_of: Option<&str>) -> AppRes
         .template(alias_of.unwrap_or(name))
         .map_err(ApiError::from)?;
     let l = &state.config.default_limits;
-    Ok(json!({
-        "name": name,
-        "rootfs_path": "",
-        "size_bytes": 0,
-        "cpu": (l.cpu_millis as f64 / 1000.0).ceil().max(1.0) as u64,
-        "memory_mb": l.memory_bytes >> 20,
-        "is_global": true,
-        "description": t.description,
-        "alias_of": alias_of,
-    }))
+    Ok(serde_json::to_value(TemplateView {
+        name: name.into(),
+        rootfs_path: String::new(),
+        size_bytes: 0,
+        cpu: (l.cpu_millis as f64 / 1000.0).ceil().max(1.0) as u64,
+        memory_mb: l.memory_bytes >> 20,
+        is_global: true,
+        description: t.description,
+        alias_of: alias_of.map(str::to_string),
+    })
+    .expect("serializes"))
 }
 
+#[utoipa::path(get, path = "/v1/templates", tag = "runcell",
+    responses((status = 200, body = Vec<TemplateView>), (status = 401, body = ErrorView)))]
 async fn templates(State(state): St) -> AppResult<Json<Vec<Value>>> {
     let mut out = Vec::new();
     for name in runcell_core::Template::installed(state.config.templates_dir.as_deref()) {
@@ -990,6 +1113,8 @@ async fn templates(State(state): St) -> AppResult<Json<Vec<Value>>> {
     Ok(Json(out))
 }
 
+#[utoipa::path(get, path = "/v1/templates/{name}", tag = "runcell", params(("name" = String, Path)),
+    responses((status = 200, body = TemplateView), (status = 404, body = ErrorView)))]
 async fn template(State(state): St, Path(name): Path<String>) -> AppResult<Json<Value>> {
     let alias = state.config.aliases.get(&name).cloned();
     template_json(&state, &name, alias.as_deref())

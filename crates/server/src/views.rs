@@ -1,0 +1,180 @@
+//! The JSON objects the API answers with. Routes build these (never ad-hoc
+//! JSON for them), and the OpenAPI document is generated from the same types.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// runcell's per-sandbox limits.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LimitsView {
+    /// Memory, MiB (files written in the sandbox count too).
+    pub memory_mb: u64,
+    /// CPU, cores.
+    pub cpu: f64,
+    /// Processes and threads.
+    pub pids: u64,
+    /// Writable layer, MiB.
+    pub disk_mb: u64,
+    /// Default exec timeout, seconds.
+    pub timeout_seconds: f64,
+    /// Bytes of each of stdout and stderr kept per exec.
+    pub output_bytes: u64,
+}
+
+/// The sandbox's network policy.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct NetworkView {
+    /// `none`: loopback only.
+    pub mode: String,
+}
+
+/// A sandbox (PandaStack fields plus runcell's `limits` and `network`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SandboxView {
+    /// UUID.
+    pub id: String,
+    /// Template name as requested.
+    pub template: String,
+    /// CPU cores, rounded up.
+    pub cpu: u64,
+    /// Memory, MiB.
+    pub memory_mb: u64,
+    /// Always `running` for a listed sandbox.
+    pub status: String,
+    /// Caller metadata (`workspace` is stamped by the server).
+    pub metadata: BTreeMap<String, String>,
+    /// RFC 3339.
+    pub created_at: String,
+    /// Exempt from the idle TTL.
+    pub persistent: bool,
+    /// Idle time-to-live, seconds.
+    pub ttl_seconds: u64,
+    /// runcell's limits.
+    pub limits: LimitsView,
+    /// runcell's network policy.
+    pub network: NetworkView,
+    /// Milliseconds the create took (create responses only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub boot_ms: Option<u64>,
+}
+
+/// The result of an exec. On a timeout the same fields come with a 500 and
+/// an `error` that contains "timeout".
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ExecView {
+    /// Standard output (capped; a marker line gives the total when cut).
+    pub stdout: String,
+    /// Standard error (capped likewise).
+    pub stderr: String,
+    /// Exit status (128 + signal when killed; 124 on timeout).
+    pub exit_code: i32,
+    /// Wall-clock duration.
+    pub duration_ms: u64,
+    /// The exec hit its timeout.
+    pub timed_out: bool,
+    /// A process was killed for exceeding the memory limit.
+    pub oom_killed: bool,
+    /// The process limit was reached.
+    pub pids_limit: bool,
+    /// Stdout was cut.
+    pub stdout_truncated: bool,
+    /// Stderr was cut.
+    pub stderr_truncated: bool,
+    /// Total bytes written to stdout.
+    pub stdout_bytes: u64,
+    /// Total bytes written to stderr.
+    pub stderr_bytes: u64,
+    /// Plain sentences about every limit hit.
+    pub messages: Vec<String>,
+}
+
+/// TTL state.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LifecycleView {
+    /// Idle time-to-live, seconds.
+    pub ttl_seconds: u64,
+    /// Exempt from the idle TTL.
+    pub persistent: bool,
+    /// Seconds since the last activity.
+    pub idle_seconds: i64,
+}
+
+/// A file or directory.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct FileView {
+    /// Base name.
+    pub name: String,
+    /// Is a directory.
+    pub is_dir: bool,
+    /// Bytes.
+    pub size: u64,
+    /// `f`, `d` or `l` (as PandaStack's `find %y`).
+    pub mode: String,
+    /// Unix seconds.
+    pub mtime: i64,
+    /// Permission bits, octal.
+    pub permissions: String,
+}
+
+/// A directory listing.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct DirView {
+    /// The directory.
+    pub path: String,
+    /// Its entries.
+    pub entries: Vec<FileView>,
+}
+
+/// The result of a file write.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct WrittenView {
+    /// The path as given.
+    pub path: String,
+    /// Bytes written.
+    pub bytes: u64,
+}
+
+/// A template.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TemplateView {
+    /// Name.
+    pub name: String,
+    /// Always empty (templates are directories, not images).
+    pub rootfs_path: String,
+    /// Unknown; 0.
+    pub size_bytes: u64,
+    /// Default CPU, cores.
+    pub cpu: u64,
+    /// Default memory, MiB.
+    pub memory_mb: u64,
+    /// Built in or operator-installed.
+    pub is_global: bool,
+    /// One line.
+    pub description: String,
+    /// The installed template this alias resolves to.
+    pub alias_of: Option<String>,
+}
+
+/// Who the key belongs to.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct MeView {
+    /// The workspace.
+    pub user_id: String,
+    /// Always empty.
+    pub email: String,
+    /// Always null.
+    pub current_org: Option<String>,
+    /// Always empty.
+    pub orgs: Vec<String>,
+    /// `token`.
+    pub auth_method: String,
+}
+
+/// Every error.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ErrorView {
+    /// A sentence.
+    pub error: String,
+}
