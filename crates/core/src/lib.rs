@@ -27,7 +27,7 @@ mod sandbox;
 mod template;
 
 pub use client::{AgentClient, ClientError};
-pub use limits::{format_size, parse_size, SandboxLimits, SizeError};
+pub use limits::{format_secs, format_size, parse_size, SandboxLimits, SizeError};
 pub use runtime::{Runtime, RuntimeConfig, SandboxOptions};
 pub use sandbox::{truncation_marker, ExecOutcome, ExecResult, Output, RunOptions, Sandbox};
 pub use template::{Template, TemplateError};

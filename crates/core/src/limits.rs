@@ -75,6 +75,16 @@ pub fn parse_size(s: &str) -> Result<u64, SizeError> {
     Ok((value * mult as f64).round() as u64)
 }
 
+/// Formats seconds for people: `5`, `1.5`.
+pub fn format_secs(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s.fract() == 0.0 {
+        format!("{s:.0}")
+    } else {
+        format!("{s}")
+    }
+}
+
 /// Formats bytes for people: `1.0 GiB`, `512 KiB`, `17 B`.
 pub fn format_size(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];

@@ -11,7 +11,7 @@ use runcell_protocol::{
 };
 
 use crate::client::{AgentClient, ClientError, Replies};
-use crate::limits::{format_size, SandboxLimits};
+use crate::limits::{format_secs, format_size, SandboxLimits};
 use crate::template::Template;
 use crate::Error;
 
@@ -68,7 +68,7 @@ impl ExecOutcome {
         if self.exit.timed_out {
             out.push(format!(
                 "Execution exceeded the {} s timeout and was stopped.",
-                fmt_secs(self.timeout)
+                format_secs(self.timeout)
             ));
         }
         if self.oom_killed {
@@ -92,15 +92,6 @@ impl ExecOutcome {
             }
         }
         out
-    }
-}
-
-fn fmt_secs(d: Duration) -> String {
-    let s = d.as_secs_f64();
-    if s.fract() == 0.0 {
-        format!("{s:.0}")
-    } else {
-        format!("{s}")
     }
 }
 

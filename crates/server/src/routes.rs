@@ -655,15 +655,6 @@ fn with_marker(mut text: String, truncated: bool, stream: &str, total: u64) -> S
     text
 }
 
-fn secs(d: Duration) -> String {
-    let s = d.as_secs_f64();
-    if s.fract() == 0.0 {
-        format!("{s:.0}")
-    } else {
-        format!("{s}")
-    }
-}
-
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "runcell", params(("id" = String, Path)), request_body = ExecReq,
     responses((status = 200, body = ExecView), (status = 400, body = ErrorView), (status = 401, body = ErrorView), (status = 404, body = ErrorView),
         (status = 500, description = "Timeout: error contains \"timeout\", with the ExecView fields", body = ErrorView)))]
@@ -726,7 +717,7 @@ async fn exec(
         // contains "timeout" (see the API contract, section 6).
         let mut err = ApiError::internal(format!(
             "exec timeout after {}s: context deadline exceeded",
-            secs(r.outcome.timeout)
+            runcell_core::format_secs(r.outcome.timeout)
         ));
         err.extra = body.as_object().cloned();
         return Err(err);
@@ -810,7 +801,7 @@ async fn exec_stream(
         state.touch(&e).await;
         let last = match result {
             Ok(o) if o.exit.timed_out => SseEvent::default().event("error").data(
-                json!({"error": format!("exec timeout after {}s", secs(o.timeout))}).to_string(),
+                json!({"error": format!("exec timeout after {}s", runcell_core::format_secs(o.timeout))}).to_string(),
             ),
             Ok(o) => {
                 for m in o.messages() {
