@@ -834,10 +834,17 @@ fn need_path(q: &PathQuery) -> AppResult<&str> {
         None | Some("") => Err(ApiError::bad_request(
             "The path query parameter is required.",
         )),
-        Some(p) if !p.starts_with('/') => Err(ApiError::bad_request(format!(
+        Some(p) => absolute(p),
+    }
+}
+
+fn absolute(p: &str) -> AppResult<&str> {
+    if p.starts_with('/') {
+        Ok(p)
+    } else {
+        Err(ApiError::bad_request(format!(
             "path must be absolute, got \"{p}\""
-        ))),
-        Some(p) => Ok(p),
+        )))
     }
 }
 
@@ -914,9 +921,7 @@ async fn fs_dir(
         .clone()
         .filter(|p| !p.is_empty())
         .unwrap_or_else(|| "/".into());
-    need_path(&PathQuery {
-        path: Some(path.clone()),
-    })?;
+    absolute(&path)?;
     let entries = e.sandbox.list_dir(&path).await?;
     let entries: Vec<Value> = entries.iter().map(entry_json).collect();
     Ok(Json(json!({"path": path, "entries": entries})))
