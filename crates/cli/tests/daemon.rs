@@ -126,6 +126,15 @@ impl Drop for Daemon {
     }
 }
 
+/// Sends a request that must fail with `want` and an error naming `words`.
+async fn expect_error(rb: reqwest::RequestBuilder, want: u16, words: &str) {
+    let r = rb.send().await.unwrap();
+    let status = r.status().as_u16();
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(status, want, "{body}");
+    assert!(body["error"].as_str().unwrap().contains(words), "{body}");
+}
+
 fn data_dir(name: &str) -> std::path::PathBuf {
     let d = std::path::PathBuf::from(format!(
         "/run/runcell-test/daemon-{name}-{}",
@@ -250,106 +259,48 @@ async fn idle_ttl_is_enforced_within_two_seconds_and_persistent_is_exempt() {
 async fn bad_input_gets_clear_errors() {
     let data = data_dir("bad");
     let d = Daemon::start(&data, free_port(), &["--max-body", "1M"]);
-    let check = |status: u16, body: &Value, want: u16, words: &str| {
-        assert_eq!(status, want, "{body}");
-        assert!(body["error"].as_str().unwrap().contains(words), "{body}");
-    };
     let post = |path: &str, body: &'static str| {
         d.req(reqwest::Method::POST, path)
             .header("content-type", "application/json")
             .body(body)
-            .send()
     };
-    let r = post("/v1/sandboxes", "{not json").await.unwrap();
-    check(
-        r.status().as_u16(),
-        &r.json().await.unwrap(),
-        400,
-        "not valid JSON",
-    );
-    let r = post("/v1/sandboxes", r#"{"template":"cobol-99"}"#)
-        .await
-        .unwrap();
-    check(
-        r.status().as_u16(),
-        &r.json().await.unwrap(),
+    expect_error(post("/v1/sandboxes", "{not json"), 400, "not valid JSON").await;
+    expect_error(
+        post("/v1/sandboxes", r#"{"template":"cobol-99"}"#),
         400,
         "installed templates: host",
-    );
-    let r = post("/v1/sandboxes", r#"{"ttl_seconds":-5}"#)
-        .await
-        .unwrap();
-    check(
-        r.status().as_u16(),
-        &r.json().await.unwrap(),
+    )
+    .await;
+    expect_error(
+        post("/v1/sandboxes", r#"{"ttl_seconds":-5}"#),
         400,
         "non-negative",
-    );
-    let r = post("/v1/sandboxes/nope/exec", r#"{"cmd":"true"}"#)
-        .await
-        .unwrap();
-    check(
-        r.status().as_u16(),
-        &r.json().await.unwrap(),
+    )
+    .await;
+    expect_error(
+        post("/v1/sandboxes/nope/exec", r#"{"cmd":"true"}"#),
         404,
         "sandbox not found",
-    );
+    )
+    .await;
     let id = d.create(json!({})).await;
-    let r = d
-        .req(
-            reqwest::Method::PUT,
-            &format!("/v1/sandboxes/{id}/fs?path=/tmp/big"),
-        )
-        .body(vec![0u8; 2 << 20])
-        .send()
-        .await
-        .unwrap();
-    check(
-        r.status().as_u16(),
-        &r.json().await.unwrap(),
+    let fs = |method, path: &str| d.req(method, &format!("/v1/sandboxes/{id}/fs?path={path}"));
+    expect_error(
+        fs(reqwest::Method::PUT, "/tmp/big").body(vec![0u8; 2 << 20]),
         413,
         "larger than",
-    );
-    let r = d
-        .req(
-            reqwest::Method::GET,
-            &format!("/v1/sandboxes/{id}/fs?path=etc/passwd"),
-        )
-        .send()
-        .await
-        .unwrap();
-    check(
-        r.status().as_u16(),
-        &r.json().await.unwrap(),
-        400,
-        "absolute",
-    );
-    let r = d
-        .req(
-            reqwest::Method::GET,
-            &format!("/v1/sandboxes/{id}/fs?path=/no/such"),
-        )
-        .send()
-        .await
-        .unwrap();
-    check(
-        r.status().as_u16(),
-        &r.json().await.unwrap(),
-        404,
-        "No such file",
-    );
-    let r = reqwest::Client::new()
-        .get(format!("{}/v1/sandboxes", d.url))
-        .bearer_auth("wrong")
-        .send()
-        .await
-        .unwrap();
-    check(
-        r.status().as_u16(),
-        &r.json().await.unwrap(),
+    )
+    .await;
+    expect_error(fs(reqwest::Method::GET, "etc/passwd"), 400, "absolute").await;
+    expect_error(fs(reqwest::Method::GET, "/no/such"), 404, "No such file").await;
+    expect_error(
+        reqwest::Client::new()
+            .get(format!("{}/v1/sandboxes", d.url))
+            .bearer_auth("wrong"),
         401,
         "unauthorized",
-    );
+    )
+    .await;
     // The sandbox lost nothing through all that.
     let (s, body) = d.exec(&id, "echo fine").await;
     assert_eq!((s, body["stdout"].as_str().unwrap()), (200, "fine\n"));
