@@ -37,7 +37,8 @@ const CODE_DIR: &str = "/run/runcell/code";
 
 static CODE_SEQ: AtomicU64 = AtomicU64::new(0);
 
-fn base_env(agent: &Agent) -> BTreeMap<String, String> {
+/// The environment every process in the sandbox starts with.
+pub(crate) fn base_env(agent: &Agent) -> BTreeMap<String, String> {
     let u = &agent.spec.user;
     [
         (

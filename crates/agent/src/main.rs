@@ -7,6 +7,7 @@
 //! listening socket the host bound for it. It reaps every orphan, as an init
 //! must.
 
+mod context;
 mod exec;
 mod files;
 mod procs;

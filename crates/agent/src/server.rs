@@ -16,7 +16,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, watch};
 
 use crate::reaper::Reaper;
-use crate::{exec, files, procs};
+use crate::{context, exec, files, procs};
 
 /// Errors that stop the agent.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +43,8 @@ pub struct Agent {
     deadline: watch::Sender<Option<u64>>,
     /// Pids of running execs, by (connection, request id).
     pub running: Mutex<HashMap<(u64, u64), i32>>,
+    /// Code contexts.
+    pub contexts: context::Contexts,
 }
 
 /// Sends one event for request `id`.
@@ -72,6 +74,7 @@ pub async fn run(boot: Bootstrap) -> Result<(), ServeError> {
         started: Instant::now(),
         deadline,
         running: Mutex::new(HashMap::new()),
+        contexts: context::Contexts::default(),
     });
     tokio::spawn(enforce_deadline(deadline_rx));
     if agent.spec.exit_on_host_close {
@@ -279,5 +282,21 @@ async fn handle(
         Request::Ping => {
             send(&out, id, Event::Done, Vec::new()).await;
         }
+        Request::ContextCreate(req) => context::create(&agent, id, req, &out).await,
+        Request::ContextRun {
+            context_id,
+            timeout_ms,
+            output_limit,
+        } => {
+            let timeout = Duration::from_millis(timeout_ms);
+            context::run(&agent, id, &context_id, timeout, output_limit, body, &out).await
+        }
+        Request::ContextRestart { context_id } => {
+            context::restart(&agent, id, &context_id, &out).await
+        }
+        Request::ContextDelete { context_id } => {
+            context::delete(&agent, id, &context_id, &out).await
+        }
+        Request::ContextList => context::list(&agent, id, &out).await,
     }
 }

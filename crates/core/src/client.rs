@@ -44,7 +44,7 @@ pub enum ClientError {
     },
     /// The agent answered with an unexpected event.
     #[error("The sandbox agent sent an unexpected reply.")]
-    Unexpected(Event),
+    Unexpected(Box<Event>),
 }
 
 type Pending = Arc<Mutex<HashMap<u64, mpsc::Sender<(Event, Vec<u8>)>>>>;
@@ -96,7 +96,7 @@ impl AgentClient {
                 }
                 sandbox_id
             }
-            other => return Err(ClientError::Unexpected(other)),
+            other => return Err(ClientError::Unexpected(Box::new(other))),
         };
         let pending: Pending = Arc::default();
         let p = pending.clone();

@@ -21,12 +21,14 @@
 //! ```
 
 mod client;
+mod context;
 mod limits;
 mod runtime;
 mod sandbox;
 mod template;
 
 pub use client::{AgentClient, ClientError};
+pub use context::{CellEvent, CellReport, CellRun, ContextOptions, MimeBundle};
 pub use limits::{format_secs, format_size, parse_size, SandboxLimits, SizeError};
 pub use runtime::{Runtime, RuntimeConfig, SandboxOptions};
 pub use sandbox::{truncation_marker, ExecOutcome, ExecResult, Output, RunOptions, Sandbox};

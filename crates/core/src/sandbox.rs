@@ -162,6 +162,10 @@ impl Sandbox {
         self.jail().pid()
     }
 
+    pub(crate) fn agent(&self) -> &AgentClient {
+        &self.agent
+    }
+
     /// Cgroup counters.
     pub fn counters(&self) -> Counters {
         self.jail().counters()
@@ -287,7 +291,7 @@ impl Sandbox {
                 (Event::Error { kind, message }, _) => {
                     return Err(ClientError::Agent { kind, message }.into())
                 }
-                (other, _) => return Err(ClientError::Unexpected(other).into()),
+                (other, _) => return Err(ClientError::Unexpected(Box::new(other)).into()),
             }
         }
     }
@@ -307,7 +311,7 @@ impl Sandbox {
             };
             match self.agent.call(req, now.to_vec()).await? {
                 (Event::Written { bytes }, _) => written += bytes,
-                (other, _) => return Err(ClientError::Unexpected(other).into()),
+                (other, _) => return Err(ClientError::Unexpected(Box::new(other)).into()),
             }
             first = false;
             rest = later;
@@ -325,7 +329,7 @@ impl Sandbox {
             .await?
         {
             (Event::Dir { entries }, _) => Ok(entries),
-            (other, _) => Err(ClientError::Unexpected(other).into()),
+            (other, _) => Err(ClientError::Unexpected(Box::new(other)).into()),
         }
     }
 
@@ -337,7 +341,7 @@ impl Sandbox {
             .await?
         {
             (Event::Stat(s), _) => Ok(s),
-            (other, _) => Err(ClientError::Unexpected(other).into()),
+            (other, _) => Err(ClientError::Unexpected(Box::new(other)).into()),
         }
     }
 
@@ -359,7 +363,7 @@ impl Sandbox {
     pub async fn stats(&self) -> Result<AgentStats, Error> {
         match self.agent.call(Request::Stats, Vec::new()).await? {
             (Event::Stats(s), _) => Ok(s),
-            (other, _) => Err(ClientError::Unexpected(other).into()),
+            (other, _) => Err(ClientError::Unexpected(Box::new(other)).into()),
         }
     }
 
@@ -403,7 +407,7 @@ async fn read_run(
             (Event::Error { kind, message }, _) => {
                 return Err(ClientError::Agent { kind, message })
             }
-            (other, _) => return Err(ClientError::Unexpected(other)),
+            (other, _) => return Err(ClientError::Unexpected(Box::new(other))),
         }
     }
 }

@@ -72,6 +72,7 @@ impl Template {
                     "timezone",
                     "os-release",
                     "mime.types",
+                    "matplotlibrc",
                     "python3",
                     "python3.11",
                     "bash.bashrc",

@@ -486,3 +486,32 @@ pub fn drop_privileges(uid: u32, gid: u32) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Places `fds[i]` at descriptor `3 + i` in a child between fork and exec,
+/// without close-on-exec, so the program it runs inherits them there. Only
+/// makes async-signal-safe syscalls.
+pub fn place_fds(fds: &[std::os::fd::RawFd]) -> io::Result<()> {
+    let mut high = [0 as libc::c_int; 8];
+    if fds.len() > high.len() {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: fcntl/dup2/close on descriptors this process owns; no memory is
+    // touched but the local array. Copying every descriptor above the target
+    // range first means no dup2 overwrites a source still to be copied.
+    unsafe {
+        for (i, &fd) in fds.iter().enumerate() {
+            let h = libc::fcntl(fd, libc::F_DUPFD, 64);
+            if h < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            high[i] = h;
+        }
+        for (i, &h) in high[..fds.len()].iter().enumerate() {
+            if libc::dup2(h, 3 + i as libc::c_int) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            libc::close(h);
+        }
+    }
+    Ok(())
+}

@@ -143,6 +143,140 @@ pub enum Request {
     Shutdown,
     /// Liveness check; answered by `Done`.
     Ping,
+    /// Start a code context (a long-lived interpreter); answered by `Context`
+    /// once the interpreter is ready.
+    ContextCreate(ContextCreateRequest),
+    /// Run a cell in a context. The frame body is the source code. Answered by
+    /// `Stdout`/`Stderr` chunks and `Result` events, then `CellDone`.
+    ContextRun {
+        /// The context.
+        context_id: String,
+        /// Wall-clock limit in milliseconds; the interpreter is interrupted,
+        /// then restarted if it does not come back.
+        timeout_ms: u64,
+        /// Bytes of each of stdout and stderr that are forwarded.
+        output_limit: u64,
+    },
+    /// Kill a context's interpreter and start a fresh one; answered by `Context`.
+    ContextRestart {
+        /// The context.
+        context_id: String,
+    },
+    /// Stop a context; answered by `Done`.
+    ContextDelete {
+        /// The context.
+        context_id: String,
+    },
+    /// List contexts; answered by `Contexts`.
+    ContextList,
+}
+
+/// Start a code context.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContextCreateRequest {
+    /// The interpreter's language.
+    pub language: Language,
+    /// Working directory; the sandbox user's home when absent.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Extra environment variables.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Python modules imported before the context reports ready.
+    #[serde(default)]
+    pub preload: Vec<String>,
+}
+
+/// A code context.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContextInfo {
+    /// Id, unique within the sandbox (16 hex digits).
+    pub id: String,
+    /// Language.
+    pub language: Language,
+    /// Working directory it started in.
+    pub cwd: String,
+    /// Creation time, unix milliseconds.
+    pub created_unix_ms: u64,
+    /// Cells run so far.
+    pub cells: u64,
+    /// Times the interpreter was restarted (state lost each time).
+    pub restarts: u64,
+    /// The interpreter's pid inside the sandbox.
+    pub pid: i32,
+    /// Preload modules that failed to import, with the error.
+    #[serde(default)]
+    pub preload_errors: Vec<String>,
+}
+
+/// An exception raised by a cell.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CellError {
+    /// Exception class name (`ZeroDivisionError`).
+    pub name: String,
+    /// Its message.
+    pub value: String,
+    /// The formatted traceback, showing the cell's own lines.
+    pub traceback: String,
+}
+
+/// How a cell ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CellOutcome {
+    /// 0, 1 after an uncaught exception, the `SystemExit`/`exit` code, or
+    /// 128 + signal when the interpreter died.
+    pub exit_code: i32,
+    /// The uncaught exception, if any.
+    pub error: Option<CellError>,
+    /// Wall-clock duration in milliseconds.
+    pub duration_ms: u64,
+    /// Total bytes written to stdout (including any not forwarded).
+    pub stdout_bytes: u64,
+    /// Total bytes written to stderr (including any not forwarded).
+    pub stderr_bytes: u64,
+    /// Stdout was cut at the output limit.
+    pub stdout_truncated: bool,
+    /// Stderr was cut at the output limit.
+    pub stderr_truncated: bool,
+    /// The cell ran past its timeout.
+    pub timed_out: bool,
+    /// The interpreter died during the cell (crash, `os._exit`, or killed
+    /// after a timeout): a sentence saying how.
+    pub crashed: Option<String>,
+    /// A fresh interpreter was started; everything defined before is gone.
+    pub state_lost: bool,
+    /// Results dropped because they exceeded the size limit.
+    pub results_dropped: u32,
+}
+
+impl CellOutcome {
+    /// Plain sentences about what went wrong, for people and models.
+    pub fn messages(&self, language: Language, timeout_ms: u64) -> Vec<String> {
+        let mut m = Vec::new();
+        if self.timed_out {
+            let secs = timeout_ms as f64 / 1000.0;
+            if self.state_lost {
+                m.push(format!(
+                    "The cell timed out after {secs}s and the {language} interpreter did not respond to the interrupt, so it was killed and restarted: variables, imports and other state from earlier cells are lost."
+                ));
+            } else {
+                m.push(format!(
+                    "The cell timed out after {secs}s and was interrupted; the context's earlier state is kept."
+                ));
+            }
+        } else if let Some(c) = &self.crashed {
+            m.push(format!(
+                "{c} The interpreter was restarted: variables, imports and other state from earlier cells are lost."
+            ));
+        }
+        if self.results_dropped > 0 {
+            m.push(format!(
+                "{} result(s) were dropped because they were larger than the limit.",
+                self.results_dropped
+            ));
+        }
+        m
+    }
 }
 
 /// Which output stream a chunk came from.
@@ -288,6 +422,21 @@ pub enum Event {
     Stats(AgentStats),
     /// The request succeeded with nothing to report.
     Done,
+    /// A context was started or restarted.
+    Context {
+        /// The context (not flattened: its `id` would clash with the message's).
+        context: ContextInfo,
+    },
+    /// Every context of the sandbox.
+    Contexts {
+        /// The contexts, oldest first.
+        contexts: Vec<ContextInfo>,
+    },
+    /// A rich result of a cell: the body is a JSON object mapping MIME types
+    /// to strings (a MIME bundle; binary types are base64).
+    Result,
+    /// A cell finished; last event of a `ContextRun`.
+    CellDone(CellOutcome),
     /// The request failed; last event of that request.
     Error {
         /// The kind of failure.
@@ -302,7 +451,7 @@ impl Event {
     pub fn is_final(&self) -> bool {
         !matches!(
             self,
-            Event::ExecStarted { .. } | Event::Stdout | Event::Stderr | Event::Data
+            Event::ExecStarted { .. } | Event::Stdout | Event::Stderr | Event::Data | Event::Result
         )
     }
 }
