@@ -7,6 +7,7 @@ pub mod keys;
 mod logs;
 mod metrics;
 mod registry;
+mod repl;
 mod routes;
 mod state;
 pub mod views;

@@ -13,7 +13,7 @@ use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post};
+use axum::routing::{delete as delete_route, get, post};
 use axum::{Json, Router};
 use futures_util::StreamExt;
 use runcell_core::{format_size, Output, RunOptions, SandboxLimits, SandboxOptions};
@@ -24,11 +24,12 @@ use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::registry::Record;
+use crate::repl;
 use crate::state::{now_ms, AppState, Entry};
 use crate::views::*;
 
-type AppResult<T> = Result<T, ApiError>;
-type St = State<Arc<AppState>>;
+pub(crate) type AppResult<T> = Result<T, ApiError>;
+pub(crate) type St = State<Arc<AppState>>;
 
 /// The OpenAPI document, generated from the handlers and their types.
 #[derive(utoipa::OpenApi)]
@@ -53,7 +54,12 @@ type St = State<Arc<AppState>>;
         lifecycle,
         set_lifecycle,
         templates,
-        template
+        template,
+        repl::create,
+        repl::list,
+        repl::run,
+        repl::restart,
+        repl::delete
     ),
     components(schemas(
         SandboxView,
@@ -66,7 +72,10 @@ type St = State<Arc<AppState>>;
         WrittenView,
         TemplateView,
         MeView,
-        ErrorView
+        ErrorView,
+        SessionView,
+        CellView,
+        ExceptionView
     ))
 )]
 pub struct ApiDoc;
@@ -92,10 +101,18 @@ pub fn router(state: Arc<AppState>) -> Router {
             get(lifecycle).patch(set_lifecycle),
         )
         .route("/sandboxes/{id}/logs", get(logs))
-        .route("/sandboxes/{id}/repl/sessions", any(repl_unavailable))
         .route(
-            "/sandboxes/{id}/repl/sessions/{*rest}",
-            any(repl_unavailable),
+            "/sandboxes/{id}/repl/sessions",
+            get(repl::list).post(repl::create),
+        )
+        .route(
+            "/sandboxes/{id}/repl/sessions/{sid}",
+            delete_route(repl::delete),
+        )
+        .route("/sandboxes/{id}/repl/sessions/{sid}/run", post(repl::run))
+        .route(
+            "/sandboxes/{id}/repl/sessions/{sid}/restart",
+            post(repl::restart),
         )
         .route("/templates", get(templates))
         .route("/templates/{name}", get(template))
@@ -164,13 +181,6 @@ async fn no_route() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "There is no such route in this API.")
 }
 
-async fn repl_unavailable() -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        "Code contexts (repl/sessions) are not available in this runcell version yet; use /exec.",
-    )
-}
-
 /// Bearer-token check for every /v1 route.
 async fn auth(State(state): St, req: Request, next: Next) -> Response {
     // The API description is public, as /healthz and /metrics are.
@@ -223,7 +233,7 @@ pub struct Workspace(pub String);
 
 /// A JSON body with runcell's error shapes: 413 over the size limit, 400
 /// for anything malformed.
-struct JsonBody<T>(T);
+pub(crate) struct JsonBody<T>(pub(crate) T);
 
 impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
     type Rejection = ApiError;
@@ -244,7 +254,7 @@ impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
 }
 
 /// Raw body bytes, limited to the configured size.
-struct RawBody(Bytes);
+pub(crate) struct RawBody(pub(crate) Bytes);
 
 impl FromRequest<Arc<AppState>> for RawBody {
     type Rejection = ApiError;
@@ -318,7 +328,7 @@ fn limits_json(l: &SandboxLimits) -> Value {
     serde_json::to_value(limits_view(l)).expect("limits serialize")
 }
 
-fn rfc3339(unix: i64) -> String {
+pub(crate) fn rfc3339(unix: i64) -> String {
     // Civil-from-days (Howard Hinnant's algorithm), UTC.
     let days = unix.div_euclid(86_400);
     let secs = unix.rem_euclid(86_400);
@@ -581,7 +591,7 @@ async fn list(
 
 /// A sandbox of the caller's workspace; another workspace's sandbox is
 /// answered exactly as a missing one.
-fn find(state: &AppState, ws: &Workspace, id: &str) -> AppResult<Arc<Entry>> {
+pub(crate) fn find(state: &AppState, ws: &Workspace, id: &str) -> AppResult<Arc<Entry>> {
     state
         .entry(id)
         .filter(|e| e.record.lock().expect("record lock").workspace == ws.0)
@@ -644,7 +654,7 @@ fn run_options(state: &AppState, e: &Entry, req: &ExecReq) -> AppResult<RunOptio
     })
 }
 
-fn with_marker(mut text: String, truncated: bool, stream: &str, total: u64) -> String {
+pub(crate) fn with_marker(mut text: String, truncated: bool, stream: &str, total: u64) -> String {
     if truncated {
         if !text.ends_with('\n') && !text.is_empty() {
             text.push('\n');

@@ -178,3 +178,81 @@ pub struct ErrorView {
     /// A sentence.
     pub error: String,
 }
+
+/// A code context (a PandaStack REPL session).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SessionView {
+    /// Session id (16 hex digits).
+    pub id: String,
+    /// The same id, under the name PandaStack's docs use.
+    pub session_id: String,
+    /// The sandbox.
+    pub sandbox_id: String,
+    /// `python`, `javascript` or `bash`.
+    pub language: String,
+    /// RFC 3339.
+    pub created_at: String,
+    /// Cells run so far.
+    pub cells: u64,
+    /// Times the interpreter was restarted (state is lost each time).
+    pub restarts: u64,
+    /// Preload modules that failed to import.
+    pub preload_errors: Vec<String>,
+}
+
+/// An exception raised by a cell.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ExceptionView {
+    /// Class name, e.g. `ZeroDivisionError`.
+    pub name: String,
+    /// Its message.
+    pub value: String,
+    /// The traceback, showing the cell's lines.
+    pub traceback: String,
+}
+
+/// The result of a cell. On a timeout the same fields come with a 500 and an
+/// `error` that contains "timeout".
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CellView {
+    /// Standard output (capped; a marker line gives the total when cut).
+    pub stdout: String,
+    /// Standard error (capped likewise).
+    pub stderr: String,
+    /// 0; 1 after an uncaught exception; the SystemExit code; 128 + signal
+    /// when the interpreter died.
+    pub exit: i32,
+    /// The same as `exit`.
+    pub exit_code: i32,
+    /// MIME bundles: the last expression's value, display() calls, figures.
+    #[schema(value_type = Vec<Object>)]
+    pub results: Vec<std::collections::BTreeMap<String, String>>,
+    /// Wall-clock duration.
+    pub duration_ms: u64,
+    /// The traceback of an uncaught exception, or what happened to the
+    /// interpreter; absent when the cell succeeded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The uncaught exception, structured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exception: Option<ExceptionView>,
+    /// The cell hit its timeout.
+    pub timed_out: bool,
+    /// The interpreter was restarted during this cell: earlier state is gone.
+    pub state_lost: bool,
+    /// How the interpreter died, when it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub crashed: Option<String>,
+    /// A process was killed for exceeding the memory limit.
+    pub oom_killed: bool,
+    /// Stdout was cut.
+    pub stdout_truncated: bool,
+    /// Stderr was cut.
+    pub stderr_truncated: bool,
+    /// Total bytes written to stdout.
+    pub stdout_bytes: u64,
+    /// Total bytes written to stderr.
+    pub stderr_bytes: u64,
+    /// Plain sentences about what went wrong.
+    pub messages: Vec<String>,
+}

@@ -1,0 +1,265 @@
+//! Code contexts over HTTP: the PandaStack `repl/sessions` routes, for
+//! Python, JavaScript and bash, with runcell's extra fields.
+
+use std::time::Duration;
+
+use axum::extract::{Extension, Path};
+use axum::http::StatusCode;
+use axum::Json;
+use runcell_core::{CellEvent, ClientError, ContextOptions, Output};
+use runcell_protocol::{ContextInfo, ErrorKind, Language};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::ApiError;
+use crate::routes::{find, rfc3339, with_marker, AppResult, JsonBody, RawBody, St, Workspace};
+use crate::state::{AppState, Entry};
+use crate::views::{CellView, ErrorView, ExceptionView, SessionView};
+
+/// A missing session is a 404 with PandaStack's message.
+fn session_error(e: runcell_core::Error) -> ApiError {
+    match &e {
+        runcell_core::Error::Agent(ClientError::Agent {
+            kind: ErrorKind::NotFound,
+            ..
+        }) => ApiError::new(StatusCode::NOT_FOUND, "session not found"),
+        _ => e.into(),
+    }
+}
+
+fn view(e: &Entry, c: &ContextInfo) -> SessionView {
+    SessionView {
+        id: c.id.clone(),
+        session_id: c.id.clone(),
+        sandbox_id: e.sandbox.id().to_string(),
+        language: c.language.name().into(),
+        created_at: rfc3339((c.created_unix_ms / 1000) as i64),
+        cells: c.cells,
+        restarts: c.restarts,
+        preload_errors: c.preload_errors.clone(),
+    }
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+pub(crate) struct CreateSessionReq {
+    /// `python` (default), `javascript` or `bash`, with the usual aliases.
+    language: Option<String>,
+    /// Working directory.
+    cwd: Option<String>,
+    /// Extra environment variables.
+    #[serde(default, alias = "env")]
+    envs: std::collections::BTreeMap<String, String>,
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/repl/sessions", tag = "runcell", params(("id" = String, Path)), request_body = CreateSessionReq,
+    responses((status = 201, body = SessionView), (status = 400, body = ErrorView), (status = 404, body = ErrorView)))]
+pub(crate) async fn create(
+    axum::extract::State(state): St,
+    Extension(ws): Extension<Workspace>,
+    Path(id): Path<String>,
+    RawBody(body): RawBody,
+) -> AppResult<(StatusCode, Json<SessionView>)> {
+    let e = find(&state, &ws, &id)?;
+    // An empty body means a Python session with defaults.
+    let req: CreateSessionReq = if body.iter().all(|b| b.is_ascii_whitespace()) {
+        CreateSessionReq {
+            language: None,
+            cwd: None,
+            envs: Default::default(),
+        }
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            ApiError::bad_request(format!(
+                "The request body is not valid JSON for this route: {e}."
+            ))
+        })?
+    };
+    let language: Language = req
+        .language
+        .as_deref()
+        .unwrap_or("python")
+        .parse()
+        .map_err(|e: runcell_protocol::UnknownLanguage| ApiError::bad_request(e.to_string()))?;
+    state.touch(&e).await;
+    let mut env = e.record.lock().expect("record lock").env.clone();
+    env.extend(req.envs);
+    let mut opts = ContextOptions::new(language);
+    opts.cwd = req.cwd;
+    opts.env = env;
+    let info = e.sandbox.create_context(opts).await?;
+    Ok((StatusCode::CREATED, Json(view(&e, &info))))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/repl/sessions", tag = "runcell", params(("id" = String, Path)),
+    responses((status = 200, body = Vec<SessionView>), (status = 404, body = ErrorView)))]
+pub(crate) async fn list(
+    axum::extract::State(state): St,
+    Extension(ws): Extension<Workspace>,
+    Path(id): Path<String>,
+) -> AppResult<Json<Vec<SessionView>>> {
+    let e = find(&state, &ws, &id)?;
+    let contexts = e.sandbox.list_contexts().await?;
+    Ok(Json(contexts.iter().map(|c| view(&e, c)).collect()))
+}
+
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/repl/sessions/{sid}", tag = "runcell", params(("id" = String, Path), ("sid" = String, Path)),
+    responses((status = 204, description = "Closed"), (status = 404, body = ErrorView)))]
+pub(crate) async fn delete(
+    axum::extract::State(state): St,
+    Extension(ws): Extension<Workspace>,
+    Path((id, sid)): Path<(String, String)>,
+) -> AppResult<StatusCode> {
+    let e = find(&state, &ws, &id)?;
+    e.sandbox
+        .delete_context(&sid)
+        .await
+        .map_err(session_error)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/repl/sessions/{sid}/restart", tag = "runcell", params(("id" = String, Path), ("sid" = String, Path)),
+    responses((status = 200, body = SessionView), (status = 404, body = ErrorView)))]
+pub(crate) async fn restart(
+    axum::extract::State(state): St,
+    Extension(ws): Extension<Workspace>,
+    Path((id, sid)): Path<(String, String)>,
+) -> AppResult<Json<SessionView>> {
+    let e = find(&state, &ws, &id)?;
+    state.touch(&e).await;
+    let info = e
+        .sandbox
+        .restart_context(&sid)
+        .await
+        .map_err(session_error)?;
+    Ok(Json(view(&e, &info)))
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+pub(crate) struct RunReq {
+    /// The cell's source code.
+    code: String,
+    /// Timeout in milliseconds; the sandbox's default when absent or not positive.
+    timeout_ms: Option<i64>,
+}
+
+fn cell_timeout(state: &AppState, e: &Entry, req: &RunReq) -> Duration {
+    match req.timeout_ms {
+        Some(ms) if ms > 0 => Duration::from_millis(ms as u64).min(state.config.max_exec_timeout),
+        _ => e.sandbox.limits().timeout,
+    }
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/repl/sessions/{sid}/run", tag = "runcell", params(("id" = String, Path), ("sid" = String, Path)), request_body = RunReq,
+    responses((status = 200, body = CellView), (status = 400, body = ErrorView), (status = 404, body = ErrorView),
+        (status = 500, description = "Timeout: error contains \"timeout\", with the CellView fields", body = ErrorView)))]
+pub(crate) async fn run(
+    axum::extract::State(state): St,
+    Extension(ws): Extension<Workspace>,
+    Path((id, sid)): Path<(String, String)>,
+    JsonBody(req): JsonBody<RunReq>,
+) -> AppResult<Json<Value>> {
+    let e = find(&state, &ws, &id)?;
+    if req.code.trim().is_empty() {
+        return Err(ApiError::bad_request("code required"));
+    }
+    let timeout = cell_timeout(&state, &e, &req);
+    state.touch(&e).await;
+    let started = std::time::Instant::now();
+    let (mut stdout, mut stderr, mut results) = (Vec::new(), Vec::new(), Vec::new());
+    let report = e
+        .sandbox
+        .run_cell_streaming(&sid, &req.code, Some(timeout), |ev| match ev {
+            CellEvent::Output(s, b) => {
+                e.log.append(s, &String::from_utf8_lossy(b));
+                match s {
+                    Output::Stdout => stdout.extend_from_slice(b),
+                    Output::Stderr => stderr.extend_from_slice(b),
+                }
+            }
+            CellEvent::Result(r) => results.push(r),
+        })
+        .await
+        .map_err(session_error)?;
+    state.metrics.exec_latency.observe(started.elapsed());
+    state.touch(&e).await;
+    let o = &report.outcome;
+    let mut messages = Vec::new();
+    if o.timed_out || o.crashed.is_some() {
+        // Only the sentences about a timeout or crash name the language.
+        let language = e
+            .sandbox
+            .list_contexts()
+            .await?
+            .into_iter()
+            .find(|c| c.id == sid)
+            .map_or(Language::Python, |c| c.language);
+        messages = o.messages(language, timeout.as_millis() as u64);
+    } else if o.results_dropped > 0 {
+        messages = o.messages(Language::Python, 0);
+    }
+    if report.oom_killed {
+        messages.push(format!(
+            "The sandbox ran out of memory (limit {}) and a process was killed.",
+            runcell_core::format_size(e.sandbox.limits().memory_bytes)
+        ));
+    }
+    for (name, truncated, total) in [
+        ("stdout", o.stdout_truncated, o.stdout_bytes),
+        ("stderr", o.stderr_truncated, o.stderr_bytes),
+    ] {
+        if truncated {
+            messages.push(runcell_core::truncation_marker(name, total));
+        }
+    }
+    let error = match (&o.error, &o.crashed) {
+        (Some(x), _) => Some(x.traceback.clone()),
+        (None, Some(_)) => Some(messages.join(" ")),
+        (None, None) => None,
+    };
+    let body = serde_json::to_value(CellView {
+        stdout: with_marker(
+            String::from_utf8_lossy(&stdout).into_owned(),
+            o.stdout_truncated,
+            "stdout",
+            o.stdout_bytes,
+        ),
+        stderr: with_marker(
+            String::from_utf8_lossy(&stderr).into_owned(),
+            o.stderr_truncated,
+            "stderr",
+            o.stderr_bytes,
+        ),
+        exit: o.exit_code,
+        exit_code: o.exit_code,
+        results,
+        duration_ms: o.duration_ms,
+        error,
+        exception: o.error.as_ref().map(|x| ExceptionView {
+            name: x.name.clone(),
+            value: x.value.clone(),
+            traceback: x.traceback.clone(),
+        }),
+        timed_out: o.timed_out,
+        state_lost: o.state_lost,
+        crashed: o.crashed.clone(),
+        oom_killed: report.oom_killed,
+        stdout_truncated: o.stdout_truncated,
+        stderr_truncated: o.stderr_truncated,
+        stdout_bytes: o.stdout_bytes,
+        stderr_bytes: o.stderr_bytes,
+        messages: messages.clone(),
+    })
+    .expect("cell result serializes");
+    if o.timed_out {
+        // The PandaStack clients raise SandboxTimeout for a 5xx whose message
+        // contains "timeout" (contract, section 8.2).
+        let mut err = ApiError::internal(format!(
+            "cell timeout after {}s: {}",
+            runcell_core::format_secs(timeout),
+            messages.first().cloned().unwrap_or_default()
+        ));
+        err.extra = body.as_object().cloned();
+        return Err(err);
+    }
+    Ok(Json(body))
+}
