@@ -10,6 +10,10 @@ have() { command -v "$1" >/dev/null 2>&1; }
 # /usr/bin/python3 and /usr/bin/node inside sandboxes.
 [ -x /usr/bin/python3 ] || need+=(python3)
 [ -x /usr/bin/node ] || need+=(nodejs)
+# Code-context tests check DataFrame HTML and matplotlib figures in the host
+# template, so its Python needs pandas and matplotlib.
+/usr/bin/python3 -c 'import pandas' >/dev/null 2>&1 || need+=(python3-pandas)
+/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1 || need+=(python3-matplotlib)
 have ps || need+=(procps)
 have unshare || need+=(util-linux)
 have bwrap || need+=(bubblewrap)   # benchmark baseline
