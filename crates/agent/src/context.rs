@@ -339,7 +339,15 @@ impl Kernel {
                 format!("The working directory {cwd} does not exist in the sandbox."),
             ));
         }
-        let mut env = base_env(agent);
+        let mut env = base_env(
+            agent,
+            &runcell_protocol::ExecUser {
+                name: user.name.clone(),
+                uid: user.uid,
+                gid: user.gid,
+                home: user.home.clone(),
+            },
+        );
         env.extend(request.env.clone());
         if language == Language::Python {
             env.insert("RUNCELL_PRELOAD".into(), request.preload.join(","));

@@ -11,7 +11,9 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use runcell_protocol::{Command as Cmd, ErrorKind, Event, ExecRequest, ExitInfo, RunCodeRequest};
+use runcell_protocol::{
+    Command as Cmd, ErrorKind, Event, ExecRequest, ExecUser, ExitInfo, RunCodeRequest,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::sync::oneshot;
@@ -37,9 +39,9 @@ const CODE_DIR: &str = "/run/runcell/code";
 
 static CODE_SEQ: AtomicU64 = AtomicU64::new(0);
 
-/// The environment every process in the sandbox starts with.
-pub(crate) fn base_env(agent: &Agent) -> BTreeMap<String, String> {
-    let u = &agent.spec.user;
+/// The environment every process in the sandbox starts with, for `user`.
+pub(crate) fn base_env(agent: &Agent, user: &ExecUser) -> BTreeMap<String, String> {
+    let u = user;
     [
         (
             "PATH",
@@ -61,6 +63,7 @@ pub(crate) fn base_env(agent: &Agent) -> BTreeMap<String, String> {
 
 struct Plan {
     argv: Vec<String>,
+    user: Option<ExecUser>,
     env: BTreeMap<String, String>,
     cwd: Option<String>,
     timeout_ms: Option<u64>,
@@ -81,6 +84,7 @@ fn plan(agent: &Agent, what: What, body: Vec<u8>) -> Result<Plan, (ErrorKind, St
             };
             Ok(Plan {
                 argv,
+                user: r.user,
                 env: r.env,
                 cwd: r.cwd,
                 timeout_ms: r.timeout_ms,
@@ -103,6 +107,7 @@ fn plan(agent: &Agent, what: What, body: Vec<u8>) -> Result<Plan, (ErrorKind, St
             let _ = agent;
             Ok(Plan {
                 argv,
+                user: None,
                 env: r.env,
                 cwd: r.cwd,
                 timeout_ms: r.timeout_ms,
@@ -139,8 +144,21 @@ pub async fn exec(agent: &Agent, conn: u64, id: u64, what: What, body: Vec<u8>, 
 }
 
 async fn run(agent: &Agent, conn: u64, id: u64, plan: Plan, out: &Outbox) {
-    let user = &agent.spec.user;
-    let cwd = plan.cwd.clone().unwrap_or_else(|| user.home.clone());
+    let user = plan.user.clone().unwrap_or_else(|| {
+        let u = &agent.spec.user;
+        ExecUser {
+            name: u.name.clone(),
+            uid: u.uid,
+            gid: u.gid,
+            home: u.home.clone(),
+        }
+    });
+    // The request's directory, else the template's WORKDIR, else home.
+    let cwd = plan
+        .cwd
+        .clone()
+        .or_else(|| agent.spec.workdir.clone())
+        .unwrap_or_else(|| user.home.clone());
     if !Path::new(&cwd).is_dir() {
         return send_error(
             out,
@@ -150,7 +168,8 @@ async fn run(agent: &Agent, conn: u64, id: u64, plan: Plan, out: &Outbox) {
         )
         .await;
     }
-    let mut env = base_env(agent);
+    let mut env = base_env(agent, &user);
+    env.extend(agent.spec.env.clone());
     env.extend(plan.env);
     let mut cmd = Command::new(&plan.argv[0]);
     cmd.args(&plan.argv[1..])

@@ -3,6 +3,7 @@
 mod key;
 mod run;
 mod serve;
+mod template;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -21,7 +22,8 @@ struct Cli {
         default_value = "/run/runcell/sandboxes"
     )]
     state_dir: PathBuf,
-    /// Directory of installed templates.
+    /// Directory of installed templates [default: /var/lib/runcell/templates;
+    /// for serve, DATA_DIR/templates].
     #[arg(long, global = true, env = "RUNCELL_TEMPLATES_DIR")]
     templates_dir: Option<PathBuf>,
     /// The sandbox agent binary (default: runcell-agent next to this binary).
@@ -40,7 +42,13 @@ enum Commands {
     Serve(serve::ServeArgs),
     /// Manage the daemon's API keys and their workspaces.
     Key(key::KeyArgs),
+    /// Build, list and remove templates.
+    Template(template::TemplateArgs),
 }
+
+/// Where templates live unless --templates-dir says otherwise: the daemon's
+/// default data directory's `templates`.
+pub const DEFAULT_TEMPLATES_DIR: &str = "/var/lib/runcell/templates";
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -68,13 +76,17 @@ fn main() -> ExitCode {
     };
     let config = runcell_core::RuntimeConfig {
         state_dir: cli.state_dir,
-        templates_dir: cli.templates_dir,
+        templates_dir: Some(
+            cli.templates_dir
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_TEMPLATES_DIR)),
+        ),
         agent: cli.agent,
         ..Default::default()
     };
     let code = runtime.block_on(async {
         match command {
             Commands::Run(args) => run::run(config, args).await,
+            Commands::Template(args) => template::main(config, args).await,
             Commands::Serve(_) | Commands::Key(_) => unreachable!("handled above"),
         }
     });

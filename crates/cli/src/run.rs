@@ -216,7 +216,7 @@ pub async fn run(config: RuntimeConfig, args: RunArgs) -> u8 {
     status
 }
 
-async fn interrupted() {
+pub async fn interrupted() {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
         signal(SignalKind::interrupt()),

@@ -151,10 +151,13 @@ fn settings(
     if !(cpus > 0.0 && cpus.is_finite()) {
         return Err("cpus must be a positive number".into());
     }
+    let data_dir = args.data_dir.or(file.data_dir).unwrap_or(d.data_dir);
     let config = ServeConfig {
         listen: args.listen.or(file.listen).unwrap_or(d.listen),
-        data_dir: args.data_dir.or(file.data_dir).unwrap_or(d.data_dir),
-        templates_dir,
+        // Templates live in the data directory unless --templates-dir says
+        // otherwise (the default matches `runcell template build`'s).
+        templates_dir: Some(templates_dir.unwrap_or_else(|| data_dir.join("templates"))),
+        data_dir,
         aliases: if !args.aliases.is_empty() {
             args.aliases.into_iter().collect()
         } else {

@@ -20,6 +20,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod build;
 mod client;
 mod context;
 mod limits;
@@ -32,7 +33,7 @@ pub use context::{CellEvent, CellReport, CellRun, ContextOptions, MimeBundle};
 pub use limits::{format_secs, format_size, parse_size, SandboxLimits, SizeError};
 pub use runtime::{Runtime, RuntimeConfig, SandboxOptions};
 pub use sandbox::{truncation_marker, ExecOutcome, ExecResult, Output, RunOptions, Sandbox};
-pub use template::{Template, TemplateError};
+pub use template::{layer_path, Manifest, Template, TemplateDefaults, TemplateError, LAYERS_DIR};
 
 /// Errors from the core.
 #[derive(Debug, thiserror::Error)]

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use runcell_jail::{IdMap, Jail, JailConfig, SandboxUser, Standby};
+use runcell_jail::{IdMap, Jail, JailConfig, Standby};
 
 use crate::limits::SandboxLimits;
 use crate::sandbox::Sandbox;
@@ -103,7 +103,13 @@ impl Runtime {
         })
     }
 
-    fn jail_config(&self, id: String, template: &Template, opts: &SandboxOptions) -> JailConfig {
+    fn jail_config(
+        &self,
+        id: String,
+        template: &Template,
+        opts: &SandboxOptions,
+        host_network: bool,
+    ) -> JailConfig {
         let deadline_unix_ms = opts.max_lifetime.map(|d| {
             (SystemTime::now() + d)
                 .duration_since(UNIX_EPOCH)
@@ -118,11 +124,14 @@ impl Runtime {
             rootfs: template.rootfs.clone(),
             limits: opts.limits.jail(),
             id_map: self.config.id_map,
-            user: SandboxUser::default(),
+            user: template.user.clone().unwrap_or_default(),
             exit_on_host_close: opts.tied_to_process,
             deadline_unix_ms,
             ready_timeout: Duration::from_secs(10),
             agent_log: self.config.agent_log.clone(),
+            host_network,
+            env: template.env.clone(),
+            workdir: template.workdir.clone(),
         }
     }
 
@@ -157,6 +166,7 @@ impl Runtime {
                 uuid::Uuid::new_v4().to_string(),
                 &Template::host(),
                 &SandboxOptions::default(),
+                false,
             );
             match tokio::task::spawn_blocking(move || Standby::prepare(&cfg)).await {
                 Ok(Ok(standby)) => self
@@ -192,16 +202,38 @@ impl Runtime {
     #[tracing::instrument(skip_all, fields(template = %opts.template))]
     pub async fn create(&self, opts: SandboxOptions) -> Result<Sandbox, Error> {
         let template = self.template(&opts.template)?;
-        let standby = self.pool.ready.lock().expect("pool lock").pop_front();
+        self.create_from(template, opts, false).await
+    }
+
+    /// Creates a sandbox from a template value (`opts.template` is not
+    /// looked at). `host_network` keeps the host's network namespace: only
+    /// the template builder asks for it, so no API request can.
+    pub(crate) async fn create_from(
+        &self,
+        template: Template,
+        opts: SandboxOptions,
+        host_network: bool,
+    ) -> Result<Sandbox, Error> {
+        // Standbys already have their own network namespace.
+        let standby = if host_network {
+            None
+        } else {
+            self.pool.ready.lock().expect("pool lock").pop_front()
+        };
         let jail = match standby {
             Some(standby) => {
-                let cfg = self.jail_config(standby.id().to_string(), &template, &opts);
+                let cfg = self.jail_config(standby.id().to_string(), &template, &opts, false);
                 tokio::task::spawn_blocking(move || standby.start(&cfg))
                     .await
                     .map_err(Error::Task)??
             }
             None => {
-                let cfg = self.jail_config(uuid::Uuid::new_v4().to_string(), &template, &opts);
+                let cfg = self.jail_config(
+                    uuid::Uuid::new_v4().to_string(),
+                    &template,
+                    &opts,
+                    host_network,
+                );
                 tokio::task::spawn_blocking(move || Jail::spawn(&cfg))
                     .await
                     .map_err(Error::Task)??

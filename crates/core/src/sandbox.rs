@@ -6,8 +6,8 @@ use std::time::Duration;
 use runcell_jail::cgroup::Counters;
 use runcell_jail::Jail;
 use runcell_protocol::{
-    AgentStats, Command, ErrorKind, Event, ExecRequest, ExitInfo, FileStat, Language, Request,
-    RunCodeRequest,
+    AgentStats, Command, ErrorKind, Event, ExecRequest, ExecUser, ExitInfo, FileStat, Language,
+    Request, RunCodeRequest,
 };
 
 use crate::client::{AgentClient, ClientError, Replies};
@@ -31,6 +31,9 @@ pub struct RunOptions {
     pub stdin: Vec<u8>,
     /// Arguments after the source file (code runs only).
     pub args: Vec<String>,
+    /// Run as this user instead of the sandbox user (exec only). Only the
+    /// template builder sets it; no API request can.
+    pub user: Option<ExecUser>,
 }
 
 /// How a run ended, with the limits it hit.
@@ -185,6 +188,7 @@ impl Sandbox {
             cwd: opts.cwd.clone(),
             timeout_ms: Some(timeout.as_millis() as u64),
             output_limit: self.limits.output_bytes,
+            user: opts.user.clone(),
         });
         self.stream(req, opts.stdin.clone(), timeout, on_output)
             .await

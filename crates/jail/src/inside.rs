@@ -25,7 +25,7 @@ use nix::sched::{unshare, CloneFlags};
 use nix::sys::statvfs::{statvfs, FsFlags};
 use nix::unistd::{chdir, chown, pivot_root, sethostname, Gid, Uid};
 
-use crate::spec::{InitSpec, RootfsSpec, SandboxUser};
+use crate::spec::{InitSpec, RootfsSpec};
 
 /// Errors building the sandbox from inside.
 #[derive(Debug, thiserror::Error)]
@@ -151,6 +151,13 @@ fn build(spec: &InitSpec) -> Result<(), SetupError> {
                 &stage.join("work/root"),
             )?;
         }
+        RootfsSpec::Layers { lowers, persist } => {
+            let (upper, work) = match persist {
+                Some(dir) => (dir.join("diff"), dir.join("work")),
+                None => (stage.join("upper/root"), stage.join("work/root")),
+            };
+            overlay_layers(lowers, &root, &upper, &work)?;
+        }
         RootfsSpec::Host { paths, etc } => {
             // The root directory lives on the tmpfs; bind it to itself so it is
             // a mount point pivot_root accepts.
@@ -176,7 +183,11 @@ fn build(spec: &InitSpec) -> Result<(), SetupError> {
     chdir("/").map_err(step("entering /"))?;
 
     sethostname(&spec.hostname).map_err(step("setting the host name"))?;
-    crate::sys::loopback_up().map_err(step("bringing up loopback"))?;
+    // In the host's network namespace loopback is the host's (already up, and
+    // not ours to change).
+    if !spec.host_network {
+        crate::sys::loopback_up().map_err(step("bringing up loopback"))?;
+    }
     tracing::debug!(
         root_us = t_root.as_micros() as u64,
         populate_us = (t_populate - t_root).as_micros() as u64,
@@ -193,6 +204,16 @@ fn mkdir(path: &Path, mode: u32) -> Result<(), SetupError> {
     }
     fs::set_permissions(path, fs::Permissions::from_mode(mode))
         .map_err(step(format!("setting the mode of {}", path.display())))
+}
+
+/// Creates a directory that is missing, leaving an existing one alone: in a
+/// layered root a chmod would copy the directory up into the writable layer
+/// (and, in a template build, into the next layer).
+fn mkdir_if_missing(path: &Path, mode: u32) -> Result<bool, SetupError> {
+    if fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+        return Ok(false);
+    }
+    mkdir(path, mode).map(|()| true)
 }
 
 fn overlay(lower: &Path, target: &Path, upper: &Path, work: &Path) -> Result<(), SetupError> {
@@ -213,6 +234,65 @@ fn overlay(lower: &Path, target: &Path, upper: &Path, work: &Path) -> Result<(),
         Some(opts.as_str()),
     )
     .map_err(step(format!("overlaying {}", lower.display())))
+}
+
+/// Overlays the layers of a layered template (topmost first) as the root.
+/// Layer paths are given relative to their common parent (the mount
+/// options must fit in one page, and a template may have many layers).
+fn overlay_layers(
+    lowers: &[PathBuf],
+    target: &Path,
+    upper: &Path,
+    work: &Path,
+) -> Result<(), SetupError> {
+    let bad = |what: String| SetupError::Step {
+        step: "overlaying the template's layers".into(),
+        source: io::Error::new(io::ErrorKind::InvalidInput, what),
+    };
+    if lowers.is_empty() {
+        return Err(bad("the template has no layers".into()));
+    }
+    for p in lowers.iter().map(PathBuf::as_path).chain([upper, work]) {
+        if !p.is_absolute() || p.to_string_lossy().contains([':', ',', '\\']) {
+            return Err(bad(format!(
+                "{} is not an absolute path without ':', ',' or '\\'",
+                p.display()
+            )));
+        }
+    }
+    mkdir(upper, 0o755)?;
+    mkdir(work, 0o755)?;
+    mkdir(target, 0o755)?;
+    let mut base = lowers[0].parent().unwrap_or(Path::new("/")).to_path_buf();
+    while !lowers.iter().all(|l| l.starts_with(&base)) {
+        base = base.parent().unwrap_or(Path::new("/")).to_path_buf();
+    }
+    let lowerdir: Vec<String> = lowers
+        .iter()
+        .map(|l| l.strip_prefix(&base).unwrap_or(l).display().to_string())
+        .collect();
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={},userxattr",
+        lowerdir.join(":"),
+        upper.display(),
+        work.display()
+    );
+    // Relative lowerdirs are resolved against the working directory.
+    chdir(&base).map_err(step(format!("entering {}", base.display())))?;
+    let mounted = mount(
+        Some("overlay"),
+        target,
+        Some("overlay"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(opts.as_str()),
+    )
+    .map_err(step(format!(
+        "overlaying {} layers from {}",
+        lowers.len(),
+        base.display()
+    )));
+    chdir("/").map_err(step("leaving the layer directory"))?;
+    mounted
 }
 
 /// Bind-mounts `src` on `dst`, read-only if asked, keeping the flags the
@@ -308,6 +388,9 @@ fn write_file(path: &Path, content: &str) -> Result<(), SetupError> {
 /// Creates the directories, /etc files, /proc and /dev every sandbox has.
 fn populate(spec: &InitSpec, root: &Path, stage: &Path) -> Result<(), SetupError> {
     let user = &spec.user;
+    // A layered root is a complete image: keep what it has and write nothing
+    // into it (a template build persists every write into its next layer).
+    let layered = matches!(spec.rootfs, RootfsSpec::Layers { .. });
     for (d, mode) in [
         ("proc", 0o555),
         ("dev", 0o755),
@@ -317,18 +400,29 @@ fn populate(spec: &InitSpec, root: &Path, stage: &Path) -> Result<(), SetupError
         ("run", 0o755),
         ("root", 0o700),
     ] {
-        mkdir(&root.join(d), mode)?;
+        if layered {
+            mkdir_if_missing(&root.join(d), mode)?;
+        } else {
+            mkdir(&root.join(d), mode)?;
+        }
     }
     let home = inside(root, Path::new(&user.home));
-    mkdir(&home, 0o755)?;
-    chown(
-        &home,
-        Some(Uid::from_raw(user.uid)),
-        Some(Gid::from_raw(user.gid)),
-    )
-    .map_err(step("giving the home directory to the sandbox user"))?;
+    let make_home = if layered {
+        mkdir_if_missing(&home, 0o755)?
+    } else {
+        mkdir(&home, 0o755)?;
+        true
+    };
+    if make_home {
+        chown(
+            &home,
+            Some(Uid::from_raw(user.uid)),
+            Some(Gid::from_raw(user.gid)),
+        )
+        .map_err(step("giving the home directory to the sandbox user"))?;
+    }
 
-    synthesize_etc(spec, &root.join("etc"), user)?;
+    synthesize_etc(spec, &root.join("etc"), stage, layered)?;
 
     // /proc: a fresh instance for our pid namespace, with host-wide knobs masked.
     let proc_dir = root.join("proc");
@@ -395,38 +489,97 @@ fn populate(spec: &InitSpec, root: &Path, stage: &Path) -> Result<(), SetupError
     Ok(())
 }
 
-fn synthesize_etc(spec: &InitSpec, etc: &Path, user: &SandboxUser) -> Result<(), SetupError> {
+/// Writes the generated `/etc` files. In a layered root they are written to
+/// the writable layer's tmpfs and bind-mounted over the image's (which are
+/// created empty when missing), and the image's `passwd`, `group` and
+/// `nsswitch.conf` are kept. A sandbox in the host's network namespace sees
+/// the host's `resolv.conf` and `hosts`, read-only.
+fn synthesize_etc(
+    spec: &InitSpec,
+    etc: &Path,
+    stage: &Path,
+    layered: bool,
+) -> Result<(), SetupError> {
+    let user = &spec.user;
     let (uid, gid, name, home) = (user.uid, user.gid, &user.name, &user.home);
-    write_file(
-        &etc.join("passwd"),
-        &format!(
-            "root:x:0:0:root:/root:/bin/bash\n\
-             {name}:x:{uid}:{gid}:{name}:{home}:/bin/bash\n\
-             nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
-        ),
-    )?;
-    write_file(
-        &etc.join("group"),
-        &format!("root:x:0:\n{name}:x:{gid}:\nnogroup:x:65534:\n"),
-    )?;
-    write_file(
-        &etc.join("hosts"),
-        &format!(
-            "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{}\n",
-            spec.hostname
-        ),
-    )?;
-    write_file(&etc.join("hostname"), &format!("{}\n", spec.hostname))?;
-    // No network by default: no resolver. Lookups fail at once instead of hanging.
-    write_file(
-        &etc.join("resolv.conf"),
-        "# runcell: this sandbox has no network\n",
-    )?;
-    write_file(
-        &etc.join("nsswitch.conf"),
-        "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n",
-    )?;
+    let generated = stage.join("etc");
+    if layered {
+        mkdir(&generated, 0o755)?;
+    }
+    let place = |file: &str, content: &str| -> Result<(), SetupError> {
+        let dst = etc.join(file);
+        if !layered {
+            return write_file(&dst, content);
+        }
+        let src = generated.join(file);
+        write_file(&src, content)?;
+        bind_over(&src, &dst)
+    };
+    let keep_image = |file: &str| layered && fs::symlink_metadata(etc.join(file)).is_ok();
+    if !keep_image("passwd") {
+        place(
+            "passwd",
+            &format!(
+                "root:x:0:0:root:/root:/bin/bash\n\
+                 {name}:x:{uid}:{gid}:{name}:{home}:/bin/bash\n\
+                 nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+            ),
+        )?;
+    }
+    if !keep_image("group") {
+        place(
+            "group",
+            &format!("root:x:0:\n{name}:x:{gid}:\nnogroup:x:65534:\n"),
+        )?;
+    }
+    place("hostname", &format!("{}\n", spec.hostname))?;
+    if spec.host_network {
+        for file in ["resolv.conf", "hosts"] {
+            let dst = etc.join(file);
+            ensure_file(&dst)?;
+            bind(&Path::new("/etc").join(file), &dst, true)?;
+        }
+    } else {
+        place(
+            "hosts",
+            &format!(
+                "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{}\n",
+                spec.hostname
+            ),
+        )?;
+        // No network by default: no resolver. Lookups fail at once instead of hanging.
+        place("resolv.conf", "# runcell: this sandbox has no network\n")?;
+    }
+    if !keep_image("nsswitch.conf") {
+        place(
+            "nsswitch.conf",
+            "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n",
+        )?;
+    }
     Ok(())
+}
+
+/// Makes `path` a regular file to mount on: a symlink there (which a mount
+/// would follow) is replaced by an empty file.
+fn ensure_file(path: &Path) -> Result<(), SetupError> {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.is_file() => Ok(()),
+        Ok(_) => {
+            let _ = fs::remove_file(path);
+            File::create(path)
+                .map(drop)
+                .map_err(step(format!("creating {}", path.display())))
+        }
+        Err(_) => File::create(path)
+            .map(drop)
+            .map_err(step(format!("creating {}", path.display()))),
+    }
+}
+
+/// Bind-mounts a generated file over an image's file, read-only.
+fn bind_over(src: &Path, dst: &Path) -> Result<(), SetupError> {
+    ensure_file(dst)?;
+    bind(src, dst, true)
 }
 
 /// Turns a freshly forked child into the unprivileged sandbox user. Called in
@@ -436,6 +589,11 @@ fn synthesize_etc(spec: &InitSpec, etc: &Path, user: &SandboxUser) -> Result<(),
 /// killer always picks user code before the agent (raising needs no privilege;
 /// lowering the agent's would need CAP_SYS_RESOURCE on the host), capability bounding set emptied, groups and ids set
 /// to the sandbox user (which drops all capabilities), core dumps off.
+///
+/// `uid` 0 is root of the sandbox's user namespace (an unprivileged host
+/// uid), which only template builds ask for (`RUN apt-get ...`): it keeps
+/// the namespace's capabilities (the bounding set is left alone) but gets
+/// the same session, OOM score, `no_new_privs` and core-dump settings.
 pub fn drop_privileges(uid: u32, gid: u32) -> io::Result<()> {
     fn check(rc: libc::c_int) -> io::Result<()> {
         if rc < 0 {
@@ -456,9 +614,11 @@ pub fn drop_privileges(uid: u32, gid: u32) -> io::Result<()> {
             libc::write(fd, b"500".as_ptr().cast(), 3);
             libc::close(fd);
         }
+        let keep_capabilities = uid == 0;
         for cap in 0..=63 {
-            if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) < 0
-                && *libc::__errno_location() == libc::EINVAL
+            if keep_capabilities
+                || (libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) < 0
+                    && *libc::__errno_location() == libc::EINVAL)
             {
                 break;
             }

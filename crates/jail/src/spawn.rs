@@ -115,6 +115,14 @@ pub struct JailConfig {
     pub ready_timeout: Duration,
     /// Log filter for the agent (`RUST_LOG` syntax), written to `agent.log`.
     pub agent_log: Option<String>,
+    /// Keep the host's network namespace (no `CLONE_NEWNET`). Only template
+    /// builds set this, for `RUN apt-get ...`; a standby prepared without it
+    /// keeps its own namespace whatever `start` is given.
+    pub host_network: bool,
+    /// Environment of every process in the sandbox (the template's `ENV`).
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Default working directory (the template's `WORKDIR`).
+    pub workdir: Option<String>,
 }
 
 /// What is written to `<dir>/jail.json` so a later process can find the sandbox.
@@ -183,6 +191,7 @@ impl Drop for Cleanup {
 #[derive(Debug)]
 pub struct Standby {
     id: String,
+    host_network: bool,
     pidfd: OwnedFd,
     host_end: UnixStream,
     cleanup: Cleanup,
@@ -197,7 +206,8 @@ impl Jail {
 
 impl Standby {
     /// Does everything that does not depend on the sandbox's spec. Uses
-    /// `id`, `agent`, `state_dir`, `cgroup_parent`, `limits` and `id_map` of `cfg`.
+    /// `id`, `agent`, `state_dir`, `cgroup_parent`, `limits`, `id_map` and
+    /// `host_network` of `cfg`.
     pub fn prepare(cfg: &JailConfig) -> Result<Standby, SpawnError> {
         if !nix::unistd::geteuid().is_root() {
             return Err(SpawnError::NotRoot);
@@ -270,12 +280,14 @@ impl Standby {
             devnull: devnull.as_raw_fd(),
             agent: agent.as_raw_fd(),
         };
-        let flags = (libc::CLONE_NEWUSER
+        let mut flags = (libc::CLONE_NEWUSER
             | libc::CLONE_NEWPID
             | libc::CLONE_NEWNS
-            | libc::CLONE_NEWNET
             | libc::CLONE_NEWIPC
             | libc::CLONE_NEWUTS) as libc::c_ulong;
+        if !cfg.host_network {
+            flags |= libc::CLONE_NEWNET as libc::c_ulong;
+        }
 
         // SAFETY: the child branch runs only `child_exec`, which makes raw,
         // async-signal-safe syscalls on pre-built data and never returns.
@@ -312,6 +324,7 @@ impl Standby {
         );
         Ok(Standby {
             id: cfg.id.clone(),
+            host_network: cfg.host_network,
             pidfd,
             host_end,
             cleanup,
@@ -324,8 +337,8 @@ impl Standby {
     }
 
     /// Sends the spec and waits until the sandbox is ready. Uses everything in
-    /// `cfg` except `id`, `agent`, `state_dir`, `cgroup_parent` and `id_map`,
-    /// which were fixed by [`Standby::prepare`].
+    /// `cfg` except `id`, `agent`, `state_dir`, `cgroup_parent`, `id_map`
+    /// and `host_network`, which were fixed by [`Standby::prepare`].
     pub fn start(mut self, cfg: &JailConfig) -> Result<Jail, SpawnError> {
         let t0 = std::time::Instant::now();
         let dir = self.cleanup.dir.clone();
@@ -342,6 +355,9 @@ impl Standby {
             user: cfg.user.clone(),
             exit_on_host_close: cfg.exit_on_host_close,
             deadline_unix_ms: cfg.deadline_unix_ms,
+            host_network: self.host_network,
+            env: cfg.env.clone(),
+            workdir: cfg.workdir.clone(),
         };
         let spec = serde_json::to_vec(&spec).expect("spec serializes");
         let mut msg = Vec::with_capacity(4 + spec.len());

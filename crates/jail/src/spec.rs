@@ -1,5 +1,6 @@
 //! What the host tells the agent about the sandbox it must build.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -23,6 +24,22 @@ pub enum RootfsSpec {
     Directory {
         /// The template's root tree on the host.
         path: PathBuf,
+    },
+    /// A layered template (built by `runcell template build`): its layer
+    /// directories are overlaid as the root, topmost first. The image's own
+    /// `/etc/passwd` and `/etc/group` are kept; `hosts`, `hostname` and
+    /// `resolv.conf` are bind-mounted over the image's, so nothing is written
+    /// into the root when the sandbox starts.
+    Layers {
+        /// Layer directories on the host, topmost first.
+        lowers: Vec<PathBuf>,
+        /// Where the writable layer goes. Absent: the private tmpfs, as for
+        /// every other kind. Present (template builds only): this host
+        /// directory, which must hold `diff` and `work` subdirectories owned
+        /// by root of the sandbox; what the sandbox writes lands in `diff`
+        /// and outlives it, to become the next layer.
+        #[serde(default)]
+        persist: Option<PathBuf>,
     },
 }
 
@@ -115,4 +132,17 @@ pub struct InitSpec {
     pub exit_on_host_close: bool,
     /// Hard deadline (unix ms) after which the agent stops the sandbox itself.
     pub deadline_unix_ms: Option<u64>,
+    /// The sandbox shares the host's network namespace (template builds
+    /// only; never reachable from the API). It then sees the host's
+    /// `/etc/resolv.conf` and `/etc/hosts`, read-only.
+    #[serde(default)]
+    pub host_network: bool,
+    /// Environment every process in the sandbox starts with (the template's
+    /// `ENV`), under what a request adds.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Default working directory of processes (the template's `WORKDIR`);
+    /// the user's home when absent.
+    #[serde(default)]
+    pub workdir: Option<String>,
 }

@@ -55,6 +55,24 @@ pub struct ExecRequest {
     pub timeout_ms: Option<u64>,
     /// Bytes of each of stdout and stderr that are forwarded; the rest is counted.
     pub output_limit: u64,
+    /// Who the process runs as; the sandbox user when absent. Only the
+    /// template builder sets it (`RUN` steps run as root of the sandbox, or
+    /// as the recipe's `USER`); the API never does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<ExecUser>,
+}
+
+/// A user other than the sandbox user, for [`ExecRequest::user`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecUser {
+    /// User name (`USER`, `LOGNAME`).
+    pub name: String,
+    /// Uid inside the sandbox; 0 is root of the sandbox's user namespace.
+    pub uid: u32,
+    /// Gid inside the sandbox.
+    pub gid: u32,
+    /// Home directory (`HOME`, and the working directory when none is given).
+    pub home: String,
 }
 
 /// Run source code in a language. The frame body is the source code.

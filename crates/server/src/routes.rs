@@ -71,6 +71,7 @@ pub(crate) type St = State<Arc<AppState>>;
         DirView,
         WrittenView,
         TemplateView,
+        TemplateDefaultsView,
         MeView,
         ErrorView,
         SessionView,
@@ -398,12 +399,7 @@ async fn create(
         None => state.config.default_ttl_seconds,
     };
     let requested = req.template.clone().unwrap_or_else(|| "host".into());
-    let resolved = state
-        .config
-        .aliases
-        .get(&requested)
-        .cloned()
-        .unwrap_or_else(|| requested.clone());
+    let resolved = resolve_alias(&state, &requested);
     let template = state.runtime.template(&resolved).map_err(|_| {
         let mut installed =
             runcell_core::Template::installed(state.config.templates_dir.as_deref());
@@ -413,7 +409,11 @@ async fn create(
             installed.join(", ")
         ))
     })?;
-    let limits = apply_limits(state.config.default_limits, req.limits.unwrap_or_default())?;
+    // The template's declared defaults, then what the request asks for.
+    let limits = apply_limits(
+        template.defaults.apply(state.config.default_limits),
+        req.limits.unwrap_or_default(),
+    )?;
     // Capacity: live sandboxes plus creates in flight.
     struct Slot<'a>(&'a std::sync::atomic::AtomicUsize);
     impl Drop for Slot<'_> {
@@ -1085,21 +1085,39 @@ async fn set_lifecycle(
     Ok(Json(lifecycle_json(&record)))
 }
 
+/// The template an alias names, unless a template of that name is installed
+/// (an installed `code-interpreter` wins over the built-in alias).
+fn resolve_alias(state: &AppState, name: &str) -> String {
+    match state.config.aliases.get(name) {
+        Some(target) if state.runtime.template(name).is_err() => target.clone(),
+        _ => name.to_string(),
+    }
+}
+
 fn template_json(state: &AppState, name: &str, alias_of: Option<&str>) -> AppResult<Value> {
     let t = state
         .runtime
         .template(alias_of.unwrap_or(name))
         .map_err(ApiError::from)?;
-    let l = &state.config.default_limits;
+    let l = t.defaults.apply(state.config.default_limits);
+    let d = t.defaults;
     Ok(serde_json::to_value(TemplateView {
         name: name.into(),
         rootfs_path: String::new(),
-        size_bytes: 0,
+        size_bytes: t.size_bytes,
         cpu: (l.cpu_millis as f64 / 1000.0).ceil().max(1.0) as u64,
         memory_mb: l.memory_bytes >> 20,
         is_global: true,
         description: t.description,
         alias_of: alias_of.map(str::to_string),
+        defaults: TemplateDefaultsView {
+            memory_bytes: d.memory_bytes,
+            cpu_millis: d.cpu_millis,
+            timeout_secs: d.timeout_secs,
+            network: d.network,
+            preload: d.preload,
+        },
+        created_at: (t.created_unix > 0).then_some(t.created_unix),
     })
     .expect("serializes"))
 }
@@ -1112,6 +1130,9 @@ async fn templates(State(state): St) -> AppResult<Json<Vec<Value>>> {
         out.push(template_json(&state, &name, None)?);
     }
     for (alias, target) in &state.config.aliases {
+        if resolve_alias(&state, alias) == *alias {
+            continue; // an installed template of that name is listed already
+        }
         if let Ok(v) = template_json(&state, alias, Some(target)) {
             out.push(v);
         }
@@ -1122,7 +1143,8 @@ async fn templates(State(state): St) -> AppResult<Json<Vec<Value>>> {
 #[utoipa::path(get, path = "/v1/templates/{name}", tag = "runcell", params(("name" = String, Path)),
     responses((status = 200, body = TemplateView), (status = 404, body = ErrorView)))]
 async fn template(State(state): St, Path(name): Path<String>) -> AppResult<Json<Value>> {
-    let alias = state.config.aliases.get(&name).cloned();
+    let resolved = resolve_alias(&state, &name);
+    let alias = (resolved != name).then_some(resolved);
     template_json(&state, &name, alias.as_deref())
         .map(Json)
         .map_err(|_| ApiError::new(StatusCode::NOT_FOUND, "template not found"))

@@ -141,9 +141,9 @@ pub struct WrittenView {
 pub struct TemplateView {
     /// Name.
     pub name: String,
-    /// Always empty (templates are directories, not images).
+    /// Always empty (templates are directories and layers, not images).
     pub rootfs_path: String,
-    /// Unknown; 0.
+    /// Disk use of its layers, bytes (0 for `host` and directory templates).
     pub size_bytes: u64,
     /// Default CPU, cores.
     pub cpu: u64,
@@ -155,6 +155,26 @@ pub struct TemplateView {
     pub description: String,
     /// The installed template this alias resolves to.
     pub alias_of: Option<String>,
+    /// What the template's recipe declares (`LABEL runcell.*`); absent
+    /// fields are not set by the template.
+    pub defaults: TemplateDefaultsView,
+    /// When it was built, unix seconds (absent for `host`).
+    pub created_at: Option<u64>,
+}
+
+/// A template's declared defaults.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TemplateDefaultsView {
+    /// Memory limit, bytes.
+    pub memory_bytes: Option<u64>,
+    /// CPU, thousandths of a core.
+    pub cpu_millis: Option<u64>,
+    /// Default exec timeout, seconds.
+    pub timeout_secs: Option<u64>,
+    /// Network policy name.
+    pub network: Option<String>,
+    /// Python modules a warm context preloads.
+    pub preload: Vec<String>,
 }
 
 /// Who the key belongs to.
