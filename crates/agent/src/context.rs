@@ -332,7 +332,11 @@ impl Kernel {
             )
         })?;
         let user = &agent.spec.user;
-        let cwd = request.cwd.clone().unwrap_or_else(|| user.home.clone());
+        let cwd = request
+            .cwd
+            .clone()
+            .or_else(|| agent.spec.workdir.clone())
+            .unwrap_or_else(|| user.home.clone());
         if !Path::new(&cwd).is_dir() {
             return Err((
                 ErrorKind::InvalidInput,
@@ -348,6 +352,7 @@ impl Kernel {
                 home: user.home.clone(),
             },
         );
+        env.extend(agent.spec.env.clone());
         env.extend(request.env.clone());
         if language == Language::Python {
             env.insert("RUNCELL_PRELOAD".into(), request.preload.join(","));
@@ -494,6 +499,7 @@ pub async fn create(agent: &Agent, id: u64, request: ContextCreateRequest, out: 
                 cwd: request
                     .cwd
                     .clone()
+                    .or_else(|| agent.spec.workdir.clone())
                     .unwrap_or_else(|| agent.spec.user.home.clone()),
                 created_unix_ms: now_ms(),
                 cells: 0,

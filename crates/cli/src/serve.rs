@@ -67,6 +67,12 @@ pub struct ServeArgs {
     /// How long running requests may finish after SIGTERM/SIGINT. [default: 30s]
     #[arg(long, env = "RUNCELL_SHUTDOWN_GRACE", value_parser = parse_duration)]
     shutdown_grace: Option<Duration>,
+    /// Warm pool, TEMPLATE=N (repeatable): N sandboxes of TEMPLATE kept
+    /// ready, each with a Python context that has imported the template's
+    /// preload modules. Templates that are not installed are skipped.
+    /// [default: code-interpreter=2]
+    #[arg(long = "warm-pool", env = "RUNCELL_WARM_POOLS", value_delimiter = ',', value_parser = parse_pool)]
+    warm_pools: Vec<(String, usize)>,
     /// Template alias, NAME=TEMPLATE (repeatable).
     /// [default: code-interpreter=host, ubuntu-24.04=host]
     #[arg(long = "alias", env = "RUNCELL_ALIASES", value_delimiter = ',', value_parser = parse_alias)]
@@ -93,10 +99,18 @@ struct FileConfig {
     standby: Option<usize>,
     shutdown_grace: Option<String>,
     aliases: Option<BTreeMap<String, String>>,
+    warm_pools: Option<BTreeMap<String, usize>>,
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
     parse_size(s).map_err(|e| e.to_string())
+}
+
+fn parse_pool(s: &str) -> Result<(String, usize), String> {
+    match s.split_once('=').map(|(a, b)| (a, b.parse::<usize>())) {
+        Some((a, Ok(n))) if !a.is_empty() => Ok((a.into(), n)),
+        _ => Err(format!("\"{s}\" is not TEMPLATE=COUNT")),
+    }
 }
 
 fn parse_alias(s: &str) -> Result<(String, String), String> {
@@ -212,6 +226,11 @@ fn settings(
             .or(file.max_sandboxes)
             .unwrap_or(d.max_sandboxes),
         cgroup_parent: d.cgroup_parent,
+        warm_pools: if !args.warm_pools.is_empty() {
+            args.warm_pools.into_iter().collect()
+        } else {
+            file.warm_pools.unwrap_or(d.warm_pools)
+        },
     };
     let grace = dur(
         args.shutdown_grace,

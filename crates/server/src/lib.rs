@@ -6,6 +6,7 @@ mod error;
 pub mod keys;
 mod logs;
 mod metrics;
+mod pool;
 mod registry;
 mod repl;
 mod routes;
@@ -64,8 +65,10 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
         standby: config.standby,
         ..RuntimeConfig::default()
     })?;
+    let pools = pool::WarmPools::new(&runtime, &config.warm_pools, config.default_limits);
     let state = Arc::new(AppState {
         config: config.clone(),
+        pools,
         runtime,
         registry,
         sandboxes: RwLock::new(Default::default()),
@@ -74,6 +77,18 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
     });
     reconcile(&state).await;
     state.runtime.warm_up().await;
+    // Warm pools fill in the background (a Python context importing pandas
+    // takes a while) and are topped up and renewed every 30 s.
+    let filler = state.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(30));
+        loop {
+            tick.tick().await;
+            for p in filler.pools.all() {
+                p.refill(&filler.runtime).await;
+            }
+        }
+    });
 
     let reaper = state.clone();
     tokio::spawn(async move {
@@ -124,6 +139,9 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
         _ = async { stopping.notified().await; tokio::time::sleep(grace).await } => {
             tracing::warn!("the shutdown grace period ended with requests still running");
         }
+    }
+    for p in state.pools.all() {
+        p.drain().await;
     }
     tracing::info!("stopped; sandboxes keep running and are re-attached by the next start");
     Ok(())
@@ -194,6 +212,7 @@ async fn reconcile(state: &Arc<AppState>) {
                     template,
                     log: logs::SandboxLog::default(),
                     persisted: Default::default(),
+                    warm_context: Default::default(),
                 });
                 state
                     .sandboxes

@@ -91,6 +91,16 @@ impl Metrics {
 
     /// The exposition text. `by_state` is the current count of sandboxes per state.
     pub fn render(&self, by_state: &[(&str, usize)], standby: usize) -> String {
+        self.render_with_pools(by_state, standby, &[])
+    }
+
+    /// The exposition text, with the warm pools.
+    pub fn render_with_pools(
+        &self,
+        by_state: &[(&str, usize)],
+        standby: usize,
+        pools: &[&crate::pool::WarmPool],
+    ) -> String {
         let mut out = String::new();
         let _ = writeln!(
             out,
@@ -134,7 +144,69 @@ impl Metrics {
                 escape(route)
             );
         }
+        render_pools(&mut out, pools);
         out
+    }
+}
+
+fn render_pools(out: &mut String, pools: &[&crate::pool::WarmPool]) {
+    let families: [(&str, &str, &str, fn(&crate::pool::WarmPool) -> u64); 4] = [
+        (
+            "runcell_warm_pool_size",
+            "gauge",
+            "Sandboxes a warm pool keeps ready.",
+            |p| p.size as u64,
+        ),
+        (
+            "runcell_warm_pool_ready",
+            "gauge",
+            "Sandboxes ready in a warm pool now.",
+            |p| p.ready() as u64,
+        ),
+        (
+            "runcell_warm_pool_hits_total",
+            "counter",
+            "Creates served from a warm pool.",
+            |p| p.hits.load(Ordering::Relaxed),
+        ),
+        (
+            "runcell_warm_pool_misses_total",
+            "counter",
+            "Creates of a pooled template the pool could not serve.",
+            |p| p.misses.load(Ordering::Relaxed),
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for p in pools {
+            let _ = writeln!(
+                out,
+                "{name}{{template=\"{}\"}} {}",
+                escape(&p.template.name),
+                value(p)
+            );
+        }
+    }
+    for p in pools {
+        let mut one = String::new();
+        p.refill.render(
+            &mut one,
+            "runcell_warm_pool_refill_seconds",
+            "Time to prepare one pooled sandbox (create, context, preload).",
+        );
+        // Label every sample of this pool's histogram with its template.
+        let label = format!("template=\"{}\"", escape(&p.template.name));
+        for line in one.lines() {
+            if line.starts_with('#') {
+                if !out.contains(line) {
+                    let _ = writeln!(out, "{line}");
+                }
+            } else if let Some((head, rest)) = line.split_once('{') {
+                let _ = writeln!(out, "{head}{{{label},{rest}");
+            } else if let Some((head, rest)) = line.split_once(' ') {
+                let _ = writeln!(out, "{head}{{{label}}} {rest}");
+            }
+        }
     }
 }
 

@@ -83,6 +83,15 @@ pub(crate) async fn create(
     state.touch(&e).await;
     let mut env = e.record.lock().expect("record lock").env.clone();
     env.extend(req.envs);
+    // A sandbox from the warm pool comes with a Python context that has
+    // already imported the template's modules: the first plain Python
+    // session takes it.
+    if language == Language::Python && req.cwd.is_none() && env.is_empty() {
+        let warm = e.warm_context.lock().expect("warm context lock").take();
+        if let Some(info) = warm {
+            return Ok((StatusCode::CREATED, Json(view(&e, &info))));
+        }
+    }
     let mut opts = ContextOptions::new(language);
     opts.cwd = req.cwd;
     opts.env = env;
@@ -99,7 +108,20 @@ pub(crate) async fn list(
 ) -> AppResult<Json<Vec<SessionView>>> {
     let e = find(&state, &ws, &id)?;
     let contexts = e.sandbox.list_contexts().await?;
-    Ok(Json(contexts.iter().map(|c| view(&e, c)).collect()))
+    // The warm context is not a session until someone creates one.
+    let warm = e
+        .warm_context
+        .lock()
+        .expect("warm context lock")
+        .as_ref()
+        .map(|c| c.id.clone());
+    Ok(Json(
+        contexts
+            .iter()
+            .filter(|c| Some(&c.id) != warm.as_ref())
+            .map(|c| view(&e, c))
+            .collect(),
+    ))
 }
 
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}/repl/sessions/{sid}", tag = "runcell", params(("id" = String, Path), ("sid" = String, Path)),

@@ -131,9 +131,12 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 async fn metrics(State(state): St) -> impl IntoResponse {
     let running = state.sandboxes.read().expect("sandboxes lock").len();
-    let text = state
-        .metrics
-        .render(&[("running", running)], state.runtime.standby_ready());
+    let pools: Vec<&crate::pool::WarmPool> = state.pools.all().map(|p| p.as_ref()).collect();
+    let text = state.metrics.render_with_pools(
+        &[("running", running)],
+        state.runtime.standby_ready(),
+        &pools,
+    );
     (
         [(
             header::CONTENT_TYPE,
@@ -437,28 +440,16 @@ async fn create(
         ));
     }
     let started = std::time::Instant::now();
-    let sandbox = state
-        .runtime
-        .create(SandboxOptions {
-            template: template.name.clone(),
-            limits,
-            tied_to_process: false,
-            max_lifetime: Some(state.config.max_lifetime),
-        })
-        .await
-        .map_err(|e| match e {
-            // Nothing is left of a failed start (the jail cleans up), so a
-            // retry cannot duplicate anything.
-            runcell_core::Error::Jail(_) => retry_later(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!(
-                    "The sandbox could not be started: {}",
-                    ApiError::from(e).message
-                ),
-                1,
-            ),
-            other => ApiError::from(other),
-        })?;
+    let (warm, pool) = state.pools.claim(&template.name, &limits);
+    if let Some(pool) = pool {
+        // Top the pool up behind this request.
+        let st = state.clone();
+        tokio::spawn(async move { pool.refill(&st.runtime).await });
+    }
+    let (sandbox, warm_context) = match warm {
+        Some(w) => (w.sandbox, w.context),
+        None => (create_sandbox(&state, &template, limits).await?, None),
+    };
     let now = now_ms();
     let record = Record {
         id: sandbox.id().to_string(),
@@ -486,6 +477,7 @@ async fn create(
         template,
         log: crate::logs::SandboxLog::default(),
         persisted: Default::default(),
+        warm_context: std::sync::Mutex::new(warm_context),
     });
     state.touch(&entry).await;
     let mut body = sandbox_json(&entry);
@@ -591,6 +583,36 @@ async fn list(
 
 /// A sandbox of the caller's workspace; another workspace's sandbox is
 /// answered exactly as a missing one.
+/// A fresh sandbox (the warm pool had none for this request).
+async fn create_sandbox(
+    state: &AppState,
+    template: &runcell_core::Template,
+    limits: SandboxLimits,
+) -> AppResult<runcell_core::Sandbox> {
+    state
+        .runtime
+        .create(SandboxOptions {
+            template: template.name.clone(),
+            limits,
+            tied_to_process: false,
+            max_lifetime: Some(state.config.max_lifetime),
+        })
+        .await
+        .map_err(|e| match e {
+            // Nothing is left of a failed start (the jail cleans up), so a
+            // retry cannot duplicate anything.
+            runcell_core::Error::Jail(_) => retry_later(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "The sandbox could not be started: {}",
+                    ApiError::from(e).message
+                ),
+                1,
+            ),
+            other => ApiError::from(other),
+        })
+}
+
 pub(crate) fn find(state: &AppState, ws: &Workspace, id: &str) -> AppResult<Arc<Entry>> {
     state
         .entry(id)

@@ -37,6 +37,8 @@ pub struct ServeConfig {
     pub cgroup_parent: String,
     /// Most sandboxes alive at once; creates beyond it get 503 + Retry-After.
     pub max_sandboxes: usize,
+    /// Warm pool sizes by template name.
+    pub warm_pools: BTreeMap<String, usize>,
 }
 
 impl Default for ServeConfig {
@@ -58,6 +60,7 @@ impl Default for ServeConfig {
             standby: 2,
             cgroup_parent: "runcell".into(),
             max_sandboxes: 64,
+            warm_pools: [("code-interpreter".to_string(), 2)].into(),
         }
     }
 }
@@ -76,6 +79,9 @@ pub struct Entry {
     /// When activity was last written to the registry (ms) and the agent
     /// deadline last sent, to write each at most about once a second.
     pub persisted: Mutex<(i64, u64)>,
+    /// The Python context a warm-pool sandbox came with, until a session
+    /// claims it.
+    pub warm_context: Mutex<Option<runcell_protocol::ContextInfo>>,
 }
 
 /// Shared daemon state.
@@ -93,6 +99,8 @@ pub struct AppState {
     pub metrics: crate::metrics::Metrics,
     /// Creates in progress (they count against the capacity).
     pub creating: std::sync::atomic::AtomicUsize,
+    /// Warm pools by template.
+    pub pools: crate::pool::WarmPools,
 }
 
 /// Now, unix milliseconds.

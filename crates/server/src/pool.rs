@@ -1,0 +1,209 @@
+//! Warm pools: per template, sandboxes created ahead of demand, each with a
+//! Python context already started and its template's preload modules
+//! imported. A create takes one (it is never handed to a second caller and
+//! never goes back), and the pool refills in the background.
+//!
+//! Pooled sandboxes are not in the registry. If the daemon dies, the next
+//! start removes them as orphans; if it never comes back, their agent
+//! deadline ([`MAX_AGE`] plus a margin) stops them. Entries are replaced
+//! before they get that old.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use runcell_core::{ContextOptions, Runtime, Sandbox, SandboxLimits, SandboxOptions, Template};
+use runcell_protocol::{ContextInfo, Language};
+
+use crate::metrics::Histogram;
+
+/// Age after which a pooled sandbox is replaced with a fresh one.
+pub const MAX_AGE: Duration = Duration::from_secs(600);
+/// How long the agent lets a pooled sandbox live if the daemon is gone.
+const AGENT_DEADLINE: Duration = Duration::from_secs(900);
+
+/// A sandbox waiting in a pool.
+#[derive(Debug)]
+pub struct Warm {
+    /// The sandbox.
+    pub sandbox: Sandbox,
+    /// Its started Python context, if the template has Python.
+    pub context: Option<ContextInfo>,
+    born: Instant,
+}
+
+/// The pool of one template.
+#[derive(Debug)]
+pub struct WarmPool {
+    /// The template.
+    pub template: Template,
+    /// Limits of the pooled sandboxes; a create asking for others is a miss.
+    pub limits: SandboxLimits,
+    /// Modules the context imports before it is ready.
+    pub preload: Vec<String>,
+    /// Sandboxes to keep ready.
+    pub size: usize,
+    ready: Mutex<VecDeque<Warm>>,
+    refilling: AtomicBool,
+    /// Creates served from the pool.
+    pub hits: AtomicU64,
+    /// Creates for this template the pool could not serve.
+    pub misses: AtomicU64,
+    /// Time to prepare one pooled sandbox (create + context + preload).
+    pub refill: Histogram,
+}
+
+/// Every pool, by template name.
+#[derive(Debug, Default)]
+pub struct WarmPools {
+    pools: BTreeMap<String, Arc<WarmPool>>,
+}
+
+impl WarmPools {
+    /// Pools for `sizes` (template name → size); templates that are not
+    /// installed are skipped with a warning.
+    pub fn new(runtime: &Runtime, sizes: &BTreeMap<String, usize>, limits: SandboxLimits) -> Self {
+        let mut pools = BTreeMap::new();
+        for (name, &size) in sizes {
+            if size == 0 {
+                continue;
+            }
+            match runtime.template(name) {
+                Ok(template) => {
+                    let preload = template.defaults.preload.clone();
+                    let limits = template.defaults.apply(limits);
+                    pools.insert(
+                        template.name.clone(),
+                        Arc::new(WarmPool {
+                            template,
+                            limits,
+                            preload,
+                            size,
+                            ready: Mutex::new(VecDeque::new()),
+                            refilling: AtomicBool::new(false),
+                            hits: AtomicU64::new(0),
+                            misses: AtomicU64::new(0),
+                            refill: Histogram::default(),
+                        }),
+                    );
+                }
+                Err(e) => tracing::warn!(template = %name, "no warm pool: {e}"),
+            }
+        }
+        Self { pools }
+    }
+
+    /// Every pool.
+    pub fn all(&self) -> impl Iterator<Item = &Arc<WarmPool>> {
+        self.pools.values()
+    }
+
+    /// Takes a ready sandbox of `template` with exactly `limits`, counting a
+    /// hit or a miss. Returns the pool too, so the caller can refill it.
+    pub fn claim(
+        &self,
+        template: &str,
+        limits: &SandboxLimits,
+    ) -> (Option<Warm>, Option<Arc<WarmPool>>) {
+        let Some(pool) = self.pools.get(template) else {
+            return (None, None);
+        };
+        let warm = if *limits == pool.limits {
+            pool.ready.lock().expect("pool lock").pop_front()
+        } else {
+            None
+        };
+        let counter = if warm.is_some() {
+            &pool.hits
+        } else {
+            &pool.misses
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        (warm, Some(pool.clone()))
+    }
+}
+
+impl WarmPool {
+    /// Sandboxes ready now.
+    pub fn ready(&self) -> usize {
+        self.ready.lock().expect("pool lock").len()
+    }
+
+    async fn prepare(&self, runtime: &Runtime) -> Result<Warm, runcell_core::Error> {
+        let started = Instant::now();
+        let sandbox = runtime
+            .create(SandboxOptions {
+                template: self.template.name.clone(),
+                limits: self.limits,
+                tied_to_process: false,
+                max_lifetime: None,
+            })
+            .await?;
+        let deadline = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            + AGENT_DEADLINE;
+        let mut opts = ContextOptions::new(Language::Python);
+        opts.preload = self.preload.clone();
+        let ready = async {
+            sandbox
+                .set_deadline(Some(deadline.as_millis() as u64))
+                .await?;
+            sandbox.create_context(opts).await
+        }
+        .await;
+        let context = match ready {
+            Ok(c) => Some(c),
+            Err(e) => {
+                // A template without Python still gets pooled sandboxes.
+                tracing::warn!(template = %self.template.name, "pooled sandbox has no warm context: {e}");
+                None
+            }
+        };
+        self.refill.observe(started.elapsed());
+        Ok(Warm {
+            sandbox,
+            context,
+            born: Instant::now(),
+        })
+    }
+
+    /// Fills the pool up to its size, replacing entries older than
+    /// [`MAX_AGE`]. Only one refill runs at a time per pool.
+    pub async fn refill(self: &Arc<Self>, runtime: &Runtime) {
+        if self.refilling.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let stale: Vec<Warm> = {
+            let mut ready = self.ready.lock().expect("pool lock");
+            let (old, fresh): (VecDeque<Warm>, VecDeque<Warm>) =
+                ready.drain(..).partition(|w| w.born.elapsed() > MAX_AGE);
+            *ready = fresh;
+            old.into()
+        };
+        for w in stale {
+            let _ = w.sandbox.destroy().await;
+        }
+        let mut failures = 0;
+        while self.ready() < self.size && failures < 3 {
+            match self.prepare(runtime).await {
+                Ok(w) => self.ready.lock().expect("pool lock").push_back(w),
+                Err(e) => {
+                    failures += 1;
+                    tracing::warn!(template = %self.template.name, "could not prepare a pooled sandbox: {e}");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
+        self.refilling.store(false, Ordering::Release);
+    }
+
+    /// Destroys every pooled sandbox.
+    pub async fn drain(&self) {
+        let all: Vec<Warm> = self.ready.lock().expect("pool lock").drain(..).collect();
+        for w in all {
+            let _ = w.sandbox.destroy().await;
+        }
+    }
+}
