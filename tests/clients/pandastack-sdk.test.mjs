@@ -80,6 +80,30 @@ async function raw(method, path, { key = KEY, body, headers = {} } = {}) {
   return { status: res.status, contentType: res.headers.get("content-type") ?? "", text, json };
 }
 
+/** A code context (persistent interpreter) in `sb`, closed when the test ends. */
+async function createContext(t, sb, language) {
+  const ctx = await (language === undefined ? sb.createCodeContext() : sb.createCodeContext(language));
+  t.after(() => ctx.close()); // close() swallows errors, e.g. after kill()
+  return ctx;
+}
+
+/** Width and height from a base64 PNG's IHDR chunk, after checking the signature. */
+function pngSize(b64) {
+  assert.equal(typeof b64, "string", "no PNG");
+  const buf = Buffer.from(b64, "base64");
+  assert.deepEqual([...buf.subarray(0, 8)], [0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a], "not a PNG signature");
+  assert.equal(buf.toString("latin1", 12, 16), "IHDR", "the first PNG chunk must be IHDR");
+  return { width: buf.readUInt32BE(16), height: buf.readUInt32BE(20) };
+}
+
+/** The sessions the daemon lists for a sandbox (neither SDK reads this route). */
+async function listSessions(sandboxId) {
+  const r = await raw("GET", `/v1/sandboxes/${sandboxId}/repl/sessions`);
+  assert.equal(r.status, 200, r.text);
+  assert.ok(Array.isArray(r.json), `session list must be an array: ${r.text}`);
+  return r.json;
+}
+
 function assertJsonError(r, status) {
   assert.equal(r.status, status, `expected HTTP ${status}, got ${r.status}: ${r.text}`);
   assert.match(r.contentType, /application\/json/, `error body must be JSON, got ${r.contentType}`);
@@ -92,6 +116,34 @@ function assertJsonError(r, status) {
 test("GET /healthz answers 200 without auth", T, async () => {
   const r = await raw("GET", "/healthz", { key: null });
   assert.equal(r.status, 200);
+});
+
+// ---------------------------------------------------------------- code contexts, first sandboxes
+
+// First sandbox-creating test of this file on purpose: the daemon prepares
+// standby sandboxes (2 by default) before it installs its own SIGINT handler,
+// so the first sandboxes handed out are the ones a start-up bug would affect
+// (for example an interpreter that inherited an ignored SIGINT and so can
+// only be killed, not interrupted, when a cell times out). 3 > the pool.
+// node --test may run .build/await-using.test.mjs against the same daemon
+// first, and then its sandboxes take the start-up pool; the same test in
+// test_pandastack_py.py always gets it.
+test("code contexts in the first sandboxes after start-up: a timeout interrupts the cell and keeps state", T, async (t) => {
+  const sbs = await Promise.all([0, 1, 2].map(() => createSandbox(t)));
+  await Promise.all(
+    sbs.map(async (sb, i) => {
+      const ctx = await createContext(t, sb);
+      await ctx.runCode(`n = ${40 + i}`);
+      const err = await ctx.runCode("while True: n += 0", { timeoutSeconds: 1 }).then(
+        () => assert.fail(`sandbox ${i}: a cell past its timeout returned normally`),
+        (e) => e,
+      );
+      assert.ok(err instanceof SandboxTimeout, `sandbox ${i}: expected SandboxTimeout, got ${err?.name}: ${err?.message}`);
+      const after = await ctx.runCode("n + 2");
+      assert.equal(after.error, undefined, `sandbox ${i} (${sb.id}) lost its state on a timeout: ${after.error}`);
+      assert.equal(after.text, String(42 + i), `sandbox ${i} (${sb.id})`);
+    }),
+  );
 });
 
 // ---------------------------------------------------------------- create
@@ -365,6 +417,206 @@ test("filesystem errors: missing file -> NotFoundError, relative path -> BadRequ
     (e) => e,
   );
   assert.ok(relW instanceof BadRequestError, `expected BadRequestError, got ${relW?.name}: ${relW?.message}`);
+});
+
+// ---------------------------------------------------------------- code contexts
+
+test("code context: state persists across runCode calls; the last expression is the text result", T, async (t) => {
+  const sb = await createSandbox(t);
+  const ctx = await createContext(t, sb);
+  assert.equal(typeof ctx.id, "string");
+  assert.match(ctx.id, /^[0-9a-f]{16}$/);
+  assert.equal(ctx.language, "python");
+  assert.equal(ctx.sandboxId, sb.id);
+
+  // Statements only: no result, no output, no error.
+  const first = await ctx.runCode("x = 6 * 7\nimport math\ndef double(v):\n    return 2 * v");
+  assert.deepEqual(first.results, []);
+  assert.equal(first.text, undefined);
+  assert.equal(first.stdout, "");
+  assert.equal(first.stderr, "");
+  assert.equal(first.exit_code, 0);
+  assert.equal(first.error, undefined);
+  assert.equal(typeof first.duration_ms, "number");
+
+  // Variables, imports and functions from the earlier cell are all there.
+  const second = await ctx.runCode("print('x is', x)\nimport sys; print('warn', file=sys.stderr)\ndouble(x) + int(math.sqrt(16))");
+  assert.equal(second.stdout, "x is 42\n");
+  assert.equal(second.stderr, "warn\n");
+  assert.equal(second.exit_code, 0);
+  assert.equal(second.results.length, 1, JSON.stringify(second.results));
+  assert.equal(second.results[0].text, "88");
+  assert.equal(second.text, "88");
+  assert.deepEqual(second.results[0].data, { "text/plain": "88" });
+
+  // Reassignment is seen by the next cell; a None value is no result.
+  await ctx.runCode("x += 1");
+  const third = await ctx.runCode("x");
+  assert.equal(third.text, "43");
+  const none = await ctx.runCode("None");
+  assert.deepEqual(none.results, []);
+
+  // A string value comes back as its repr.
+  assert.equal((await ctx.runCode("'it' + \"'s\"")).text, `"it's"`);
+
+  // The context runs in the sandbox: files it writes are visible to the API.
+  await ctx.runCode("open('/home/user/from-ctx.txt', 'w').write('written by a context ' + str(x))");
+  assert.equal(await sb.filesystem.read("/home/user/from-ctx.txt"), "written by a context 43");
+
+  // A second context ("py" is the SDK's alias for python) has its own state.
+  const other = await createContext(t, sb, "py");
+  assert.equal(other.language, "python");
+  assert.notEqual(other.id, ctx.id);
+  assert.equal((await other.runCode("'x' in globals()")).text, "False");
+  assert.equal((await ctx.runCode("'x' in globals()")).text, "True");
+});
+
+test("code context: a pandas DataFrame comes back as HTML; display() adds results", T, async (t) => {
+  const sb = await createSandbox(t);
+  const ctx = await createContext(t, sb);
+  await ctx.runCode("import pandas as pd\ndf = pd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})");
+  const ex = await ctx.runCode("df");
+  assert.equal(ex.error, undefined, ex.error);
+  assert.equal(ex.results.length, 1, JSON.stringify(ex.results).slice(0, 500));
+  const [r] = ex.results;
+  assert.equal(typeof r.html, "string", `no text/html: ${Object.keys(r.data)}`);
+  assert.match(r.html, /<table[^>]*class="dataframe"/);
+  assert.match(r.html, /<th>a<\/th>\s*<th>b<\/th>/);
+  assert.match(r.html, /<td>1<\/td>\s*<td>x<\/td>/);
+  assert.match(r.html, /<td>2<\/td>\s*<td>y<\/td>/);
+  assert.equal(r.data["text/html"], r.html);
+  assert.equal(r.text, "   a  b\n0  1  x\n1  2  y");
+  assert.equal(ex.text, r.text);
+
+  // display() shows a value mid-cell, in order, before the last expression.
+  const shown = await ctx.runCode("print('before')\ndisplay(df[df.a > 1])\nprint('after')\nlen(df)");
+  assert.equal(shown.stdout, "before\nafter\n");
+  assert.equal(shown.results.length, 2, JSON.stringify(shown.results).slice(0, 500));
+  assert.match(shown.results[0].html ?? "", /<td>2<\/td>\s*<td>y<\/td>/);
+  assert.doesNotMatch(shown.results[0].html ?? "", /<td>x<\/td>/);
+  assert.equal(shown.results[1].text, "2");
+  assert.equal(shown.results[1].html, undefined);
+});
+
+test("code context: matplotlib figures come back as PNGs of the figure's size", T, async (t) => {
+  const sb = await createSandbox(t);
+  const ctx = await createContext(t, sb);
+  const ex = await ctx.runCode(
+    "import matplotlib.pyplot as plt\nfig = plt.figure(figsize=(4, 3), dpi=100)\n_ = plt.plot([1, 2, 3], [1, 4, 9])",
+  );
+  assert.equal(ex.error, undefined, ex.error);
+  assert.equal(ex.exit_code, 0);
+  const pngs = ex.results.filter((r) => r.png !== undefined);
+  assert.equal(pngs.length, 1, `want one PNG result, got ${ex.results.map((r) => Object.keys(r.data))}`);
+  assert.equal(ex.png, pngs[0].png);
+  assert.equal(pngs[0].chart, pngs[0].png);
+  assert.deepEqual(pngSize(ex.png), { width: 400, height: 300 });
+
+  // The figure was closed once sent: the next cell has no PNG.
+  const next = await ctx.runCode("len(plt.get_fignums())");
+  assert.equal(next.text, "0");
+  assert.equal(next.png, undefined);
+
+  // Two figures in one cell (one through plt.show()) come back in order.
+  const two = await ctx.runCode(
+    "plt.figure(figsize=(2, 1), dpi=50)\nplt.bar(['a', 'b'], [3, 5])\nplt.show()\n" +
+      "plt.figure(figsize=(3, 2), dpi=80)\n_ = plt.scatter([1, 2], [2, 1])",
+  );
+  const sizes = two.results.filter((r) => r.png !== undefined).map((r) => pngSize(r.png));
+  assert.deepEqual(sizes, [
+    { width: 100, height: 50 },
+    { width: 240, height: 160 },
+  ]);
+});
+
+test("code context: an exception comes back as an error whose traceback names the user's lines", T, async (t) => {
+  const sb = await createSandbox(t);
+  const ctx = await createContext(t, sb);
+  await ctx.runCode("def ratio(a, b):\n    return a / b");
+  const ex = await ctx.runCode("before = 'ran'\nratio(1, 0)\nafter = 'ran too'");
+  assert.equal(ex.exit_code, 1);
+  assert.equal(typeof ex.error, "string", "no error on an exception");
+  assert.match(ex.error, /^Traceback \(most recent call last\):/);
+  assert.match(ex.error, /line 2, in <module>\n\s+ratio\(1, 0\)/);
+  assert.match(ex.error, /line 2, in ratio\n\s+return a \/ b/);
+  assert.match(ex.error, /ZeroDivisionError: division by zero\n?$/);
+  // The runcell driver's own frames are not shown.
+  assert.doesNotMatch(ex.error, /python\.py|runcell/);
+  assert.match(ex.stderr, /ZeroDivisionError: division by zero/);
+  assert.deepEqual(ex.results, []);
+
+  // Statements before the failing line ran, the ones after did not, and the
+  // context keeps working.
+  const next = await ctx.runCode("(before, 'after' in globals())");
+  assert.equal(next.error, undefined);
+  assert.equal(next.text, "('ran', False)");
+
+  // A syntax error is reported the same way; nothing in the cell runs.
+  const syntax = await ctx.runCode("y = 1\nif True print(y)");
+  assert.equal(syntax.exit_code, 1);
+  assert.match(syntax.error ?? "", /SyntaxError/);
+  assert.equal((await ctx.runCode("'y' in globals()")).text, "False");
+});
+
+test("code context: a cell past its timeout -> SandboxTimeout; the context keeps its state", T, async (t) => {
+  const sb = await createSandbox(t);
+  const ctx = await createContext(t, sb);
+  await ctx.runCode("total = 41\nimport time");
+  const started = Date.now();
+  const err = await ctx.runCode("while True: pass", { timeoutSeconds: 1 }).then(
+    () => assert.fail("a cell past its timeout returned normally"),
+    (e) => e,
+  );
+  const elapsed = Date.now() - started;
+  assert.ok(err instanceof SandboxTimeout, `expected SandboxTimeout, got ${err?.name}: ${err?.message}`);
+  assert.equal(err.message, "command timed out: while True: pass");
+  assert.ok(elapsed < 5000, `timeout took ${elapsed} ms; the daemon should stop at about 1 s`);
+
+  // The next cell works, promptly, and still sees the earlier variables.
+  const t0 = Date.now();
+  const next = await ctx.runCode("total + 1");
+  assert.equal(next.error, undefined, `state lost after a timeout: ${next.error}`);
+  assert.equal(next.text, "42");
+  assert.ok(Date.now() - t0 < 5000, "the cell after a timeout was slow");
+
+  // A blocking sleep is interrupted too.
+  await assert.rejects(ctx.runCode("time.sleep(30)", { timeoutSeconds: 1 }), SandboxTimeout);
+  assert.equal((await ctx.runCode("total")).text, "41");
+
+  // Without a timeout of its own, a cell that is quick enough just runs.
+  assert.equal((await ctx.runCode("time.sleep(1.5); 'slept'", { timeoutSeconds: 10 })).text, "'slept'");
+});
+
+test("code context: close() ends the context; runCode on it -> NotFoundError", T, async (t) => {
+  const sb = await createSandbox(t);
+  const keep = await createContext(t, sb);
+  const ctx = await sb.createCodeContext();
+  await ctx.runCode("v = 1");
+  const before = (await listSessions(sb.id)).map((s) => s.id).sort();
+  assert.deepEqual(before, [keep.id, ctx.id].sort());
+
+  await ctx.close();
+  assert.deepEqual((await listSessions(sb.id)).map((s) => s.id), [keep.id]);
+  const err = await ctx.runCode("v").then(
+    () => assert.fail("runCode on a closed context succeeded"),
+    (e) => e,
+  );
+  assert.ok(err instanceof NotFoundError, `expected NotFoundError, got ${err?.name}: ${err?.message}`);
+  assert.equal(err.statusCode, 404);
+  // close() again is harmless (the SDK swallows the 404), and the other
+  // context of the sandbox is untouched.
+  await ctx.close();
+  assert.equal((await keep.runCode("1 + 1")).text, "2");
+});
+
+test("code context: CodeContext[Symbol.asyncDispose]() (what `await using` calls) closes it", T, async (t) => {
+  const sb = await createSandbox(t);
+  const ctx = await sb.createCodeContext();
+  assert.equal(typeof ctx[Symbol.asyncDispose], "function");
+  assert.equal((await ctx.runCode("2 + 2")).text, "4");
+  await ctx[Symbol.asyncDispose]();
+  assert.deepEqual(await listSessions(sb.id), []);
+  await assert.rejects(ctx.runCode("1"), NotFoundError);
 });
 
 // ---------------------------------------------------------------- get / list

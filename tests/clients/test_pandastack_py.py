@@ -26,8 +26,10 @@ Wire contract: shared/pandastack-api.md. SDK facts these tests rely on:
 
 from __future__ import annotations
 
+import base64
 import os
 import re
+import struct
 import time
 import uuid
 from urllib.parse import urlparse
@@ -40,7 +42,9 @@ from pandastack import (
     AuthError,
     BadRequestError,
     Client,
+    CodeContext,
     CommandFailed,
+    Execution,
     NotFoundError,
     PandastackError,
     Sandbox,
@@ -115,11 +119,65 @@ def assert_json_error(r: requests.Response, status: int) -> None:
     assert isinstance(body.get("error"), str) and body["error"], f'error body needs a string "error": {r.text}'
 
 
+def png_size(b64: str | None) -> tuple[int, int]:
+    """(width, height) from a base64 PNG's IHDR chunk, after checking the signature."""
+    assert isinstance(b64, str), "no PNG"
+    data = base64.b64decode(b64)
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG signature"
+    assert data[12:16] == b"IHDR", "the first PNG chunk must be IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def list_sessions(sandbox_id: str) -> list[dict]:
+    """The sessions the daemon lists for a sandbox (neither SDK reads this route)."""
+    r = raw("GET", f"/v1/sandboxes/{sandbox_id}/repl/sessions")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert isinstance(body, list), r.text
+    return body
+
+
+@pytest.fixture
+def make_context():
+    """Creates code contexts through the SDK and closes them when the test ends."""
+    made: list[CodeContext] = []
+
+    def make(sb: Sandbox, *args) -> CodeContext:
+        ctx = sb.create_code_context(*args)
+        made.append(ctx)
+        return ctx
+
+    yield make
+    for ctx in made:
+        ctx.close()  # swallows errors, e.g. after the sandbox was killed
+
+
 # --------------------------------------------------------------------- service
 
 
 def test_healthz_without_auth():
     assert raw("GET", "/healthz", key=None).status_code == 200
+
+
+# --------------------------------------------------------------------- code contexts, first sandboxes
+
+
+def test_context_timeouts_in_the_first_sandboxes_keep_state(make_sandbox, make_context):
+    """First sandbox-creating test of the file on purpose: the daemon prepares
+    standby sandboxes (2 by default) before it installs its own SIGINT
+    handler, so the first sandboxes handed out are the ones a start-up bug
+    would affect (for example an interpreter that inherited an ignored SIGINT
+    and so can only be killed, not interrupted, when a cell times out).
+    3 > the pool."""
+    sandboxes = [make_sandbox() for _ in range(3)]
+    for i, sb in enumerate(sandboxes):
+        ctx = make_context(sb)
+        ctx.run_code(f"n = {40 + i}")
+        with pytest.raises(SandboxTimeout):
+            ctx.run_code("while True: n += 0", timeout_seconds=1)
+        after = ctx.run_code("n + 2")
+        assert after.error is None, f"sandbox {i} ({sb.id}) lost its state on a timeout: {after.error}"
+        assert after.text == str(42 + i), f"sandbox {i} ({sb.id})"
 
 
 # --------------------------------------------------------------------- create
@@ -324,6 +382,189 @@ def test_filesystem_errors(sandbox):
         sandbox.filesystem.read("relative/path.txt")
     with pytest.raises(BadRequestError):
         sandbox.filesystem.write("relative.txt", b"x")
+
+
+# --------------------------------------------------------------------- code contexts
+
+
+def test_context_state_persists_and_last_expression_is_text(sandbox, make_context):
+    ctx = make_context(sandbox)
+    assert isinstance(ctx, CodeContext)
+    assert re.fullmatch(r"[0-9a-f]{16}", ctx.id), ctx.id
+    assert ctx.language == "python"
+
+    # Statements only: no result, no output, no error.
+    first = ctx.run_code("x = 6 * 7\nimport math\ndef double(v):\n    return 2 * v")
+    assert isinstance(first, Execution)
+    assert first.results == []
+    assert first.text is None
+    assert (first.stdout, first.stderr, first.exit_code, first.error) == ("", "", 0, None)
+
+    # Variables, imports and functions from the earlier cell are all there.
+    second = ctx.run_code("print('x is', x)\nimport sys; print('warn', file=sys.stderr)\ndouble(x) + int(math.sqrt(16))")
+    assert second.stdout == "x is 42\n"
+    assert second.stderr == "warn\n"
+    assert second.logs == {"stdout": "x is 42\n", "stderr": "warn\n"}
+    assert second.exit_code == 0
+    assert len(second.results) == 1, second.results
+    assert second.results[0].text == "88"
+    assert second.results[0].data == {"text/plain": "88"}
+    assert second.text == "88"
+
+    ctx.run_code("x += 1")
+    assert ctx.run_code("x").text == "43"
+    assert ctx.run_code("None").results == []
+    assert ctx.run_code("'it' + \"'s\"").text == '"it\'s"'
+
+    # The context runs in the sandbox: files it writes are visible to the API.
+    ctx.run_code("open('/home/user/from-ctx.txt', 'w').write('written by a context ' + str(x))")
+    assert sandbox.filesystem.read("/home/user/from-ctx.txt") == b"written by a context 43"
+
+    # A second context ("PY" is lower-cased and aliased to python) has its own state.
+    other = make_context(sandbox, "PY")
+    assert other.language == "python"
+    assert other.id != ctx.id
+    assert other.run_code("'x' in globals()").text == "False"
+    assert ctx.run_code("'x' in globals()").text == "True"
+
+
+def test_context_dataframe_is_html_and_display_adds_results(sandbox, make_context):
+    ctx = make_context(sandbox)
+    ctx.run_code("import pandas as pd\ndf = pd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})")
+    ex = ctx.run_code("df")
+    assert ex.error is None, ex.error
+    assert len(ex.results) == 1, ex.results
+    r = ex.results[0]
+    assert isinstance(r.html, str), f"no text/html: {list(r.data)}"
+    assert re.search(r'<table[^>]*class="dataframe"', r.html)
+    assert re.search(r"<th>a</th>\s*<th>b</th>", r.html)
+    assert re.search(r"<td>1</td>\s*<td>x</td>", r.html)
+    assert re.search(r"<td>2</td>\s*<td>y</td>", r.html)
+    assert r.text == "   a  b\n0  1  x\n1  2  y"
+    assert ex.text == r.text
+
+    # display() shows a value mid-cell, in order, before the last expression.
+    shown = ctx.run_code("print('before')\ndisplay(df[df.a > 1])\nprint('after')\nlen(df)")
+    assert shown.stdout == "before\nafter\n"
+    assert len(shown.results) == 2, shown.results
+    assert re.search(r"<td>2</td>\s*<td>y</td>", shown.results[0].html or "")
+    assert "<td>x</td>" not in (shown.results[0].html or "")
+    assert shown.results[1].text == "2"
+    assert shown.results[1].html is None
+
+
+def test_context_matplotlib_figures_are_pngs_of_the_figure_size(sandbox, make_context):
+    ctx = make_context(sandbox)
+    ex = ctx.run_code("import matplotlib.pyplot as plt\nfig = plt.figure(figsize=(4, 3), dpi=100)\n_ = plt.plot([1, 2, 3], [1, 4, 9])")
+    assert ex.error is None, ex.error
+    assert ex.exit_code == 0
+    pngs = [r for r in ex.results if r.png is not None]
+    assert len(pngs) == 1, [list(r.data) for r in ex.results]
+    assert ex.png == pngs[0].png
+    assert pngs[0].chart == pngs[0].png
+    assert png_size(ex.png) == (400, 300)
+
+    # The figure was closed once sent: the next cell has no PNG.
+    nxt = ctx.run_code("len(plt.get_fignums())")
+    assert nxt.text == "0"
+    assert nxt.png is None
+
+    # Two figures in one cell (one through plt.show()) come back in order.
+    two = ctx.run_code(
+        "plt.figure(figsize=(2, 1), dpi=50)\nplt.bar(['a', 'b'], [3, 5])\nplt.show()\n"
+        "plt.figure(figsize=(3, 2), dpi=80)\n_ = plt.scatter([1, 2], [2, 1])"
+    )
+    assert [png_size(r.png) for r in two.results if r.png is not None] == [(100, 50), (240, 160)]
+
+
+def test_context_exception_traceback_names_the_users_lines(sandbox, make_context):
+    ctx = make_context(sandbox)
+    ctx.run_code("def ratio(a, b):\n    return a / b")
+    ex = ctx.run_code("before = 'ran'\nratio(1, 0)\nafter = 'ran too'")
+    assert ex.exit_code == 1
+    assert isinstance(ex.error, str), "no error on an exception"
+    assert ex.error.startswith("Traceback (most recent call last):")
+    assert re.search(r"line 2, in <module>\n\s+ratio\(1, 0\)", ex.error), ex.error
+    assert re.search(r"line 2, in ratio\n\s+return a / b", ex.error), ex.error
+    assert re.search(r"ZeroDivisionError: division by zero\n?$", ex.error), ex.error
+    # The runcell driver's own frames are not shown.
+    assert not re.search(r"python\.py|runcell", ex.error), ex.error
+    assert "ZeroDivisionError: division by zero" in ex.stderr
+    assert ex.results == []
+
+    # Statements before the failing line ran, the ones after did not, and the
+    # context keeps working.
+    nxt = ctx.run_code("(before, 'after' in globals())")
+    assert nxt.error is None
+    assert nxt.text == "('ran', False)"
+
+    # A syntax error is reported the same way; nothing in the cell runs.
+    syntax = ctx.run_code("y = 1\nif True print(y)")
+    assert syntax.exit_code == 1
+    assert "SyntaxError" in (syntax.error or "")
+    assert ctx.run_code("'y' in globals()").text == "False"
+
+
+def test_context_timeout_raises_sandbox_timeout_and_keeps_state(sandbox, make_context):
+    ctx = make_context(sandbox)
+    ctx.run_code("total = 41\nimport time")
+    started = time.monotonic()
+    with pytest.raises(SandboxTimeout) as info:
+        ctx.run_code("while True: pass", timeout_seconds=1)
+    elapsed = time.monotonic() - started
+    assert str(info.value) == "command timed out: while True: pass"
+    assert isinstance(info.value.__cause__, ServerError)
+    assert str(info.value.__cause__).startswith("cell timeout after 1s"), str(info.value.__cause__)
+    assert elapsed < 5, f"timeout took {elapsed:.1f} s; the daemon should stop at about 1 s"
+
+    # The next cell works, promptly, and still sees the earlier variables.
+    t0 = time.monotonic()
+    nxt = ctx.run_code("total + 1")
+    assert nxt.error is None, f"state lost after a timeout: {nxt.error}"
+    assert nxt.text == "42"
+    assert time.monotonic() - t0 < 5, "the cell after a timeout was slow"
+
+    # A blocking sleep is interrupted too.
+    with pytest.raises(SandboxTimeout):
+        ctx.run_code("time.sleep(30)", timeout_seconds=1)
+    assert ctx.run_code("total").text == "41"
+
+    # A cell within its timeout just runs.
+    assert ctx.run_code("time.sleep(1.5); 'slept'", timeout_seconds=10).text == "'slept'"
+
+
+def test_context_close_then_run_code_is_not_found(sandbox, make_context):
+    keep = make_context(sandbox)
+    ctx = sandbox.create_code_context()
+    ctx.run_code("v = 1")
+    assert sorted(s["id"] for s in list_sessions(sandbox.id)) == sorted([keep.id, ctx.id])
+
+    assert ctx.close() is None
+    assert [s["id"] for s in list_sessions(sandbox.id)] == [keep.id]
+    with pytest.raises(NotFoundError):
+        ctx.run_code("v")
+    # close() again is harmless (the SDK swallows the 404), and the other
+    # context of the sandbox is untouched.
+    ctx.close()
+    assert keep.run_code("1 + 1").text == "2"
+
+
+def test_context_manager_closes_code_context(sandbox):
+    with sandbox.create_code_context() as ctx:
+        assert ctx.run_code("x = 20\nx * 2 + 2").text == "42"
+        assert [s["id"] for s in list_sessions(sandbox.id)] == [ctx.id]
+    assert list_sessions(sandbox.id) == []
+    with pytest.raises(NotFoundError):
+        ctx.run_code("x")
+
+    # Also when the block raises; the exception propagates.
+    with pytest.raises(RuntimeError, match="boom"):
+        with sandbox.create_code_context() as second:
+            second.run_code("y = 1")
+            raise RuntimeError("boom")
+    assert list_sessions(sandbox.id) == []
+    with pytest.raises(NotFoundError):
+        second.run_code("y")
 
 
 # --------------------------------------------------------------------- get / list

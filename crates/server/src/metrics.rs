@@ -149,8 +149,16 @@ impl Metrics {
     }
 }
 
+/// A metric family of the warm pools: name, type, help and how to read it.
+type PoolFamily = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&crate::pool::WarmPool) -> u64,
+);
+
 fn render_pools(out: &mut String, pools: &[&crate::pool::WarmPool]) {
-    let families: [(&str, &str, &str, fn(&crate::pool::WarmPool) -> u64); 4] = [
+    let families: [PoolFamily; 4] = [
         (
             "runcell_warm_pool_size",
             "gauge",
