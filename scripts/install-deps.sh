@@ -16,6 +16,11 @@ have() { command -v "$1" >/dev/null 2>&1; }
 /usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1 || need+=(python3-matplotlib)
 have ps || need+=(procps)
 have unshare || need+=(util-linux)
+# Template builds (`FROM debian:<suite>`) bootstrap Debian with debootstrap,
+# checking the archive's signatures with Debian's keyring.
+have debootstrap || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
+[ -f /usr/share/keyrings/debian-archive-keyring.gpg ] || need+=(debian-archive-keyring)
+have gpgv || need+=(gpgv)
 have bwrap || need+=(bubblewrap)   # benchmark baseline
 have runsc || need+=(runsc)        # benchmark baseline (gVisor)
 

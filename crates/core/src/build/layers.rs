@@ -11,6 +11,7 @@
 use std::collections::HashSet;
 use std::fs::{self, File};
 use std::io;
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::{lchown, symlink, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -128,9 +129,70 @@ impl Pending {
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        if self.armed {
-            let _ = fs::remove_dir_all(&self.dir);
+        if !self.armed {
+            return;
         }
+        // A killed debootstrap leaves its /proc and /sys mounts behind:
+        // never delete through a mount.
+        match detach_mounts_under(&self.dir) {
+            Ok(()) => {
+                let _ = fs::remove_dir_all(&self.dir);
+            }
+            Err(e) => tracing::warn!(
+                dir = %self.dir.display(),
+                "leaving an unfinished layer in place: {e}"
+            ),
+        }
+    }
+}
+
+/// Mount points at or below `dir` in this mount namespace.
+fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let unescape = |s: &str| {
+        let mut out = Vec::new();
+        let b = s.as_bytes();
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'\\' && i + 3 < b.len() {
+                if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
+                    out.push(v);
+                    i += 4;
+                    continue;
+                }
+            }
+            out.push(b[i]);
+            i += 1;
+        }
+        PathBuf::from(std::ffi::OsString::from_vec(out))
+    };
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(unescape)
+        .filter(|m| m.starts_with(&dir))
+        .collect()
+}
+
+/// Detaches every mount at or below `dir` (deepest first); fails if any
+/// is left.
+pub fn detach_mounts_under(dir: &Path) -> Result<(), LayerError> {
+    let mut mounts = mounts_under(dir);
+    if mounts.is_empty() {
+        return Ok(());
+    }
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.as_os_str().len()));
+    for m in &mounts {
+        let _ = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH);
+    }
+    match mounts_under(dir).first() {
+        None => Ok(()),
+        Some(m) => Err(LayerError::Io {
+            what: format!("detach the mount {} left in the layer", m.display()),
+            source: io::Error::from(io::ErrorKind::ResourceBusy),
+        }),
     }
 }
 
@@ -537,6 +599,9 @@ pub fn copy_into_layer(
 /// package scripts from starting services, then shifts every owner into the
 /// sandbox id range (uid + `base`), keeping setuid/setgid bits.
 pub fn prepare_debootstrap(root: &Path, base: u32, count: u32) -> Result<(), LayerError> {
+    // debootstrap mounts /proc and /sys in the target while it works; the
+    // walk below must never reach the host's through a leftover mount.
+    detach_mounts_under(root)?;
     let dev = root.join("dev");
     if dev.exists() {
         fs::remove_dir_all(&dev).map_err(io_err("remove the image's /dev"))?;
@@ -751,6 +816,14 @@ mod tests {
 
     fn nix_uid() -> u32 {
         fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(0)
+    }
+
+    #[test]
+    fn finds_mounts_below_a_directory() {
+        assert!(mounts_under(Path::new("/")).contains(&PathBuf::from("/")));
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(mounts_under(tmp.path()).is_empty());
+        assert!(detach_mounts_under(tmp.path()).is_ok());
     }
 
     #[test]
