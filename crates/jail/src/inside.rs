@@ -644,7 +644,25 @@ pub fn drop_privileges(uid: u32, gid: u32) -> io::Result<()> {
         };
         check(libc::setrlimit(libc::RLIMIT_CORE, &no_core))?;
     }
+    reset_signal_dispositions();
     Ok(())
+}
+
+/// Sets every signal back to its default action. Handlers are reset by exec
+/// anyway; ignored signals are not, and would otherwise pass from whoever
+/// started the host process to sandboxed code (Python then never sees
+/// SIGINT as KeyboardInterrupt). Only makes async-signal-safe syscalls.
+pub fn reset_signal_dispositions() {
+    for sig in 1..libc::SIGRTMIN() {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: signal(2) with SIG_DFL touches no memory; invalid numbers
+        // just fail with EINVAL.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+        }
+    }
 }
 
 /// Places `fds[i]` at descriptor `3 + i` in a child between fork and exec,

@@ -666,6 +666,9 @@ unsafe fn child_exec(
         let mut empty_set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty_set);
         libc::sigprocmask(libc::SIG_SETMASK, &empty_set, std::ptr::null_mut());
+        // Ignored signals survive exec: a daemon started with `cmd &` from a
+        // script ignores SIGINT, and the sandbox must not inherit that.
+        crate::inside::reset_signal_dispositions();
         if libc::dup2(devnull, 0) < 0
             || libc::dup2(devnull, 1) < 0
             || libc::dup2(log, 2) < 0

@@ -10,10 +10,15 @@ import inspect
 import json
 import linecache
 import os
+import signal
 import sys
 import time
 import traceback
 import types
+
+# The cell timeout arrives as SIGINT: make sure it raises KeyboardInterrupt
+# even if whoever started the sandbox had SIGINT ignored.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 _CTRL = os.dup(3)  # os.dup makes non-inheritable descriptors
 _EVENTS = os.dup(4)
