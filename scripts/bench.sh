@@ -2,10 +2,16 @@
 # Sandbox start-up benchmark: runcell beside bare python3, bwrap and gVisor in
 # one run. Needs root. Usage: sudo ./scripts/bench.sh [--iterations N]
 # The HTTP API benchmark: sudo ./scripts/bench.sh --api [--iterations N]
+# Code-interpreter first result (needs the code-interpreter template):
+#   sudo ./scripts/bench.sh --interp [--iterations N]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
 cargo build --release --workspace --quiet
+if [ "${1:-}" = "--interp" ]; then
+  shift
+  exec target/release/runcell-bench-interp "$@"
+fi
 if [ "${1:-}" = "--api" ]; then
   shift
   exec target/release/runcell-bench-api "$@"
