@@ -1,5 +1,6 @@
 //! `runcell`: run untrusted code in a sandbox.
 
+mod context;
 mod key;
 mod run;
 mod serve;
@@ -44,6 +45,8 @@ enum Commands {
     Key(key::KeyArgs),
     /// Build, list and remove templates.
     Template(template::TemplateArgs),
+    /// Code contexts (long-lived interpreters) in a daemon's sandbox.
+    Context(context::ContextArgs),
 }
 
 /// Where templates live unless --templates-dir says otherwise: the daemon's
@@ -62,6 +65,21 @@ fn main() -> ExitCode {
     let command = match cli.command {
         Commands::Serve(args) => return serve::main(args, cli.templates_dir),
         Commands::Key(args) => return key::main(args),
+        other => other,
+    };
+    let command = match command {
+        Commands::Context(args) => {
+            return match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => ExitCode::from(rt.block_on(context::main(args))),
+                Err(e) => {
+                    eprintln!("runcell: could not start: {e}");
+                    ExitCode::from(125)
+                }
+            }
+        }
         other => other,
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -87,7 +105,9 @@ fn main() -> ExitCode {
         match command {
             Commands::Run(args) => run::run(config, args).await,
             Commands::Template(args) => template::main(config, args).await,
-            Commands::Serve(_) | Commands::Key(_) => unreachable!("handled above"),
+            Commands::Serve(_) | Commands::Key(_) | Commands::Context(_) => {
+                unreachable!("handled above")
+            }
         }
     });
     ExitCode::from(code)

@@ -1139,3 +1139,127 @@ async fn warm_pool_hands_out_each_sandbox_once_with_a_ready_context_and_refills(
     );
     d.delete_all().await;
 }
+
+/// Runs `runcell context ...` against `d`, with the code on stdin when given.
+fn context_cli(d: &Daemon, args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_runcell"))
+        .arg("context")
+        .args(args)
+        .env("RUNCELL_URL", &d.url)
+        .env("RUNCELL_API_KEY", &d.key)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    if let Some(s) = stdin {
+        input.write_all(s.as_bytes()).unwrap();
+    }
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cli_creates_runs_lists_and_removes_contexts() {
+    let data = data_dir("ctxcli");
+    let d = Daemon::start(&data, free_port(), &[]);
+    let sb = d.create(json!({})).await;
+    let (code, out, err) = context_cli(&d, &["create", &sb], None);
+    assert_eq!(code, 0, "{err}");
+    let ctx = out.trim().to_string();
+    assert_eq!(ctx.len(), 16, "{out}");
+
+    let (code, out, _) = context_cli(
+        &d,
+        &["run", &sb, &ctx, "-c", "x = 6\nprint('hi')\nx * 7"],
+        None,
+    );
+    assert_eq!((code, out.as_str()), (0, "hi\n42\n"));
+    // Code from stdin; state persisted; images are described or saved.
+    let (code, out, _) = context_cli(&d, &["run", &sb, &ctx], Some("x + 1"));
+    assert_eq!((code, out.as_str()), (0, "7\n"));
+    let dir = data.join("images");
+    std::fs::create_dir_all(&dir).unwrap();
+    let plot = "import matplotlib.pyplot as plt\nplt.figure(figsize=(1, 1), dpi=20)\nplt.plot([1, 2]); None";
+    let (code, out, err) = context_cli(
+        &d,
+        &[
+            "run",
+            &sb,
+            &ctx,
+            "-c",
+            plot,
+            "--save-images",
+            dir.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("[image/png saved to"), "{out}");
+    assert_eq!(
+        &std::fs::read(dir.join("result-1.png")).unwrap()[1..4],
+        b"PNG"
+    );
+    // An exception: traceback on stderr, status 1. A timeout: 124 and the message.
+    let (code, _, err) = context_cli(&d, &["run", &sb, &ctx, "-c", "1 / 0"], None);
+    assert_eq!(code, 1);
+    assert!(err.contains("ZeroDivisionError"), "{err}");
+    let (code, _, err) = context_cli(
+        &d,
+        &[
+            "run",
+            &sb,
+            &ctx,
+            "-c",
+            "while True: pass",
+            "--timeout",
+            "1s",
+        ],
+        None,
+    );
+    assert_eq!(code, 124);
+    assert!(err.contains("timed out after 1s"), "{err}");
+    // --json gives the daemon's fields.
+    let (_, out, _) = context_cli(&d, &["--json", "run", &sb, &ctx, "-c", "x"], None);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["results"][0]["text/plain"], "6");
+
+    let (_, out, _) = context_cli(&d, &["ls", &sb], None);
+    assert!(out.contains(&ctx) && out.contains("python"), "{out}");
+    let (code, _, _) = context_cli(&d, &["restart", &sb, &ctx], None);
+    assert_eq!(code, 0);
+    let (code, _, _) = context_cli(&d, &["rm", &sb, &ctx], None);
+    assert_eq!(code, 0);
+    let (code, _, err) = context_cli(&d, &["rm", &sb, &ctx], None);
+    assert_eq!(code, 1);
+    assert!(err.contains("session not found (HTTP 404)"), "{err}");
+    // A daemon that is not there is named plainly.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_runcell"))
+        .args([
+            "context",
+            "ls",
+            &sb,
+            "--url",
+            "http://127.0.0.1:9",
+            "--api-key",
+            "k",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(!child.wait().unwrap().success());
+    assert!(
+        err.contains("Could not reach the runcell daemon at http://127.0.0.1:9"),
+        "{err}"
+    );
+    d.delete_all().await;
+}

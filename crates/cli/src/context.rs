@@ -1,0 +1,247 @@
+//! `runcell context`: code contexts in a sandbox of a running daemon.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use base64::Engine;
+use clap::{Args, Subcommand};
+use runcell_client::{Cell, Client, ClientError, Session};
+
+use crate::report;
+use crate::run::parse_duration;
+
+#[derive(Debug, Args)]
+pub struct ContextArgs {
+    /// The daemon [default: $RUNCELL_URL, else http://127.0.0.1:7070].
+    #[arg(long, global = true)]
+    url: Option<String>,
+    /// API key [default: $RUNCELL_API_KEY, else the key file runcell serve wrote].
+    #[arg(long, global = true)]
+    api_key: Option<String>,
+    /// Print the daemon's JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: ContextCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum ContextCommand {
+    /// Start a context (a long-lived interpreter) in a sandbox; prints its id.
+    Create {
+        /// Sandbox id.
+        sandbox: String,
+        /// python, javascript or bash.
+        #[arg(long, short, default_value = "python")]
+        language: String,
+    },
+    /// List a sandbox's contexts.
+    Ls {
+        /// Sandbox id.
+        sandbox: String,
+    },
+    /// Run a cell: the code from -c, a file, or standard input. Exits with
+    /// the cell's status (124 after a timeout).
+    Run {
+        /// Sandbox id.
+        sandbox: String,
+        /// Context id.
+        context: String,
+        /// The code.
+        #[arg(short = 'c', long = "code", conflicts_with = "file")]
+        code: Option<String>,
+        /// A file holding the code.
+        #[arg(long, short)]
+        file: Option<PathBuf>,
+        /// Timeout, e.g. 30s [default: the sandbox's].
+        #[arg(long, value_parser = parse_duration)]
+        timeout: Option<Duration>,
+        /// Write image results (PNG, JPEG, SVG) into this directory.
+        #[arg(long)]
+        save_images: Option<PathBuf>,
+    },
+    /// Kill a context's interpreter and start a fresh one (state is lost).
+    Restart {
+        /// Sandbox id.
+        sandbox: String,
+        /// Context id.
+        context: String,
+    },
+    /// Stop a context.
+    Rm {
+        /// Sandbox id.
+        sandbox: String,
+        /// Context id.
+        context: String,
+    },
+}
+
+fn print_json<T: serde::Serialize + ?Sized>(v: &T) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+fn session_line(s: &Session) -> String {
+    format!(
+        "{}  {:<10}  cells {:<4}  restarts {:<3}  created {}",
+        s.id, s.language, s.cells, s.restarts, s.created_at
+    )
+}
+
+pub async fn main(args: ContextArgs) -> u8 {
+    let client = match Client::from_env(args.url.clone(), args.api_key.clone()) {
+        Ok(c) => c,
+        Err(e) => {
+            report(&e);
+            return 2;
+        }
+    };
+    match run(&client, args).await {
+        Ok(code) => code,
+        Err(e) => {
+            report(&e);
+            1
+        }
+    }
+}
+
+async fn run(client: &Client, args: ContextArgs) -> Result<u8, ClientError> {
+    let json = args.json;
+    match args.command {
+        ContextCommand::Create { sandbox, language } => {
+            let s = client.create_context(&sandbox, &language).await?;
+            if json {
+                print_json(
+                    &serde_json::json!({"id": s.id, "language": s.language, "sandbox_id": s.sandbox_id}),
+                );
+            } else {
+                println!("{}", s.id);
+            }
+        }
+        ContextCommand::Ls { sandbox } => {
+            let list = client.list_contexts(&sandbox).await?;
+            if json {
+                let v: Vec<_> = list
+                    .iter()
+                    .map(|s| serde_json::json!({"id": s.id, "language": s.language, "cells": s.cells, "restarts": s.restarts, "created_at": s.created_at}))
+                    .collect();
+                print_json(&v);
+            } else {
+                for s in &list {
+                    println!("{}", session_line(s));
+                }
+            }
+        }
+        ContextCommand::Run {
+            sandbox,
+            context,
+            code,
+            file,
+            timeout,
+            save_images,
+        } => {
+            let code = match (code, file) {
+                (Some(c), _) => c,
+                (None, Some(f)) => match std::fs::read_to_string(&f) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        eprintln!("runcell: could not read {}: {e}", f.display());
+                        return Ok(2);
+                    }
+                },
+                (None, None) => {
+                    let mut c = String::new();
+                    if let Err(e) = std::io::stdin().read_to_string(&mut c) {
+                        eprintln!("runcell: could not read the code from standard input: {e}");
+                        return Ok(2);
+                    }
+                    c
+                }
+            };
+            let cell = client.run_cell(&sandbox, &context, &code, timeout).await?;
+            if json {
+                print_json(&cell_json(&cell));
+            } else {
+                print_cell(&cell, save_images.as_deref());
+            }
+            return Ok(if cell.timed_out {
+                124
+            } else {
+                cell.exit_code.clamp(0, 255) as u8
+            });
+        }
+        ContextCommand::Restart { sandbox, context } => {
+            let s = client.restart_context(&sandbox, &context).await?;
+            if json {
+                print_json(&serde_json::json!({"id": s.id, "restarts": s.restarts}));
+            } else {
+                println!("{}", session_line(&s));
+            }
+        }
+        ContextCommand::Rm { sandbox, context } => {
+            client.delete_context(&sandbox, &context).await?;
+        }
+    }
+    Ok(0)
+}
+
+fn cell_json(c: &Cell) -> serde_json::Value {
+    serde_json::json!({
+        "stdout": c.stdout, "stderr": c.stderr, "exit_code": c.exit_code,
+        "results": c.results, "duration_ms": c.duration_ms, "error": c.error,
+        "exception": c.exception.as_ref().map(|e| serde_json::json!({"name": e.name, "value": e.value, "traceback": e.traceback})),
+        "timed_out": c.timed_out, "state_lost": c.state_lost, "messages": c.messages,
+    })
+}
+
+/// Output as a terminal user expects: streams as they were, values as text,
+/// images saved (or described), problems on stderr.
+fn print_cell(c: &Cell, save_images: Option<&std::path::Path>) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(c.stdout.as_bytes());
+    let mut saved = 0;
+    for r in &c.results {
+        let image = ["image/png", "image/jpeg", "image/svg+xml"]
+            .iter()
+            .find_map(|m| r.get(*m).map(|d| (*m, d)));
+        match (image, save_images) {
+            (Some((mime, data)), Some(dir)) => {
+                saved += 1;
+                let ext = match mime {
+                    "image/png" => "png",
+                    "image/jpeg" => "jpg",
+                    _ => "svg",
+                };
+                let path = dir.join(format!("result-{saved}.{ext}"));
+                let bytes = if mime == "image/svg+xml" {
+                    Ok(data.as_bytes().to_vec())
+                } else {
+                    base64::engine::general_purpose::STANDARD.decode(data)
+                };
+                match bytes.map(|b| std::fs::write(&path, b)) {
+                    Ok(Ok(())) => {
+                        let _ = writeln!(out, "[{mime} saved to {}]", path.display());
+                    }
+                    _ => eprintln!("runcell: could not save {mime} to {}", path.display()),
+                }
+            }
+            (Some((mime, data)), None) => {
+                let _ = writeln!(
+                    out,
+                    "[{mime}, {} bytes; --save-images DIR writes it]",
+                    data.len()
+                );
+            }
+            (None, _) => {
+                if let Some(t) = r.get("text/plain") {
+                    let _ = writeln!(out, "{t}");
+                }
+            }
+        }
+    }
+    let _ = out.flush();
+    eprint!("{}", c.stderr);
+    for m in &c.messages {
+        eprintln!("runcell: {m}");
+    }
+}

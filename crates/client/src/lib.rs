@@ -1,0 +1,383 @@
+//! An async client for the runcell daemon's `/v1` API (the PandaStack v1
+//! sandbox API plus runcell's additions). The CLI uses it for everything that
+//! talks to a daemon.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), runcell_client::ClientError> {
+//! let client = runcell_client::Client::from_env(None, None)?;
+//! let sandbox = client.create_sandbox(&serde_json::json!({"template": "host"})).await?;
+//! let ctx = client.create_context(&sandbox.id, "python").await?;
+//! let cell = client.run_cell(&sandbox.id, &ctx.id, "6 * 7", None).await?;
+//! assert_eq!(cell.results[0]["text/plain"], "42");
+//! client.delete_sandbox(&sandbox.id).await?;
+//! # Ok(()) }
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
+
+/// Where `runcell serve` listens by default.
+pub const DEFAULT_URL: &str = "http://127.0.0.1:7070";
+/// Where `runcell serve` writes its first API key by default.
+pub const DEFAULT_KEY_FILE: &str = "/var/lib/runcell/api-key";
+
+/// Errors talking to the daemon.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No key was given and none could be read.
+    #[error("No API key: pass --api-key, set RUNCELL_API_KEY, or make {0} readable (runcell serve writes it).")]
+    NoKey(PathBuf),
+    /// The daemon could not be reached.
+    #[error("Could not reach the runcell daemon at {url}; is `runcell serve` running?")]
+    Connect {
+        /// The daemon's address.
+        url: String,
+        /// Why.
+        #[source]
+        source: reqwest::Error,
+    },
+    /// The daemon refused the request.
+    #[error("{message} (HTTP {status})")]
+    Api {
+        /// HTTP status.
+        status: u16,
+        /// The daemon's `error` message.
+        message: String,
+        /// The whole response body.
+        body: Value,
+    },
+    /// The answer was not what this client understands.
+    #[error("The daemon's answer could not be read.")]
+    Decode(#[source] reqwest::Error),
+}
+
+impl ClientError {
+    /// The HTTP status, when the daemon answered with an error.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+/// A sandbox as the daemon describes it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct SandboxInfo {
+    /// Sandbox id.
+    pub id: String,
+    /// Every other field (template, status, metadata, limits, ...).
+    #[serde(flatten)]
+    pub fields: serde_json::Map<String, Value>,
+}
+
+/// A code context (REPL session).
+#[derive(Debug, Clone, Deserialize)]
+pub struct Session {
+    /// Session id.
+    pub id: String,
+    /// Its sandbox.
+    pub sandbox_id: String,
+    /// `python`, `javascript` or `bash`.
+    pub language: String,
+    /// RFC 3339.
+    pub created_at: String,
+    /// Cells run so far.
+    #[serde(default)]
+    pub cells: u64,
+    /// Times the interpreter was restarted.
+    #[serde(default)]
+    pub restarts: u64,
+}
+
+/// An exception raised by a cell.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Exception {
+    /// Class name.
+    pub name: String,
+    /// Message.
+    pub value: String,
+    /// Traceback text.
+    pub traceback: String,
+}
+
+/// The result of a cell, including one that timed out.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Cell {
+    /// Standard output (capped, with a marker when cut).
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+    /// Exit status (the daemon sends it as both `exit_code` and `exit`).
+    pub exit_code: i32,
+    /// MIME bundles.
+    #[serde(default)]
+    pub results: Vec<BTreeMap<String, String>>,
+    /// Wall-clock duration.
+    #[serde(default)]
+    pub duration_ms: u64,
+    /// Traceback text or what happened to the interpreter.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// The exception, structured.
+    #[serde(default)]
+    pub exception: Option<Exception>,
+    /// The cell hit its timeout.
+    #[serde(default)]
+    pub timed_out: bool,
+    /// The interpreter was restarted: earlier state is gone.
+    #[serde(default)]
+    pub state_lost: bool,
+    /// Plain sentences about what went wrong.
+    #[serde(default)]
+    pub messages: Vec<String>,
+}
+
+/// A client for one daemon and key.
+#[derive(Debug, Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    url: String,
+    key: String,
+}
+
+fn seg(s: &str) -> String {
+    // Ids are UUIDs and hex; anything else is escaped for the path.
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+impl Client {
+    /// A client for the daemon at `url` with `key`.
+    pub fn new(url: impl Into<String>, key: impl Into<String>) -> Self {
+        Self {
+            http: reqwest::Client::new(),
+            url: url.into().trim_end_matches('/').to_string(),
+            key: key.into(),
+        }
+    }
+
+    /// The daemon address and key from the arguments, else `RUNCELL_URL` and
+    /// `RUNCELL_API_KEY`, else the defaults (`http://127.0.0.1:7070` and the
+    /// key file `runcell serve` writes, `$RUNCELL_DATA_DIR/api-key`).
+    pub fn from_env(url: Option<String>, key: Option<String>) -> Result<Self, ClientError> {
+        let url = url
+            .or_else(|| std::env::var("RUNCELL_URL").ok())
+            .unwrap_or_else(|| DEFAULT_URL.into());
+        let key = match key.or_else(|| std::env::var("RUNCELL_API_KEY").ok()) {
+            Some(k) => k,
+            None => {
+                let file = std::env::var_os("RUNCELL_DATA_DIR")
+                    .map(|d| PathBuf::from(d).join("api-key"))
+                    .unwrap_or_else(|| PathBuf::from(DEFAULT_KEY_FILE));
+                std::fs::read_to_string(&file)
+                    .map(|k| k.trim().to_string())
+                    .map_err(|_| ClientError::NoKey(file))?
+            }
+        };
+        Ok(Self::new(url, key))
+    }
+
+    /// The daemon's address.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(StatusCode, Value), ClientError> {
+        let mut rb = self
+            .http
+            .request(method, format!("{}{path}", self.url))
+            .bearer_auth(&self.key);
+        if let Some(b) = body {
+            rb = rb.json(b);
+        }
+        let resp = rb.send().await.map_err(|source| ClientError::Connect {
+            url: self.url.clone(),
+            source,
+        })?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(ClientError::Decode)?;
+        let value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+        };
+        Ok((status, value))
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<T, ClientError> {
+        let (status, value) = self.send(method, path, body).await?;
+        if !status.is_success() {
+            return Err(api_error(status, value));
+        }
+        decode(value)
+    }
+
+    /// Creates a sandbox from a create request (`template`, `ttl_seconds`,
+    /// `metadata`, `limits`, `env`, ...).
+    pub async fn create_sandbox(&self, request: &Value) -> Result<SandboxInfo, ClientError> {
+        self.call(Method::POST, "/v1/sandboxes", Some(request))
+            .await
+    }
+
+    /// Deletes a sandbox and everything in it.
+    pub async fn delete_sandbox(&self, id: &str) -> Result<(), ClientError> {
+        let (status, value) = self
+            .send(Method::DELETE, &format!("/v1/sandboxes/{}", seg(id)), None)
+            .await?;
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(api_error(status, value))
+        }
+    }
+
+    /// Starts a code context (`python`, `javascript` or `bash`).
+    pub async fn create_context(
+        &self,
+        sandbox: &str,
+        language: &str,
+    ) -> Result<Session, ClientError> {
+        let body = serde_json::json!({ "language": language });
+        self.call(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/repl/sessions", seg(sandbox)),
+            Some(&body),
+        )
+        .await
+    }
+
+    /// The sandbox's contexts.
+    pub async fn list_contexts(&self, sandbox: &str) -> Result<Vec<Session>, ClientError> {
+        self.call(
+            Method::GET,
+            &format!("/v1/sandboxes/{}/repl/sessions", seg(sandbox)),
+            None,
+        )
+        .await
+    }
+
+    /// Runs a cell. A cell that times out is an `Ok` with `timed_out` set
+    /// (the daemon answers 500 for the PandaStack clients' sake).
+    pub async fn run_cell(
+        &self,
+        sandbox: &str,
+        context: &str,
+        code: &str,
+        timeout: Option<Duration>,
+    ) -> Result<Cell, ClientError> {
+        let mut body = serde_json::json!({ "code": code });
+        if let Some(t) = timeout {
+            body["timeout_ms"] = (t.as_millis() as u64).into();
+        }
+        let path = format!(
+            "/v1/sandboxes/{}/repl/sessions/{}/run",
+            seg(sandbox),
+            seg(context)
+        );
+        let (status, value) = self.send(Method::POST, &path, Some(&body)).await?;
+        if status.is_success() || value.get("timed_out") == Some(&Value::Bool(true)) {
+            return decode(value);
+        }
+        Err(api_error(status, value))
+    }
+
+    /// Replaces a context's interpreter with a fresh one.
+    pub async fn restart_context(
+        &self,
+        sandbox: &str,
+        context: &str,
+    ) -> Result<Session, ClientError> {
+        self.call(
+            Method::POST,
+            &format!(
+                "/v1/sandboxes/{}/repl/sessions/{}/restart",
+                seg(sandbox),
+                seg(context)
+            ),
+            None,
+        )
+        .await
+    }
+
+    /// Stops a context.
+    pub async fn delete_context(&self, sandbox: &str, context: &str) -> Result<(), ClientError> {
+        let path = format!(
+            "/v1/sandboxes/{}/repl/sessions/{}",
+            seg(sandbox),
+            seg(context)
+        );
+        let (status, value) = self.send(Method::DELETE, &path, None).await?;
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(api_error(status, value))
+        }
+    }
+}
+
+fn api_error(status: StatusCode, body: Value) -> ClientError {
+    let message = body
+        .get("error")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .unwrap_or_else(|| status.canonical_reason().unwrap_or("error").to_string());
+    ClientError::Api {
+        status: status.as_u16(),
+        message,
+        body,
+    }
+}
+
+fn decode<T: DeserializeOwned>(value: Value) -> Result<T, ClientError> {
+    serde_json::from_value(value.clone()).map_err(|e| ClientError::Api {
+        status: 200,
+        message: format!("unexpected answer from the daemon: {e}"),
+        body: value,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_path_segments_reads_cells_and_words_errors() {
+        assert_eq!(seg("a b/c"), "a%20b%2Fc");
+        assert_eq!(seg("0123abcd-ef"), "0123abcd-ef");
+        let c: Cell = serde_json::from_value(serde_json::json!({
+            "stdout": "", "stderr": "", "exit": 3, "exit_code": 3, "results": [{"text/plain": "1"}]
+        }))
+        .unwrap();
+        assert_eq!((c.exit_code, c.results[0]["text/plain"].as_str()), (3, "1"));
+        let e = api_error(
+            StatusCode::NOT_FOUND,
+            serde_json::json!({"error": "session not found"}),
+        );
+        assert_eq!(e.to_string(), "session not found (HTTP 404)");
+        assert_eq!(e.status(), Some(404));
+    }
+}
