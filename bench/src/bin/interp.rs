@@ -153,7 +153,7 @@ async fn main() {
     let mut bare = Vec::new();
     for _ in 0..n {
         let t = Instant::now();
-        let out = Command::new("chroot")
+        let out = Command::new("/usr/sbin/chroot")
             .arg(&root)
             .args(["/usr/bin/python3", "-c", CODE_PRINT])
             .env_clear()

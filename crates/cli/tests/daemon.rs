@@ -559,8 +559,19 @@ async fn sixty_four_concurrent_clients_and_a_capacity_limit() {
         .await
         .unwrap();
     assert!(list.is_empty());
-    let left: Vec<_> = std::fs::read_dir(data.join("sandboxes")).unwrap().collect();
-    assert!(left.is_empty(), "sandbox directories left behind: {left:?}");
+    // Teardown finishes just after DELETE answers.
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left: Vec<_> = std::fs::read_dir(data.join("sandboxes")).unwrap().collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "sandbox directories left behind: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     drop(d);
 
     // Past the configured maximum, creates are refused with Retry-After and

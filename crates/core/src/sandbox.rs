@@ -380,6 +380,12 @@ impl Sandbox {
         self.destroy().await
     }
 
+    /// Kills every process in the sandbox (SIGKILL to its PID 1, which takes
+    /// the whole pid namespace with it) without waiting for the teardown.
+    pub fn kill(&self) {
+        self.jail().kill();
+    }
+
     /// Kills every process in the sandbox and removes it.
     #[tracing::instrument(skip_all, fields(sandbox = %self.id()))]
     pub async fn destroy(mut self) -> Result<(), Error> {

@@ -468,6 +468,13 @@ impl Jail {
         }
     }
 
+    /// Sends SIGKILL to the agent, PID 1 of the sandbox's pid namespace: the
+    /// kernel then kills every process in it. Returns at once; [`Jail::destroy`]
+    /// waits for the teardown and removes what is left.
+    pub fn kill(&self) {
+        let _ = sys::pidfd_send_signal(self.pidfd.as_raw_fd(), libc::SIGKILL);
+    }
+
     /// The sandbox id.
     pub fn id(&self) -> &str {
         &self.id

@@ -176,9 +176,17 @@ impl AppState {
         self.metrics.reaped(reason);
         match Arc::try_unwrap(entry) {
             Ok(entry) => {
-                if let Err(e) = entry.sandbox.destroy().await {
-                    tracing::warn!(sandbox = %id, "destroy failed: {e}");
-                }
+                // Every process is sent SIGKILL now; the kernel's teardown of
+                // a large interpreter takes tens of milliseconds, which the
+                // caller need not wait for. The cgroup and directory go once
+                // it is done (a failure is found again by the next restart).
+                entry.sandbox.kill();
+                let id = id.to_string();
+                tokio::spawn(async move {
+                    if let Err(e) = entry.sandbox.destroy().await {
+                        tracing::warn!(sandbox = %id, "destroy failed: {e}");
+                    }
+                });
             }
             Err(shared) => {
                 // A request still holds it: kill it now; the handle goes with the request.
