@@ -69,6 +69,7 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
     let state = Arc::new(AppState {
         config: config.clone(),
         pools,
+        teardowns: Default::default(),
         runtime,
         registry,
         sandboxes: RwLock::new(Default::default()),
@@ -142,6 +143,13 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
     }
     for p in state.pools.all() {
         p.drain().await;
+    }
+    // Let the teardowns of deleted sandboxes finish (cgroups, directories).
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while state.teardowns.load(std::sync::atomic::Ordering::Acquire) > 0
+        && std::time::Instant::now() < until
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     tracing::info!("stopped; sandboxes keep running and are re-attached by the next start");
     Ok(())

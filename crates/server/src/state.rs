@@ -101,6 +101,8 @@ pub struct AppState {
     pub creating: std::sync::atomic::AtomicUsize,
     /// Warm pools by template.
     pub pools: crate::pool::WarmPools,
+    /// Teardowns of deleted sandboxes still running in the background.
+    pub teardowns: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// Now, unix milliseconds.
@@ -182,10 +184,13 @@ impl AppState {
                 // it is done (a failure is found again by the next restart).
                 entry.sandbox.kill();
                 let id = id.to_string();
+                let pending = self.teardowns.clone();
+                pending.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
                 tokio::spawn(async move {
                     if let Err(e) = entry.sandbox.destroy().await {
                         tracing::warn!(sandbox = %id, "destroy failed: {e}");
                     }
+                    pending.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
                 });
             }
             Err(shared) => {
