@@ -46,6 +46,8 @@ pub struct WarmPool {
     pub size: usize,
     ready: Mutex<VecDeque<Warm>>,
     refilling: AtomicBool,
+    /// Set on shutdown: nothing more is prepared or kept.
+    closed: AtomicBool,
     /// Creates served from the pool.
     pub hits: AtomicU64,
     /// Creates for this template the pool could not serve.
@@ -82,6 +84,7 @@ impl WarmPools {
                             size,
                             ready: Mutex::new(VecDeque::new()),
                             refilling: AtomicBool::new(false),
+                            closed: AtomicBool::new(false),
                             hits: AtomicU64::new(0),
                             misses: AtomicU64::new(0),
                             refill: Histogram::default(),
@@ -186,8 +189,12 @@ impl WarmPool {
             let _ = w.sandbox.destroy().await;
         }
         let mut failures = 0;
-        while self.ready() < self.size && failures < 3 {
+        while self.ready() < self.size && failures < 3 && !self.closed.load(Ordering::Acquire) {
             match self.prepare(runtime).await {
+                Ok(w) if self.closed.load(Ordering::Acquire) => {
+                    // Shut down while this one was being prepared.
+                    let _ = w.sandbox.destroy().await;
+                }
                 Ok(w) => self.ready.lock().expect("pool lock").push_back(w),
                 Err(e) => {
                     failures += 1;
@@ -199,8 +206,14 @@ impl WarmPool {
         self.refilling.store(false, Ordering::Release);
     }
 
-    /// Destroys every pooled sandbox.
+    /// Stops refilling, waits for a refill in progress, and destroys every
+    /// pooled sandbox.
     pub async fn drain(&self) {
+        self.closed.store(true, Ordering::Release);
+        let until = Instant::now() + Duration::from_secs(30);
+        while self.refilling.load(Ordering::Acquire) && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let all: Vec<Warm> = self.ready.lock().expect("pool lock").drain(..).collect();
         for w in all {
             let _ = w.sandbox.destroy().await;
