@@ -26,13 +26,16 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// Host processes whose argv[0] is `marker` (set with `exec -a`). Only
+/// argv[0] counts: the `runcell run` process itself carries the marker in
+/// its later arguments.
 fn host_processes_with(marker: &str) -> usize {
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
         .filter(|e| {
             std::fs::read(e.path().join("cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains(marker))
+                .map(|c| c.split(|&b| b == 0).next() == Some(marker.as_bytes()))
                 .unwrap_or(false)
         })
         .count()
