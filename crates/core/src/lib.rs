@@ -27,6 +27,7 @@ mod limits;
 mod runtime;
 mod sandbox;
 mod template;
+mod time;
 
 pub use client::{AgentClient, ClientError};
 pub use context::{CellEvent, CellReport, CellRun, ContextOptions, MimeBundle};
@@ -34,6 +35,7 @@ pub use limits::{format_secs, format_size, parse_size, SandboxLimits, SizeError}
 pub use runtime::{Runtime, RuntimeConfig, SandboxOptions};
 pub use sandbox::{truncation_marker, ExecOutcome, ExecResult, Output, RunOptions, Sandbox};
 pub use template::{layer_path, Manifest, Template, TemplateDefaults, TemplateError, LAYERS_DIR};
+pub use time::{civil, rfc3339};
 
 /// Errors from the core.
 #[derive(Debug, thiserror::Error)]

@@ -332,26 +332,7 @@ fn limits_json(l: &SandboxLimits) -> Value {
     serde_json::to_value(limits_view(l)).expect("limits serialize")
 }
 
-pub(crate) fn rfc3339(unix: i64) -> String {
-    // Civil-from-days (Howard Hinnant's algorithm), UTC.
-    let days = unix.div_euclid(86_400);
-    let secs = unix.rem_euclid(86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        secs / 3600,
-        secs % 3600 / 60,
-        secs % 60
-    )
-}
+pub(crate) use runcell_core::rfc3339;
 
 fn sandbox_view(e: &Entry) -> SandboxView {
     let r = e.record.lock().expect("record lock");
@@ -1175,12 +1156,6 @@ async fn template(State(state): St, Path(name): Path<String>) -> AppResult<Json<
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn formats_rfc3339() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(rfc3339(1_795_941_814), "2026-11-29T08:43:34Z");
-    }
 
     #[test]
     fn utf8_is_never_split() {
