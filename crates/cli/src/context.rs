@@ -13,15 +13,8 @@ use crate::run::parse_duration;
 
 #[derive(Debug, Args)]
 pub struct ContextArgs {
-    /// The daemon [default: $RUNCELL_URL, else http://127.0.0.1:7070].
-    #[arg(long, global = true)]
-    url: Option<String>,
-    /// API key [default: $RUNCELL_API_KEY, else the key file runcell serve wrote].
-    #[arg(long, global = true)]
-    api_key: Option<String>,
-    /// Print the daemon's JSON instead of text.
-    #[arg(long, global = true)]
-    json: bool,
+    #[command(flatten)]
+    conn: crate::remote::Conn,
     #[command(subcommand)]
     command: ContextCommand,
 }
@@ -89,12 +82,9 @@ fn session_line(s: &Session) -> String {
 }
 
 pub async fn main(args: ContextArgs) -> u8 {
-    let client = match Client::from_env(args.url.clone(), args.api_key.clone()) {
+    let client = match args.conn.client() {
         Ok(c) => c,
-        Err(e) => {
-            report(&e);
-            return 2;
-        }
+        Err(code) => return code,
     };
     match run(&client, args).await {
         Ok(code) => code,
@@ -106,7 +96,7 @@ pub async fn main(args: ContextArgs) -> u8 {
 }
 
 async fn run(client: &Client, args: ContextArgs) -> Result<u8, ClientError> {
-    let json = args.json;
+    let json = args.conn.json;
     match args.command {
         ContextCommand::Create { sandbox, language } => {
             let s = client.create_context(&sandbox, &language).await?;
@@ -185,7 +175,7 @@ async fn run(client: &Client, args: ContextArgs) -> Result<u8, ClientError> {
     Ok(0)
 }
 
-fn cell_json(c: &Cell) -> serde_json::Value {
+pub(crate) fn cell_json(c: &Cell) -> serde_json::Value {
     serde_json::json!({
         "stdout": c.stdout, "stderr": c.stderr, "exit_code": c.exit_code,
         "results": c.results, "duration_ms": c.duration_ms, "error": c.error,
@@ -196,7 +186,7 @@ fn cell_json(c: &Cell) -> serde_json::Value {
 
 /// Output as a terminal user expects: streams as they were, values as text,
 /// images saved (or described), problems on stderr.
-fn print_cell(c: &Cell, save_images: Option<&std::path::Path>) {
+pub(crate) fn print_cell(c: &Cell, save_images: Option<&std::path::Path>) {
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(c.stdout.as_bytes());
     let mut saved = 0;

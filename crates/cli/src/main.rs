@@ -2,6 +2,7 @@
 
 mod context;
 mod key;
+mod remote;
 mod run;
 mod serve;
 mod template;
@@ -47,6 +48,16 @@ enum Commands {
     Template(template::TemplateArgs),
     /// Code contexts (long-lived interpreters) in a daemon's sandbox.
     Context(context::ContextArgs),
+    /// Create, list, show, kill sandboxes of a daemon and set their TTL.
+    Sandbox(remote::SandboxArgs),
+    /// Run a command in a daemon's sandbox: runcell exec ID -- CMD.
+    Exec(remote::ExecArgs),
+    /// Run code in a daemon's sandbox, in a context kept per language.
+    Code(remote::CodeArgs),
+    /// Copy a file into or out of a daemon's sandbox (SANDBOX:/path).
+    Cp(remote::CpArgs),
+    /// Print (or follow with -f) the output of a sandbox's commands.
+    Logs(remote::LogsArgs),
 }
 
 /// Where templates live unless --templates-dir says otherwise: the daemon's
@@ -68,17 +79,33 @@ fn main() -> ExitCode {
         other => other,
     };
     let command = match command {
-        Commands::Context(args) => {
-            return match tokio::runtime::Builder::new_current_thread()
+        Commands::Context(_)
+        | Commands::Sandbox(_)
+        | Commands::Exec(_)
+        | Commands::Code(_)
+        | Commands::Cp(_)
+        | Commands::Logs(_) => {
+            let rt = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
             {
-                Ok(rt) => ExitCode::from(rt.block_on(context::main(args))),
+                Ok(rt) => rt,
                 Err(e) => {
                     eprintln!("runcell: could not start: {e}");
-                    ExitCode::from(125)
+                    return ExitCode::from(125);
                 }
-            }
+            };
+            return ExitCode::from(rt.block_on(async {
+                match command {
+                    Commands::Context(a) => context::main(a).await,
+                    Commands::Sandbox(a) => remote::sandbox(a).await,
+                    Commands::Exec(a) => remote::exec(a).await,
+                    Commands::Code(a) => remote::code(a).await,
+                    Commands::Cp(a) => remote::cp(a).await,
+                    Commands::Logs(a) => remote::logs(a).await,
+                    _ => unreachable!("only remote commands reach here"),
+                }
+            }));
         }
         other => other,
     };
@@ -105,9 +132,7 @@ fn main() -> ExitCode {
         match command {
             Commands::Run(args) => run::run(config, args).await,
             Commands::Template(args) => template::main(config, args).await,
-            Commands::Serve(_) | Commands::Key(_) | Commands::Context(_) => {
-                unreachable!("handled above")
-            }
+            _ => unreachable!("handled above"),
         }
     });
     ExitCode::from(code)

@@ -139,6 +139,59 @@ pub struct Cell {
     pub messages: Vec<String>,
 }
 
+/// The result of an exec, including one that timed out.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ExecOutput {
+    /// Standard output (capped, with a marker when cut).
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+    /// Exit status (124 after a timeout).
+    pub exit_code: i32,
+    /// Wall-clock duration.
+    #[serde(default)]
+    pub duration_ms: u64,
+    /// The exec hit its timeout.
+    #[serde(default)]
+    pub timed_out: bool,
+    /// Plain sentences about every limit hit.
+    #[serde(default)]
+    pub messages: Vec<String>,
+}
+
+/// A directory entry.
+#[derive(Debug, Clone, Deserialize)]
+pub struct FileEntry {
+    /// Base name.
+    pub name: String,
+    /// Is a directory.
+    pub is_dir: bool,
+    /// Size in bytes.
+    pub size: u64,
+    /// Permission string, e.g. `-rw-r--r--`.
+    #[serde(default)]
+    pub permissions: String,
+    /// Modification time, unix seconds.
+    #[serde(default)]
+    pub mtime: i64,
+}
+
+#[derive(Debug, Deserialize)]
+struct DirListing {
+    entries: Vec<FileEntry>,
+}
+
+/// Options for an exec.
+#[derive(Debug, Clone, Default)]
+pub struct ExecOptions {
+    /// Timeout; the sandbox's default when absent.
+    pub timeout: Option<Duration>,
+    /// Extra environment variables.
+    pub env: BTreeMap<String, String>,
+    /// Working directory.
+    pub cwd: Option<String>,
+}
+
 /// A client for one daemon and key.
 #[derive(Debug, Clone)]
 pub struct Client {
@@ -195,18 +248,23 @@ impl Client {
         &self.url
     }
 
-    async fn send(
+    /// Sends a request; returns the status and the raw body.
+    async fn send_raw(
         &self,
         method: Method,
         path: &str,
-        body: Option<&Value>,
-    ) -> Result<(StatusCode, Value), ClientError> {
+        body: Option<reqwest::Body>,
+        json: Option<&Value>,
+    ) -> Result<(StatusCode, Vec<u8>), ClientError> {
         let mut rb = self
             .http
             .request(method, format!("{}{path}", self.url))
             .bearer_auth(&self.key);
-        if let Some(b) = body {
+        if let Some(b) = json {
             rb = rb.json(b);
+        }
+        if let Some(b) = body {
+            rb = rb.body(b);
         }
         let resp = rb.send().await.map_err(|source| ClientError::Connect {
             url: self.url.clone(),
@@ -214,6 +272,16 @@ impl Client {
         })?;
         let status = resp.status();
         let bytes = resp.bytes().await.map_err(ClientError::Decode)?;
+        Ok((status, bytes.to_vec()))
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(StatusCode, Value), ClientError> {
+        let (status, bytes) = self.send_raw(method, path, None, body).await?;
         let value = if bytes.is_empty() {
             Value::Null
         } else {
@@ -241,6 +309,153 @@ impl Client {
     pub async fn create_sandbox(&self, request: &Value) -> Result<SandboxInfo, ClientError> {
         self.call(Method::POST, "/v1/sandboxes", Some(request))
             .await
+    }
+
+    /// Sandboxes of the key's workspace whose metadata has every `key=value`
+    /// of `metadata`.
+    pub async fn list_sandboxes(
+        &self,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<Vec<SandboxInfo>, ClientError> {
+        let query: Vec<String> = metadata
+            .iter()
+            .map(|(k, v)| format!("metadata.{}={}", seg(k), seg(v)))
+            .collect();
+        let path = if query.is_empty() {
+            "/v1/sandboxes".to_string()
+        } else {
+            format!("/v1/sandboxes?{}", query.join("&"))
+        };
+        self.call(Method::GET, &path, None).await
+    }
+
+    /// One sandbox.
+    pub async fn get_sandbox(&self, id: &str) -> Result<SandboxInfo, ClientError> {
+        self.call(Method::GET, &format!("/v1/sandboxes/{}", seg(id)), None)
+            .await
+    }
+
+    /// Sets a sandbox's idle TTL and/or persistence; returns the lifecycle.
+    pub async fn set_lifecycle(
+        &self,
+        id: &str,
+        ttl_seconds: Option<u64>,
+        persistent: Option<bool>,
+    ) -> Result<Value, ClientError> {
+        let mut body = serde_json::Map::new();
+        if let Some(t) = ttl_seconds {
+            body.insert("ttl_seconds".into(), t.into());
+        }
+        if let Some(p) = persistent {
+            body.insert("persistent".into(), p.into());
+        }
+        self.call(
+            Method::PATCH,
+            &format!("/v1/sandboxes/{}/lifecycle", seg(id)),
+            Some(&Value::Object(body)),
+        )
+        .await
+    }
+
+    /// Runs a shell command line. A timeout is an `Ok` with `timed_out` set.
+    pub async fn exec(
+        &self,
+        id: &str,
+        cmd: &str,
+        opts: &ExecOptions,
+    ) -> Result<ExecOutput, ClientError> {
+        let mut body = serde_json::json!({ "cmd": cmd, "env": opts.env });
+        if let Some(t) = opts.timeout {
+            body["timeout_seconds"] = t.as_secs_f64().into();
+        }
+        if let Some(c) = &opts.cwd {
+            body["cwd"] = c.clone().into();
+        }
+        let path = format!("/v1/sandboxes/{}/exec", seg(id));
+        let (status, value) = self.send(Method::POST, &path, Some(&body)).await?;
+        if status.is_success() || value.get("timed_out") == Some(&Value::Bool(true)) {
+            return decode(value);
+        }
+        Err(api_error(status, value))
+    }
+
+    /// Reads a file from a sandbox.
+    pub async fn read_file(&self, id: &str, path: &str) -> Result<Vec<u8>, ClientError> {
+        let p = format!("/v1/sandboxes/{}/fs?path={}", seg(id), seg(path));
+        raw_ok(self.send_raw(Method::GET, &p, None, None).await?)
+    }
+
+    /// Writes a file into a sandbox (parents are created).
+    pub async fn write_file(&self, id: &str, path: &str, data: Vec<u8>) -> Result<(), ClientError> {
+        let p = format!("/v1/sandboxes/{}/fs?path={}", seg(id), seg(path));
+        raw_ok(
+            self.send_raw(Method::PUT, &p, Some(data.into()), None)
+                .await?,
+        )
+        .map(drop)
+    }
+
+    /// Lists a directory in a sandbox.
+    pub async fn list_dir(&self, id: &str, path: &str) -> Result<Vec<FileEntry>, ClientError> {
+        let listing: DirListing = self
+            .call(
+                Method::GET,
+                &format!("/v1/sandboxes/{}/fs/dir?path={}", seg(id), seg(path)),
+                None,
+            )
+            .await?;
+        Ok(listing.entries)
+    }
+
+    /// The output of a sandbox's execs so far.
+    pub async fn logs(&self, id: &str) -> Result<String, ClientError> {
+        let p = format!("/v1/sandboxes/{}/logs", seg(id));
+        let bytes = raw_ok(self.send_raw(Method::GET, &p, None, None).await?)?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// Follows a sandbox's log, calling `on_line` for each line (the ones
+    /// so far, then new ones) until the sandbox goes away.
+    pub async fn follow_logs(
+        &self,
+        id: &str,
+        mut on_line: impl FnMut(&str),
+    ) -> Result<(), ClientError> {
+        let url = format!("{}/v1/sandboxes/{}/logs?follow=1", self.url, seg(id));
+        let mut resp = self
+            .http
+            .get(url)
+            .bearer_auth(&self.key)
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .map_err(|source| ClientError::Connect {
+                url: self.url.clone(),
+                source,
+            })?;
+        let status = resp.status();
+        if !status.is_success() {
+            let body = resp.json().await.unwrap_or(Value::Null);
+            return Err(api_error(status, body));
+        }
+        let mut buf = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(ClientError::Decode)? {
+            buf.extend_from_slice(&chunk);
+            // SSE events end with a blank line; `data:` lines carry {"line": ...}.
+            while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
+                let event: Vec<u8> = buf.drain(..end + 2).collect();
+                for line in String::from_utf8_lossy(&event).lines() {
+                    if let Some(data) = line.strip_prefix("data:") {
+                        if let Ok(v) = serde_json::from_str::<Value>(data.trim()) {
+                            if let Some(text) = v.get("line").and_then(Value::as_str) {
+                                on_line(text);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Deletes a sandbox and everything in it.
@@ -336,6 +551,18 @@ impl Client {
         } else {
             Err(api_error(status, value))
         }
+    }
+}
+
+/// The body of a successful raw answer, or the daemon's error.
+fn raw_ok((status, bytes): (StatusCode, Vec<u8>)) -> Result<Vec<u8>, ClientError> {
+    if status.is_success() {
+        Ok(bytes)
+    } else {
+        Err(api_error(
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        ))
     }
 }
 
