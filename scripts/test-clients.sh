@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Client-compatibility tests: starts a real `runcell serve` on loopback and
-# drives it through the published PandaStack client packages, unchanged:
+# drives it through published client packages, unchanged: the official MCP
+# client SDK (@modelcontextprotocol/sdk, against `runcell mcp` and /mcp) and
+# the PandaStack clients:
 # @pandastack/sdk (npm, tests/clients/package.json) and pandastack (PyPI,
 # tests/clients/requirements.txt). The daemon creates real sandboxes, so this
 # must run as root, from anywhere (it cds to the repo root):
@@ -176,6 +178,7 @@ export NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}" no_proxy="127.0.0.1
 # --- tests -------------------------------------------------------------------
 run_suite "@pandastack/sdk@0.9.0" node --test tests/clients/pandastack-sdk.test.mjs tests/clients/.build/await-using.test.mjs
 run_suite "pandastack==0.10.0" "$VENV/bin/python" -m pytest -v -p no:cacheprovider "$CLIENTS/test_pandastack_py.py"
+run_suite "MCP (@modelcontextprotocol/sdk)" node --test tests/clients/mcp.test.mjs
 
 if [ ${#failed[@]} -gt 0 ]; then
   echo "scripts/test-clients.sh: FAILED: ${failed[*]}" >&2

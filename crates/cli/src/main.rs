@@ -58,6 +58,9 @@ enum Commands {
     Cp(remote::CpArgs),
     /// Print (or follow with -f) the output of a sandbox's commands.
     Logs(remote::LogsArgs),
+    /// An MCP server on stdin/stdout (for Claude Desktop, Cursor, ...) whose
+    /// tools run code through the daemon.
+    Mcp(remote::McpArgs),
 }
 
 /// Where templates live unless --templates-dir says otherwise: the daemon's
@@ -84,7 +87,8 @@ fn main() -> ExitCode {
         | Commands::Exec(_)
         | Commands::Code(_)
         | Commands::Cp(_)
-        | Commands::Logs(_) => {
+        | Commands::Logs(_)
+        | Commands::Mcp(_) => {
             let rt = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -103,6 +107,7 @@ fn main() -> ExitCode {
                     Commands::Code(a) => remote::code(a).await,
                     Commands::Cp(a) => remote::cp(a).await,
                     Commands::Logs(a) => remote::logs(a).await,
+                    Commands::Mcp(a) => remote::mcp(a).await,
                     _ => unreachable!("only remote commands reach here"),
                 }
             }));

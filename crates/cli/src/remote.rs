@@ -433,3 +433,28 @@ pub async fn logs(args: LogsArgs) -> u8 {
     })
     .await
 }
+
+#[derive(Debug, Args)]
+pub struct McpArgs {
+    #[command(flatten)]
+    conn: Conn,
+    /// Template of the sandboxes the tools create.
+    #[arg(long, default_value = "code-interpreter")]
+    template: String,
+}
+
+/// `runcell mcp`: an MCP server on stdin/stdout whose tools use the daemon.
+pub async fn mcp(args: McpArgs) -> u8 {
+    let client = match args.conn.client() {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let server = runcell_mcp::RuncellMcp::new(runcell_mcp::Backend::Fixed(client), args.template);
+    match runcell_mcp::serve_stdio(server).await {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("runcell: {}", e.message);
+            1
+        }
+    }
+}

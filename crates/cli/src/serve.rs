@@ -226,6 +226,7 @@ fn settings(
             .or(file.max_sandboxes)
             .unwrap_or(d.max_sandboxes),
         cgroup_parent: d.cgroup_parent,
+        mcp_template: d.mcp_template,
         warm_pools: if !args.warm_pools.is_empty() {
             args.warm_pools.into_iter().collect()
         } else {

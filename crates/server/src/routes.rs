@@ -119,10 +119,25 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/templates/{name}", get(template))
         .fallback(no_route)
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth));
+    // MCP over streamable HTTP. Its tools call this daemon's /v1 API with
+    // the key of the MCP request, so they see exactly what the key may see.
+    let own = state.config.listen;
+    let own_url = if own.ip().is_unspecified() {
+        format!("http://127.0.0.1:{}", own.port())
+    } else {
+        format!("http://{own}")
+    };
+    let mcp = Router::new()
+        .fallback_service(runcell_mcp::http_service(
+            own_url,
+            state.config.mcp_template.clone(),
+        ))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/metrics", get(metrics))
         .nest("/v1", v1)
+        .nest("/mcp", mcp)
         .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
         .fallback(no_route)
         .layer(axum::extract::DefaultBodyLimit::disable())

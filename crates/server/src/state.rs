@@ -39,6 +39,8 @@ pub struct ServeConfig {
     pub max_sandboxes: usize,
     /// Warm pool sizes by template name.
     pub warm_pools: BTreeMap<String, usize>,
+    /// Template of the sandboxes the `/mcp` tools create.
+    pub mcp_template: String,
 }
 
 impl Default for ServeConfig {
@@ -61,6 +63,7 @@ impl Default for ServeConfig {
             cgroup_parent: "runcell".into(),
             max_sandboxes: 64,
             warm_pools: [("code-interpreter".to_string(), 2)].into(),
+            mcp_template: "code-interpreter".into(),
         }
     }
 }

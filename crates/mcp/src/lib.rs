@@ -1,0 +1,559 @@
+//! runcell's MCP server. Every tool is a call to the daemon's `/v1` API
+//! through [`runcell_client`], so the same server runs over stdio
+//! (`runcell mcp`, with the caller's key from the environment) and inside the
+//! daemon at `/mcp` (streamable HTTP, with the key of each HTTP request).
+//!
+//! Tools: `run_code` (a fresh sandbox per call unless `sandbox_id` is given),
+//! `create_sandbox`, `exec`, `read_file`, `write_file`, `list_sandboxes`,
+//! `kill_sandbox`. Results carry text for the model, structured content, and
+//! plots as image content.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, Content, Implementation, JsonObject, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerInfo, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use runcell_client::{Cell, Client, ClientError, ExecOptions};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// Longest text a tool returns per stream before cutting it with a marker.
+const MAX_TEXT: usize = 20_000;
+
+/// Where the tools send their API calls.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// One client for every call (stdio: the user's own key).
+    Fixed(Client),
+    /// The daemon itself, with the bearer key of each MCP HTTP request.
+    PerRequest {
+        /// The daemon's own address, e.g. `http://127.0.0.1:7070`.
+        url: String,
+    },
+}
+
+/// The MCP server.
+#[derive(Debug, Clone)]
+pub struct RuncellMcp {
+    backend: Backend,
+    /// Template of sandboxes `run_code` and `create_sandbox` make by default.
+    template: Arc<str>,
+}
+
+impl RuncellMcp {
+    /// A server sending its calls to `backend`; sandboxes default to `template`.
+    pub fn new(backend: Backend, template: impl Into<String>) -> Self {
+        let template: String = template.into();
+        Self {
+            backend,
+            template: template.into(),
+        }
+    }
+
+    fn client(&self, ctx: &RequestContext<RoleServer>) -> Result<Client, McpError> {
+        match &self.backend {
+            Backend::Fixed(c) => Ok(c.clone()),
+            Backend::PerRequest { url } => {
+                let key = ctx
+                    .extensions
+                    .get::<http::request::Parts>()
+                    .and_then(|p| p.headers.get(http::header::AUTHORIZATION))
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("Bearer "))
+                    .ok_or_else(|| {
+                        McpError::invalid_request(
+                            "An API key (Authorization: Bearer) is required.",
+                            None,
+                        )
+                    })?;
+                Ok(Client::new(url.clone(), key.trim()))
+            }
+        }
+    }
+}
+
+fn schema(v: Value) -> Arc<JsonObject> {
+    match v {
+        Value::Object(m) => Arc::new(m),
+        _ => Arc::new(JsonObject::new()),
+    }
+}
+
+fn tools() -> Vec<Tool> {
+    let lang =
+        json!({"type": "string", "enum": ["python", "javascript", "bash"], "default": "python"});
+    vec![
+        Tool::new(
+            "run_code",
+            "Run Python, JavaScript (Node.js) or bash code in an isolated Linux sandbox with no network, and return stdout, stderr, the exit code, and rich results: the value of the last Python expression, DataFrames as tables, and matplotlib plots as images. Without sandbox_id, every call gets a FRESH sandbox that is destroyed afterwards: nothing persists between calls (variables, files, installed packages), so put imports and setup in the same snippet. With the sandbox_id of a sandbox from create_sandbox, code runs in that sandbox's interpreter for the language and variables, imports and files persist between calls.",
+            schema(json!({
+                "type": "object",
+                "properties": {
+                    "code": {"type": "string", "description": "The code to run.", "maxLength": 200000},
+                    "language": lang,
+                    "sandbox_id": {"type": "string", "description": "Run in this existing sandbox (state persists) instead of a fresh one."},
+                    "timeout_seconds": {"type": "number", "description": "Stop the code after this many seconds (default: the sandbox's, usually 60)."}
+                },
+                "required": ["code"]
+            })),
+        ),
+        Tool::new(
+            "create_sandbox",
+            "Create a sandbox that keeps its state (variables in run_code, files, installed packages) across calls until it is killed or has been idle for ttl_seconds (default 600). Returns its id for run_code, exec, read_file and write_file.",
+            schema(json!({
+                "type": "object",
+                "properties": {
+                    "template": {"type": "string", "description": "Template, e.g. code-interpreter (default) or host."},
+                    "ttl_seconds": {"type": "integer", "minimum": 1, "description": "Idle time after which the sandbox is destroyed."},
+                    "metadata": {"type": "object", "additionalProperties": {"type": "string"}}
+                }
+            })),
+        ),
+        Tool::new(
+            "exec",
+            "Run a shell command line (bash -c) in an existing sandbox and return stdout, stderr and the exit code. Files and installed packages in the sandbox persist between calls.",
+            schema(json!({
+                "type": "object",
+                "properties": {
+                    "sandbox_id": {"type": "string"},
+                    "command": {"type": "string"},
+                    "timeout_seconds": {"type": "number"}
+                },
+                "required": ["sandbox_id", "command"]
+            })),
+        ),
+        Tool::new(
+            "read_file",
+            "Read a text file from a sandbox (absolute path).",
+            schema(json!({
+                "type": "object",
+                "properties": {"sandbox_id": {"type": "string"}, "path": {"type": "string"}},
+                "required": ["sandbox_id", "path"]
+            })),
+        ),
+        Tool::new(
+            "write_file",
+            "Write a text file into a sandbox (absolute path; parent directories are created).",
+            schema(json!({
+                "type": "object",
+                "properties": {"sandbox_id": {"type": "string"}, "path": {"type": "string"}, "content": {"type": "string"}},
+                "required": ["sandbox_id", "path", "content"]
+            })),
+        ),
+        Tool::new(
+            "list_sandboxes",
+            "List your sandboxes, optionally only those whose metadata matches every given key and value.",
+            schema(json!({
+                "type": "object",
+                "properties": {"metadata": {"type": "object", "additionalProperties": {"type": "string"}}}
+            })),
+        ),
+        Tool::new(
+            "kill_sandbox",
+            "Destroy a sandbox and everything in it.",
+            schema(json!({
+                "type": "object",
+                "properties": {"sandbox_id": {"type": "string"}},
+                "required": ["sandbox_id"]
+            })),
+        ),
+    ]
+}
+
+#[derive(Debug, Deserialize)]
+struct RunCodeArgs {
+    code: String,
+    #[serde(default)]
+    language: Option<String>,
+    #[serde(default)]
+    sandbox_id: Option<String>,
+    #[serde(default)]
+    timeout_seconds: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct CreateArgs {
+    #[serde(default)]
+    template: Option<String>,
+    #[serde(default)]
+    ttl_seconds: Option<u64>,
+    #[serde(default)]
+    metadata: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ExecArgs {
+    sandbox_id: String,
+    command: String,
+    #[serde(default)]
+    timeout_seconds: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct FileArgs {
+    sandbox_id: String,
+    path: String,
+    #[serde(default)]
+    content: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ListArgs {
+    #[serde(default)]
+    metadata: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct KillArgs {
+    sandbox_id: String,
+}
+
+fn args<T: serde::de::DeserializeOwned>(p: &CallToolRequestParams) -> Result<T, McpError> {
+    let v = Value::Object(p.arguments.clone().unwrap_or_default());
+    serde_json::from_value(v).map_err(|e| {
+        McpError::invalid_params(format!("Invalid arguments for {}: {e}.", p.name), None)
+    })
+}
+
+fn timeout(secs: Option<f64>) -> Result<Option<Duration>, McpError> {
+    match secs {
+        None => Ok(None),
+        Some(t) if t > 0.0 && t.is_finite() => Ok(Some(Duration::from_secs_f64(t.min(3600.0)))),
+        Some(_) => Err(McpError::invalid_params(
+            "timeout_seconds must be positive.",
+            None,
+        )),
+    }
+}
+
+/// Cuts `text` to [`MAX_TEXT`] characters with a marker giving the total.
+fn cap(text: &str) -> String {
+    if text.chars().count() <= MAX_TEXT {
+        return text.to_string();
+    }
+    let kept: String = text.chars().take(MAX_TEXT).collect();
+    format!(
+        "{kept}\n[truncated: showing the first {MAX_TEXT} of {} characters]",
+        text.chars().count()
+    )
+}
+
+/// A failed API call as a tool error the model can read (not a protocol error).
+fn tool_error(e: ClientError) -> CallToolResult {
+    CallToolResult::error(vec![Content::text(e.to_string())])
+}
+
+fn ok(text: String, structured: Value) -> CallToolResult {
+    let mut r = CallToolResult::success(vec![Content::text(text)]);
+    r.structured_content = Some(structured);
+    r
+}
+
+fn cell_result(cell: &Cell, sandbox: &str, fresh: bool) -> CallToolResult {
+    let mut text = String::new();
+    if !cell.stdout.is_empty() {
+        text.push_str(&format!("stdout:\n{}\n", cap(&cell.stdout)));
+    }
+    if !cell.stderr.is_empty() {
+        text.push_str(&format!("stderr:\n{}\n", cap(&cell.stderr)));
+    }
+    let mut images = Vec::new();
+    let mut values = Vec::new();
+    for r in &cell.results {
+        if let Some(png) = r.get("image/png") {
+            images.push(Content::image(png.clone(), "image/png"));
+        } else if let Some(jpeg) = r.get("image/jpeg") {
+            images.push(Content::image(jpeg.clone(), "image/jpeg"));
+        } else if let Some(t) = r.get("text/plain") {
+            values.push(cap(t));
+        }
+    }
+    for v in &values {
+        text.push_str(&format!("result: {v}\n"));
+    }
+    if !images.is_empty() {
+        text.push_str(&format!("{} image(s) attached.\n", images.len()));
+    }
+    for m in &cell.messages {
+        text.push_str(&format!("{m}\n"));
+    }
+    if cell.timed_out {
+        text.push_str("The code timed out.\n");
+    } else if let Some(e) = &cell.exception {
+        text.push_str(&format!("error: {}: {}\n", e.name, e.value));
+    }
+    text.push_str(&format!(
+        "exit code: {}{}",
+        cell.exit_code,
+        if fresh {
+            " (this sandbox was destroyed; nothing persists)"
+        } else {
+            ""
+        }
+    ));
+    let structured = json!({
+        "sandbox_id": sandbox,
+        "stdout": cap(&cell.stdout),
+        "stderr": cap(&cell.stderr),
+        "exit_code": cell.exit_code,
+        "results": values,
+        "images": images.len(),
+        "error": cell.error,
+        "timed_out": cell.timed_out,
+        "state_lost": cell.state_lost,
+        "messages": cell.messages,
+    });
+    let mut content = vec![Content::text(text)];
+    content.extend(images);
+    let mut r = if cell.exit_code == 0 && !cell.timed_out {
+        CallToolResult::success(content)
+    } else {
+        CallToolResult::error(content)
+    };
+    r.structured_content = Some(structured);
+    r
+}
+
+impl RuncellMcp {
+    async fn run_code(&self, c: &Client, a: RunCodeArgs) -> Result<CallToolResult, McpError> {
+        let language = a.language.unwrap_or_else(|| "python".into());
+        if !matches!(language.as_str(), "python" | "javascript" | "bash") {
+            return Err(McpError::invalid_params(
+                format!("Unknown language \"{language}\"; use python, javascript or bash."),
+                None,
+            ));
+        }
+        let t = timeout(a.timeout_seconds)?;
+        let (sandbox, fresh) = match a.sandbox_id {
+            Some(id) => (id, false),
+            None => {
+                let req = json!({"template": &*self.template, "ttl_seconds": 300, "metadata": {"created_by": "runcell-mcp"}});
+                match c.create_sandbox(&req).await {
+                    Ok(s) => (s.id, true),
+                    Err(e) => return Ok(tool_error(e)),
+                }
+            }
+        };
+        let run = async {
+            let existing = if fresh {
+                None
+            } else {
+                c.list_contexts(&sandbox)
+                    .await?
+                    .into_iter()
+                    .find(|x| x.language == language)
+            };
+            let ctx = match existing {
+                Some(x) => x,
+                None => c.create_context(&sandbox, &language).await?,
+            };
+            c.run_cell(&sandbox, &ctx.id, &a.code, t).await
+        }
+        .await;
+        if fresh {
+            let _ = c.delete_sandbox(&sandbox).await;
+        }
+        Ok(match run {
+            Ok(cell) => cell_result(&cell, &sandbox, fresh),
+            Err(e) => tool_error(e),
+        })
+    }
+
+    async fn dispatch(
+        &self,
+        c: &Client,
+        p: &CallToolRequestParams,
+    ) -> Result<CallToolResult, McpError> {
+        let result = match p.name.as_ref() {
+            "run_code" => return self.run_code(c, args(p)?).await,
+            "create_sandbox" => {
+                let a: CreateArgs = args(p)?;
+                let mut req = json!({
+                    "template": a.template.unwrap_or_else(|| self.template.to_string()),
+                    "ttl_seconds": a.ttl_seconds.unwrap_or(600),
+                    "metadata": a.metadata,
+                });
+                req["metadata"]["created_by"] = "runcell-mcp".into();
+                c.create_sandbox(&req).await.map(|s| {
+                    ok(
+                        format!("Created sandbox {}. Its state persists until it is killed or idle for its TTL.", s.id),
+                        json!({"sandbox_id": s.id, "template": s.fields.get("template")}),
+                    )
+                })
+            }
+            "exec" => {
+                let a: ExecArgs = args(p)?;
+                let opts = ExecOptions {
+                    timeout: timeout(a.timeout_seconds)?,
+                    ..ExecOptions::default()
+                };
+                c.exec(&a.sandbox_id, &a.command, &opts).await.map(|r| {
+                    let text = format!(
+                        "stdout:\n{}\nstderr:\n{}\n{}exit code: {}",
+                        cap(&r.stdout),
+                        cap(&r.stderr),
+                        r.messages.iter().map(|m| format!("{m}\n")).collect::<String>(),
+                        r.exit_code
+                    );
+                    let mut res = ok(
+                        text,
+                        json!({"stdout": cap(&r.stdout), "stderr": cap(&r.stderr), "exit_code": r.exit_code, "timed_out": r.timed_out}),
+                    );
+                    res.is_error = Some(r.exit_code != 0);
+                    res
+                })
+            }
+            "read_file" => {
+                let a: FileArgs = args(p)?;
+                c.read_file(&a.sandbox_id, &a.path).await.map(|b| {
+                    let text = String::from_utf8_lossy(&b).into_owned();
+                    ok(cap(&text), json!({"path": a.path, "size": b.len()}))
+                })
+            }
+            "write_file" => {
+                let a: FileArgs = args(p)?;
+                let content = a.content.unwrap_or_default();
+                let size = content.len();
+                c.write_file(&a.sandbox_id, &a.path, content.into_bytes())
+                    .await
+                    .map(|()| {
+                        ok(
+                            format!("Wrote {size} bytes to {}.", a.path),
+                            json!({"path": a.path, "size": size}),
+                        )
+                    })
+            }
+            "list_sandboxes" => {
+                let a: ListArgs = args(p)?;
+                c.list_sandboxes(&a.metadata).await.map(|list| {
+                    let items: Vec<Value> = list
+                        .iter()
+                        .map(|s| json!({"sandbox_id": s.id, "template": s.fields.get("template"), "status": s.fields.get("status"), "metadata": s.fields.get("metadata")}))
+                        .collect();
+                    let text = if items.is_empty() {
+                        "No sandboxes.".to_string()
+                    } else {
+                        serde_json::to_string_pretty(&items).unwrap_or_default()
+                    };
+                    ok(text, json!({"sandboxes": items}))
+                })
+            }
+            "kill_sandbox" => {
+                let a: KillArgs = args(p)?;
+                c.delete_sandbox(&a.sandbox_id).await.map(|()| {
+                    ok(
+                        format!("Killed sandbox {}.", a.sandbox_id),
+                        json!({"sandbox_id": a.sandbox_id, "killed": true}),
+                    )
+                })
+            }
+            other => {
+                return Err(McpError::invalid_params(
+                    format!("Unknown tool \"{other}\"."),
+                    None,
+                ))
+            }
+        };
+        Ok(result.unwrap_or_else(tool_error))
+    }
+}
+
+impl ServerHandler for RuncellMcp {
+    fn get_info(&self) -> ServerInfo {
+        ServerInfo::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("runcell", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "runcell runs code in isolated Linux sandboxes with no network. run_code without a sandbox_id is stateless: a fresh sandbox per call. For work that builds up state, create_sandbox once and pass its sandbox_id to run_code, exec, read_file and write_file.",
+            )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult {
+            tools: tools(),
+            ..ListToolsResult::default()
+        })
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
+        let client = self.client(&context)?;
+        self.dispatch(&client, &request).await
+    }
+}
+
+/// Serves MCP over stdin/stdout until the client closes it.
+pub async fn serve_stdio(server: RuncellMcp) -> Result<(), McpError> {
+    use rmcp::ServiceExt;
+    let running = server
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| McpError::internal_error(format!("MCP start failed: {e}"), None))?;
+    running
+        .waiting()
+        .await
+        .map_err(|e| McpError::internal_error(format!("MCP stopped: {e}"), None))?;
+    Ok(())
+}
+
+/// The streamable-HTTP service for a daemon at `url`: mount it at `/mcp`.
+pub fn http_service(
+    url: String,
+    template: String,
+) -> rmcp::transport::streamable_http_server::StreamableHttpService<
+    RuncellMcp,
+    rmcp::transport::streamable_http_server::session::local::LocalSessionManager,
+> {
+    use rmcp::transport::streamable_http_server::{
+        session::local::LocalSessionManager, StreamableHttpServerConfig, StreamableHttpService,
+    };
+    let server = RuncellMcp::new(Backend::PerRequest { url }, template);
+    StreamableHttpService::new(
+        move || Ok(server.clone()),
+        LocalSessionManager::default().into(),
+        StreamableHttpServerConfig::default(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tools_have_object_schemas_and_state_their_persistence() {
+        let t = tools();
+        let names: Vec<&str> = t.iter().map(|t| t.name.as_ref()).collect();
+        assert_eq!(
+            names,
+            [
+                "run_code",
+                "create_sandbox",
+                "exec",
+                "read_file",
+                "write_file",
+                "list_sandboxes",
+                "kill_sandbox"
+            ]
+        );
+        for tool in &t {
+            assert_eq!(tool.input_schema["type"], "object");
+        }
+        let run = t[0].description.as_deref().unwrap();
+        assert!(run.contains("nothing persists") && run.contains("persist between calls"));
+        assert_eq!(cap(&"x".repeat(MAX_TEXT)).len(), MAX_TEXT);
+        assert!(
+            cap(&"x".repeat(MAX_TEXT + 5)).ends_with(&format!("of {} characters]", MAX_TEXT + 5))
+        );
+    }
+}

@@ -1,0 +1,155 @@
+// runcell's MCP server through the official MCP client SDK
+// (@modelcontextprotocol/sdk): `runcell mcp` over stdio, and the daemon's
+// /mcp endpoint over streamable HTTP. Run by scripts/test-clients.sh, which
+// starts the daemon and exports PANDASTACK_API / PANDASTACK_API_KEY.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import path from "node:path";
+import { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
+import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
+
+const API = process.env.PANDASTACK_API;
+const KEY = process.env.PANDASTACK_API_KEY;
+assert.ok(API && KEY, "PANDASTACK_API and PANDASTACK_API_KEY must be set (scripts/test-clients.sh does)");
+const RUNCELL = path.resolve("target/debug/runcell");
+
+const PLOT = "import matplotlib.pyplot as plt\nplt.figure(figsize=(3, 2), dpi=50)\nplt.plot([1, 3, 2])\nprint('plotted')";
+
+function pngSize(b64) {
+  const png = Buffer.from(b64, "base64");
+  assert.equal(png.subarray(1, 4).toString(), "PNG");
+  return [png.readUInt32BE(16), png.readUInt32BE(20)];
+}
+
+async function sandboxes() {
+  const r = await fetch(`${API}/v1/sandboxes`, { headers: { Authorization: `Bearer ${KEY}` } });
+  return r.json();
+}
+
+async function stdioClient() {
+  const transport = new StdioClientTransport({
+    command: RUNCELL,
+    args: ["mcp", "--template", "host"],
+    env: { ...process.env, RUNCELL_URL: API, RUNCELL_API_KEY: KEY },
+    stderr: "inherit",
+  });
+  const client = new Client({ name: "runcell-test", version: "1.0.0" });
+  await client.connect(transport);
+  return client;
+}
+
+async function httpClient(key = KEY) {
+  const transport = new StreamableHTTPClientTransport(new URL(`${API}/mcp`), {
+    requestInit: { headers: { Authorization: `Bearer ${key}` } },
+  });
+  const client = new Client({ name: "runcell-test", version: "1.0.0" });
+  await client.connect(transport);
+  return client;
+}
+
+function text(result) {
+  return result.content.filter((c) => c.type === "text").map((c) => c.text).join("\n");
+}
+
+test("stdio: tools are listed with descriptions that say whether state persists", async () => {
+  const client = await stdioClient();
+  try {
+    const { tools } = await client.listTools();
+    assert.deepEqual(
+      tools.map((t) => t.name),
+      ["run_code", "create_sandbox", "exec", "read_file", "write_file", "list_sandboxes", "kill_sandbox"],
+    );
+    const run = tools.find((t) => t.name === "run_code");
+    assert.match(run.description, /nothing persists/);
+    assert.match(run.description, /persist between calls/);
+    assert.deepEqual(run.inputSchema.required, ["code"]);
+  } finally {
+    await client.close();
+  }
+});
+
+test("stdio: run_code in a fresh sandbox returns output, a plot as an image, and leaves nothing", async () => {
+  const before = (await sandboxes()).length;
+  const client = await stdioClient();
+  try {
+    const r = await client.callTool({ name: "run_code", arguments: { code: PLOT + "\n6 * 7" } });
+    assert.ok(!r.isError, text(r));
+    assert.match(text(r), /plotted/);
+    assert.match(text(r), /result: 42/);
+    const images = r.content.filter((c) => c.type === "image");
+    assert.equal(images.length, 1);
+    assert.equal(images[0].mimeType, "image/png");
+    assert.deepEqual(pngSize(images[0].data), [150, 100]);
+    assert.equal(r.structuredContent.exit_code, 0);
+    assert.deepEqual(r.structuredContent.results, ["42"]);
+
+    const e = await client.callTool({ name: "run_code", arguments: { code: "1 / 0" } });
+    assert.equal(e.isError, true);
+    assert.match(text(e), /ZeroDivisionError/);
+    const js = await client.callTool({ name: "run_code", arguments: { code: "[1, 2].map((x) => x * 2)", language: "javascript" } });
+    assert.match(text(js), /\[ 2, 4 \]/);
+    assert.equal((await sandboxes()).length, before, "run_code left a sandbox behind");
+  } finally {
+    await client.close();
+  }
+});
+
+test("stdio: a sandbox from create_sandbox keeps state across run_code, exec and files", async () => {
+  const client = await stdioClient();
+  try {
+    const c = await client.callTool({ name: "create_sandbox", arguments: { template: "host", metadata: { threadId: "mcp-1" } } });
+    const id = c.structuredContent.sandbox_id;
+    assert.ok(id);
+    await client.callTool({ name: "run_code", arguments: { code: "total = 40", sandbox_id: id } });
+    const r = await client.callTool({ name: "run_code", arguments: { code: "total + 2", sandbox_id: id } });
+    assert.deepEqual(r.structuredContent.results, ["42"]);
+    const w = await client.callTool({ name: "write_file", arguments: { sandbox_id: id, path: "/tmp/note.txt", content: "hello mcp" } });
+    assert.ok(!w.isError, text(w));
+    const x = await client.callTool({ name: "exec", arguments: { sandbox_id: id, command: "cat /tmp/note.txt; exit 3" } });
+    assert.equal(x.structuredContent.stdout, "hello mcp");
+    assert.equal(x.structuredContent.exit_code, 3);
+    assert.equal(x.isError, true);
+    const f = await client.callTool({ name: "read_file", arguments: { sandbox_id: id, path: "/tmp/note.txt" } });
+    assert.equal(text(f), "hello mcp");
+    const l = await client.callTool({ name: "list_sandboxes", arguments: { metadata: { threadId: "mcp-1" } } });
+    assert.deepEqual(l.structuredContent.sandboxes.map((s) => s.sandbox_id), [id]);
+    const k = await client.callTool({ name: "kill_sandbox", arguments: { sandbox_id: id } });
+    assert.ok(!k.isError);
+    const gone = await client.callTool({ name: "exec", arguments: { sandbox_id: id, command: "true" } });
+    assert.equal(gone.isError, true);
+    assert.match(text(gone), /sandbox not found/);
+  } finally {
+    await client.close();
+  }
+});
+
+test("http: /mcp lists the tools and run_code returns a plot as an image", async () => {
+  const client = await httpClient();
+  try {
+    const { tools } = await client.listTools();
+    assert.equal(tools.length, 7);
+    // The daemon's tools default to the code-interpreter template, which is
+    // an alias of host unless a template of that name is installed.
+    const r = await client.callTool({ name: "run_code", arguments: { code: PLOT } });
+    assert.ok(!r.isError, text(r));
+    const images = r.content.filter((c) => c.type === "image");
+    assert.equal(images.length, 1);
+    assert.deepEqual(pngSize(images[0].data), [150, 100]);
+    const t = await client.callTool({ name: "run_code", arguments: { code: "while True: pass", timeout_seconds: 1 } });
+    assert.equal(t.isError, true);
+    assert.match(text(t), /timed out/);
+  } finally {
+    await client.close();
+  }
+});
+
+test("http: /mcp refuses a missing or bad key", async () => {
+  const r = await fetch(`${API}/mcp`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json", Accept: "application/json, text/event-stream" },
+    body: JSON.stringify({ jsonrpc: "2.0", id: 1, method: "initialize", params: { protocolVersion: "2025-06-18", capabilities: {}, clientInfo: { name: "x", version: "1" } } }),
+  });
+  assert.equal(r.status, 401);
+  await assert.rejects(httpClient("not-a-key"));
+});
