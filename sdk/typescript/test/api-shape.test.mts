@@ -1,0 +1,98 @@
+// The public API, checked by the compiler against the shape other packages
+// (the Mastra tool) are written against. If a name or type drifts, `tsc -p
+// tsconfig.test.json` fails, and with it scripts/test-sdk.sh.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import * as runcell from "runcell";
+import type {
+  CellError,
+  CodeContext,
+  ConnectionOptions,
+  ExecResult,
+  Language,
+  Limits,
+  Result,
+  RunResult,
+  Sandbox,
+  SandboxCreateOptions,
+  SandboxInfo,
+} from "runcell";
+
+type Equal<A, B> = (<T>() => T extends A ? 1 : 2) extends <T>() => T extends B ? 1 : 2 ? true : false;
+function same<A, B>(ok: Equal<A, B>): void {
+  assert.equal(ok, true);
+}
+
+interface SpecLimits { memoryMb?: number; cpu?: number; pids?: number; diskMb?: number; timeoutSeconds?: number; outputBytes?: number }
+interface SpecConnectionOptions { apiUrl?: string; apiKey?: string }
+interface SpecSandboxCreateOptions extends SpecConnectionOptions { template?: string; ttlSeconds?: number; metadata?: Record<string, string>; network?: unknown; limits?: SpecLimits; envs?: Record<string, string>; persistent?: boolean }
+interface SpecSandboxInfo { id: string; template: string; metadata: Record<string, string>; status: string; createdAt: string; ttlSeconds?: number; raw: Record<string, unknown> }
+interface SpecResult { [mime: string]: string }
+interface SpecCellError { name: string; value: string; traceback: string }
+interface SpecRunResult { stdout: string; stderr: string; exitCode: number; results: SpecResult[]; error?: SpecCellError; timedOut: boolean; truncated: boolean; stateLost: boolean; durationMs: number; messages: string[] }
+interface SpecExecResult { stdout: string; stderr: string; exitCode: number; timedOut: boolean; truncated: boolean; durationMs: number; messages: string[] }
+
+interface SpecSandbox {
+  readonly id: string;
+  readonly info: SpecSandboxInfo;
+  runCode(code: string, language?: Language | { language?: Language; timeoutSeconds?: number }): Promise<SpecRunResult>;
+  exec(cmd: string, opts?: { timeoutSeconds?: number; envs?: Record<string, string>; cwd?: string }): Promise<SpecExecResult>;
+  files: {
+    read(path: string): Promise<string>;
+    readBytes(path: string): Promise<Uint8Array>;
+    write(path: string, data: string | Uint8Array): Promise<void>;
+    list(path: string): Promise<{ name: string; isDir: boolean; size: number }[]>;
+  };
+  createCodeContext(language?: Language): Promise<CodeContext>;
+  setTtl(seconds: number): Promise<void>;
+  kill(): Promise<void>;
+  [Symbol.asyncDispose](): Promise<void>;
+}
+interface SpecCodeContext {
+  readonly id: string;
+  readonly language: Language;
+  runCode(code: string, opts?: { timeoutSeconds?: number }): Promise<SpecRunResult>;
+  restart(): Promise<void>;
+  close(): Promise<void>;
+  [Symbol.asyncDispose](): Promise<void>;
+}
+
+test("the exported types are exactly the agreed ones", () => {
+  same<Language, "python" | "javascript" | "bash">(true);
+  same<Limits, SpecLimits>(true);
+  same<ConnectionOptions, SpecConnectionOptions>(true);
+  same<SandboxCreateOptions, SpecSandboxCreateOptions>(true);
+  same<SandboxInfo, SpecSandboxInfo>(true);
+  same<Result, SpecResult>(true);
+  same<CellError, SpecCellError>(true);
+  same<RunResult, SpecRunResult>(true);
+  same<ExecResult, SpecExecResult>(true);
+});
+
+test("Sandbox and CodeContext have the agreed members and statics", () => {
+  const asSpec = (sb: Sandbox): SpecSandbox => sb;
+  const ctxAsSpec = (c: CodeContext): SpecCodeContext => c;
+  const create: (opts?: SpecSandboxCreateOptions) => Promise<Sandbox> = runcell.Sandbox.create;
+  const get: (id: string, opts?: SpecConnectionOptions) => Promise<Sandbox> = runcell.Sandbox.get;
+  const list: (opts?: SpecConnectionOptions & { metadata?: Record<string, string> }) => Promise<SpecSandboxInfo[]> =
+    runcell.Sandbox.list;
+  for (const f of [asSpec, ctxAsSpec, create, get, list]) assert.equal(typeof f, "function");
+  const errors = [
+    runcell.AuthError,
+    runcell.NotFoundError,
+    runcell.BadRequestError,
+    runcell.CapacityError,
+    runcell.ServerError,
+    runcell.ConnectionError,
+  ];
+  for (const E of errors) {
+    const e = new E("m", { status: 1, body: { error: "x" } });
+    assert.ok(e instanceof runcell.RuncellError && e instanceof Error);
+    const s: number | undefined = e.status;
+    const b: unknown = e.body;
+    assert.equal(s, 1);
+    assert.deepEqual(b, { error: "x" });
+  }
+  const cap: number | undefined = new runcell.CapacityError("m", { retryAfterSeconds: 2 }).retryAfterSeconds;
+  assert.equal(cap, 2);
+});
