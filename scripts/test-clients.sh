@@ -61,92 +61,27 @@ cargo build --workspace --quiet
 
 # Each suite gets a fresh daemon (own port, own data dir), so a crash or hang
 # caused by one SDK's traffic cannot turn the other suite into timeouts.
-DAEMON_PID=
-DATA_DIR=
-LOG=
+. scripts/lib/daemon.sh
 failed=()
 
-stop_daemon() {
-  if [ -n "$DAEMON_PID" ] && kill -0 "$DAEMON_PID" 2>/dev/null; then
-    kill -TERM "$DAEMON_PID" 2>/dev/null || true
-    for _ in $(seq 1 50); do
-      kill -0 "$DAEMON_PID" 2>/dev/null || break
-      sleep 0.2
-    done
-    if kill -0 "$DAEMON_PID" 2>/dev/null; then
-      echo "daemon did not stop within 10 s of SIGTERM; killing it" >&2
-      kill -KILL "$DAEMON_PID" 2>/dev/null || true
-    fi
-  fi
-  [ -z "$DAEMON_PID" ] || wait "$DAEMON_PID" 2>/dev/null || true
-  DAEMON_PID=
-  # Remove the data dir only if nothing is still mounted under it: a bind
-  # mount of a host directory left behind must never be deleted through.
-  if [ -n "$DATA_DIR" ] && [ -d "$DATA_DIR" ]; then
-    if awk -v d="$DATA_DIR/" '{ if (index($5 "/", d) == 1) found = 1 } END { exit !found }' /proc/self/mountinfo; then
-      echo "leaving $DATA_DIR in place: mounts remain under it" >&2
-    else
-      rm -rf "$DATA_DIR"
-    fi
-  fi
-  DATA_DIR=
-  [ -z "$LOG" ] || rm -f "$LOG"
-  LOG=
-}
 on_exit() {
   local rc=$?
-  stop_daemon
+  daemon_stop || true
   exit "$rc"
 }
 trap on_exit EXIT
 trap 'exit 130' INT TERM
 
-show_log() {
-  echo "---- daemon log ($LOG) ----" >&2
-  cat "$LOG" >&2 || true
-  echo "---- end of daemon log ----" >&2
-}
-
-healthy() { curl -fsS -o /dev/null --max-time 5 "http://127.0.0.1:$PORT/healthz" 2>/dev/null; }
-
 # Starts the daemon, waits for /healthz, exports PANDASTACK_API(_KEY).
 start_daemon() {
-  PORT=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  DATA_DIR=$(mktemp -d /tmp/runcell-clients.XXXXXX)
-  LOG=$(mktemp /tmp/runcell-clients-log.XXXXXX)
-  echo "== starting runcell serve on 127.0.0.1:$PORT (data dir $DATA_DIR)"
-  target/debug/runcell serve --listen "127.0.0.1:$PORT" --data-dir "$DATA_DIR" >"$LOG" 2>&1 &
-  DAEMON_PID=$!
-
-  local ready= status
-  for _ in $(seq 1 60); do
-    if ! kill -0 "$DAEMON_PID" 2>/dev/null; then
-      wait "$DAEMON_PID" && status=0 || status=$?
-      DAEMON_PID=
-      show_log
-      die "runcell serve exited (status $status) before answering /healthz"
-    fi
-    if curl -fsS -o /dev/null --max-time 2 "http://127.0.0.1:$PORT/healthz" 2>/dev/null; then
-      ready=1
-      break
-    fi
-    sleep 0.5
-  done
-  if [ -z "$ready" ]; then
-    show_log
-    die "runcell serve did not answer GET /healthz with 200 within 30 s"
-  fi
-
-  local key_file=$DATA_DIR/api-key mode
-  [ -s "$key_file" ] || { show_log; die "$key_file is missing or empty after start-up"; }
-  mode=$(stat -c %a "$key_file")
+  daemon_start clients || die "the daemon did not start"
+  local mode
+  mode=$(stat -c %a "$DATA_DIR/api-key")
   if [ "$mode" != 600 ]; then
-    echo "FAIL: $key_file has mode $mode, want 600" >&2
+    echo "FAIL: $DATA_DIR/api-key has mode $mode, want 600" >&2
     failed+=("api-key mode $mode")
   fi
-  export PANDASTACK_API="http://127.0.0.1:$PORT"
-  PANDASTACK_API_KEY=$(tr -d '\r\n' <"$key_file")
-  export PANDASTACK_API_KEY
+  export PANDASTACK_API=$URL PANDASTACK_API_KEY=$KEY
 }
 
 # Runs one suite against a fresh daemon; the daemon must survive it.
@@ -163,13 +98,13 @@ run_suite() {
     echo "FAIL: the daemon exited during $name" >&2
     failed+=("daemon exited during $name")
     suite_ok=
-  elif ! healthy; then
+  elif ! daemon_healthy; then
     echo "FAIL: the daemon stopped answering /healthz during $name" >&2
     failed+=("daemon unresponsive after $name")
     suite_ok=
   fi
-  [ -n "$suite_ok" ] || show_log
-  stop_daemon
+  [ -n "$suite_ok" ] || daemon_log
+  daemon_stop || failed+=("daemon ignored SIGTERM after $name")
 }
 
 # Loopback only, whatever proxy the environment names.
