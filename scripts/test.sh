@@ -12,5 +12,8 @@ fi
 # The agent binary must exist before the tests that start sandboxes.
 cargo build --workspace --all-targets --quiet
 cargo test --workspace -- --test-threads=2
-# The published PandaStack clients (npm and PyPI) against a real daemon.
+# The published PandaStack clients (npm and PyPI) and the official MCP client
+# against a real daemon.
 ./scripts/test-clients.sh
+# runcell's own TypeScript SDK (sdk/typescript) against a real daemon.
+./scripts/test-sdk.sh
