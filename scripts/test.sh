@@ -17,3 +17,5 @@ cargo test --workspace -- --test-threads=2
 ./scripts/test-clients.sh
 # runcell's own TypeScript SDK (sdk/typescript) against a real daemon.
 ./scripts/test-sdk.sh
+# The Mastra tool (sdk/mastra) in a real @mastra/core Agent, on Node 22.
+./scripts/test-mastra.sh
