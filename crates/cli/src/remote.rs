@@ -422,12 +422,16 @@ pub async fn logs(args: LogsArgs) -> u8 {
         if args.follow {
             client
                 .follow_logs(&args.id, |line| {
-                    println!("{line}");
-                    let _ = std::io::stdout().flush();
+                    let mut out = std::io::stdout().lock();
+                    if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+                        // The reader went away (`runcell logs -f ID | head`).
+                        std::process::exit(0);
+                    }
                 })
                 .await?;
         } else {
-            print!("{}", client.logs(&args.id).await?);
+            let text = client.logs(&args.id).await?;
+            let _ = std::io::stdout().write_all(text.as_bytes());
         }
         Ok(0)
     })

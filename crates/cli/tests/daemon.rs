@@ -1386,6 +1386,20 @@ async fn the_cli_manages_sandboxes_exec_code_cp_and_logs() {
     let id = out.trim().to_string();
     let (_, other, _) = cli(&["sandbox", "create"]);
     let other = other.trim().to_string();
+    // Without a URL flag or key in the environment, the key file the daemon
+    // wrote is used (RUNCELL_DATA_DIR points at it).
+    let out = Command::new(env!("CARGO_BIN_EXE_runcell"))
+        .args(["sandbox", "ls", "--url", &d.url])
+        .env_remove("RUNCELL_API_KEY")
+        .env("RUNCELL_DATA_DIR", &d.data)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&id));
 
     let (_, out, _) = cli(&["sandbox", "ls", "--meta", "threadId=abc"]);
     assert!(out.contains(&id) && !out.contains(&other), "{out}");
