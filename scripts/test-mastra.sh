@@ -82,21 +82,7 @@ echo "== @runcell/mastra tests (node $(node --version), @mastra/core 1.71.0)"
 (cd "$PKG" && timeout --kill-after=30 900 node --test --test-concurrency=1 --test-reporter=spec .build/test/*.test.js) ||
   failed+=("Mastra tool tests")
 
-if ! kill -0 "$DAEMON_PID" 2>/dev/null; then
-  echo "FAIL: the daemon exited during the Mastra tests" >&2
-  failed+=("daemon exited during the tests")
-  DAEMON_PID=
-elif ! daemon_healthy; then
-  echo "FAIL: the daemon stopped answering /healthz during the Mastra tests" >&2
-  failed+=("daemon unresponsive after the tests")
-else
-  # Per-call mode kills its sandboxes and the tests delete the rest.
-  left=$(daemon_sweep)
-  if [ "$left" != 0 ]; then
-    echo "FAIL: the tests left $left sandbox(es) running (deleted now)" >&2
-    failed+=("$left sandbox(es) left behind")
-  fi
-fi
+daemon_after_suite "the Mastra tests"
 [ ${#failed[@]} -eq 0 ] || daemon_log
 KEY=
 daemon_stop || failed+=("daemon ignored SIGTERM")

@@ -78,20 +78,7 @@ echo "== runcell SDK tests (node --test, ${#TESTS[@]} files)"
 (cd "$SDK" && timeout --kill-after=30 900 node --test --test-reporter=spec "${TESTS[@]}") ||
   failed+=("SDK tests")
 
-if ! kill -0 "$DAEMON_PID" 2>/dev/null; then
-  echo "FAIL: the daemon exited during the SDK tests" >&2
-  failed+=("daemon exited during the tests")
-  DAEMON_PID=
-elif ! daemon_healthy; then
-  echo "FAIL: the daemon stopped answering /healthz during the SDK tests" >&2
-  failed+=("daemon unresponsive after the tests")
-else
-  left=$(daemon_sweep)
-  if [ "$left" != 0 ]; then
-    echo "FAIL: the tests left $left sandbox(es) running (deleted now)" >&2
-    failed+=("$left sandbox(es) left behind")
-  fi
-fi
+daemon_after_suite "the SDK tests"
 [ ${#failed[@]} -eq 0 ] || daemon_log
 KEY=
 daemon_stop || failed+=("daemon ignored SIGTERM")

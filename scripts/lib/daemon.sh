@@ -100,3 +100,24 @@ daemon_stop() {
   LOG=
   return "$rc"
 }
+
+# After a suite: the daemon must still be running and healthy, and the suite
+# must have deleted every sandbox it made (what is left is deleted now).
+# Appends what went wrong to the caller's `failed` array.
+daemon_after_suite() {
+  local what=$1 left
+  if ! kill -0 "$DAEMON_PID" 2>/dev/null; then
+    echo "FAIL: the daemon exited during $what" >&2
+    failed+=("daemon exited during $what")
+    DAEMON_PID=
+  elif ! daemon_healthy; then
+    echo "FAIL: the daemon stopped answering /healthz during $what" >&2
+    failed+=("daemon unresponsive after $what")
+  else
+    left=$(daemon_sweep)
+    if [ "$left" != 0 ]; then
+      echo "FAIL: $what left $left sandbox(es) running (deleted now)" >&2
+      failed+=("$left sandbox(es) left behind by $what")
+    fi
+  fi
+}
