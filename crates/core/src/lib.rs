@@ -23,6 +23,7 @@
 pub mod build;
 mod client;
 mod context;
+pub mod egress;
 mod limits;
 mod runtime;
 mod sandbox;
