@@ -10,6 +10,8 @@
 
 pub mod addr;
 pub mod policy;
+pub mod proxy;
 
 pub use addr::{classify, AddrClass, ExceptionError, PrivateException};
 pub use policy::{HostRule, NetworkMode, NetworkPolicy, PolicyError, PRESETS};
+pub use proxy::{Egress, EgressConfig, EgressReport, EgressTotals};
