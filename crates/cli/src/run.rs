@@ -162,6 +162,7 @@ pub async fn run(config: RuntimeConfig, args: RunArgs) -> u8 {
         // A backstop well past the run timeout, should this process vanish
         // without its sandbox noticing.
         max_lifetime: Some(args.timeout + Duration::from_secs(60)),
+        network: None,
     };
     let sandbox = match runtime.create(opts).await {
         Ok(s) => s,

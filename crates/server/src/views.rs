@@ -23,11 +23,25 @@ pub struct LimitsView {
     pub output_bytes: u64,
 }
 
-/// The sandbox's network policy.
+/// The sandbox's network policy and what went through its egress proxy.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct NetworkView {
-    /// `none`: loopback only.
+    /// `none` (loopback only), `allowlist` or `open`.
     pub mode: String,
+    /// Host rules of an allowlist (`pypi.org`, `*.example.com:443`).
+    pub allow: Vec<String>,
+    /// Presets of an allowlist (`package-index`).
+    pub presets: Vec<String>,
+    /// Bytes received from the network.
+    pub bytes_in: u64,
+    /// Bytes sent to the network.
+    pub bytes_out: u64,
+    /// Connections the proxy made.
+    pub connections_allowed: u64,
+    /// Requests the proxy refused.
+    pub connections_refused: u64,
+    /// The most recently refused host names.
+    pub refused_hosts: Vec<String>,
 }
 
 /// A sandbox (PandaStack fields plus runcell's `limits` and `network`).
