@@ -32,10 +32,11 @@ const BIG: usize = 10 << 20;
 fn serve() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = l.local_addr().expect("addr").port();
-    let body = vec![b'x'; BIG];
+    let body = std::sync::Arc::new(vec![b'x'; BIG]);
     std::thread::spawn(move || {
         for c in l.incoming() {
             let Ok(mut c) = c else { continue };
+            let _ = c.set_nodelay(true);
             let body = body.clone();
             std::thread::spawn(move || {
                 let mut head = Vec::new();
@@ -47,7 +48,7 @@ fn serve() -> u16 {
                     }
                 }
                 let big = head.starts_with(b"GET /big");
-                let payload: &[u8] = if big { &body } else { b"ok" };
+                let payload: &[u8] = if big { &body[..] } else { b"ok" };
                 let _ = c.write_all(
                     format!(
                         "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",

@@ -107,7 +107,13 @@ async fn forward(listener: TcpListener) {
             let _ = tcp.set_nodelay(true);
             match UnixStream::connect(EGRESS_SOCKET).await {
                 Ok(mut unix) => {
-                    let _ = tokio::io::copy_bidirectional(&mut tcp, &mut unix).await;
+                    let _ = tokio::io::copy_bidirectional_with_sizes(
+                        &mut tcp,
+                        &mut unix,
+                        64 << 10,
+                        64 << 10,
+                    )
+                    .await;
                 }
                 Err(e) => tracing::warn!("could not reach the egress socket: {e}"),
             }

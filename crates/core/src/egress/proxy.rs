@@ -30,6 +30,8 @@ pub enum ProxyError {
 const MAX_HEAD: usize = 64 << 10;
 /// How long resolving or connecting may take.
 const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(10);
+/// Buffer size of each direction of a splice.
+const COPY_BUF: usize = 64 << 10;
 /// How many refused host names are remembered per sandbox.
 const REFUSED_KEPT: usize = 64;
 
@@ -458,15 +460,20 @@ async fn handle(mut client: UnixStream, egress: &Egress) -> Result<(), ProxyErro
 /// Splices both directions until both are closed; returns (sandbox to
 /// network, network to sandbox) byte counts, also when one side fails.
 async fn copy_counted(client: &mut UnixStream, upstream: &mut TcpStream) -> (u64, u64) {
-    let (mut cr, mut cw) = client.split();
-    let (mut ur, mut uw) = upstream.split();
+    let (cr, mut cw) = client.split();
+    let (ur, mut uw) = upstream.split();
+    // 64 KiB buffers: tokio's default 8 KiB costs a third of the throughput.
+    let (mut cr, mut ur) = (
+        tokio::io::BufReader::with_capacity(COPY_BUF, cr),
+        tokio::io::BufReader::with_capacity(COPY_BUF, ur),
+    );
     let up = async {
-        let n = tokio::io::copy(&mut cr, &mut uw).await.unwrap_or(0);
+        let n = tokio::io::copy_buf(&mut cr, &mut uw).await.unwrap_or(0);
         let _ = uw.shutdown().await;
         n
     };
     let down = async {
-        let n = tokio::io::copy(&mut ur, &mut cw).await.unwrap_or(0);
+        let n = tokio::io::copy_buf(&mut ur, &mut cw).await.unwrap_or(0);
         let _ = cw.shutdown().await;
         n
     };
