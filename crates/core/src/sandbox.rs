@@ -177,10 +177,18 @@ impl Sandbox {
             return Err(Error::NoEgress);
         };
         let enabled = policy.has_egress();
+        let previous = e.state.policy();
         e.state.set_policy(policy);
-        self.agent
+        if let Err(err) = self
+            .agent
             .call(Request::SetEgress { enabled }, Vec::new())
-            .await?;
+            .await
+        {
+            // The agent kept its old state (for instance, sandboxed code
+            // holds 127.0.0.1:3128): so does the proxy.
+            e.state.set_policy(previous);
+            return Err(err.into());
+        }
         Ok(())
     }
 
