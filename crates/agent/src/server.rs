@@ -286,7 +286,15 @@ async fn handle(
             Ok(()) => {
                 send(&out, id, Event::Done, Vec::new()).await;
             }
-            Err(e) => send_error(&out, id, ErrorKind::InvalidInput, e.to_string()).await,
+            Err(e) => {
+                let mut message = e.to_string();
+                if let Some(cause) = std::error::Error::source(&e) {
+                    message.push_str(&format!(
+                        " ({cause}; is a process in the sandbox using that port?)"
+                    ));
+                }
+                send_error(&out, id, ErrorKind::InvalidInput, message).await
+            }
         },
         Request::Shutdown => {
             send(&out, id, Event::Done, Vec::new()).await;

@@ -468,6 +468,21 @@ async fn network_policy_changes_on_a_live_sandbox() {
     );
     let (status, _) = d.patch_network(&id, json!("none")).await;
     assert_eq!(status, 200);
+    // Sandboxed code that takes the proxy's port makes the switch fail, and
+    // the policy stays what it was.
+    d.exec(
+        &id,
+        "nohup python3 -c 'import socket, time; s = socket.socket(); s.bind((\"127.0.0.1\", 3128)); s.listen(); time.sleep(30)' >/dev/null 2>&1 & echo $! > /tmp/holder.pid",
+        10,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, v) = d.patch_network(&id, json!("open")).await;
+    assert_eq!(status, 400, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("3128"), "{v}");
+    assert_eq!(d.get(&id).await["network"]["mode"], "none");
+    d.exec(&id, "kill $(cat /tmp/holder.pid)", 10).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let t = Instant::now();
     let r = d.exec(&id, "echo \"[$HTTPS_PROXY]\"; curl -sS -m 5 -x http://127.0.0.1:3128 http://pypi.org/; echo \" rc=$?\"", 30).await;
     assert!(t.elapsed() < Duration::from_secs(2));
