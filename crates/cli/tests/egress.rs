@@ -472,11 +472,11 @@ async fn network_policy_changes_on_a_live_sandbox() {
     // the policy stays what it was.
     d.exec(
         &id,
-        "nohup python3 -c 'import socket, time; s = socket.socket(); s.bind((\"127.0.0.1\", 3128)); s.listen(); time.sleep(30)' >/dev/null 2>&1 & echo $! > /tmp/holder.pid",
+        "nohup python3 -c 'import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((\"127.0.0.1\", 3128)); s.listen(); print(\"ready\", flush=True); time.sleep(30)' >/tmp/holder.out 2>&1 & echo $! > /tmp/holder.pid; \
+         for i in $(seq 200); do grep -q ready /tmp/holder.out && break; sleep 0.05; done",
         10,
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let (status, v) = d.patch_network(&id, json!("open")).await;
     assert_eq!(status, 400, "{v}");
     assert!(v["error"].as_str().unwrap().contains("3128"), "{v}");
