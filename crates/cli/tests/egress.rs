@@ -495,3 +495,40 @@ async fn network_policy_changes_on_a_live_sandbox() {
     );
     d.delete(&id).await;
 }
+
+#[test]
+fn runcell_run_takes_a_network_policy() {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(euid, 0, "the egress tests must run as root");
+    let run = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_runcell"))
+            .arg("run")
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).to_string(),
+            String::from_utf8_lossy(&o.stderr).to_string(),
+        )
+    };
+    // pypi.org is not on this list: refused by the proxy, nothing sent.
+    let (code, stdout, stderr) = run(&[
+        "bash",
+        "--network",
+        "allowlist:example.com:443",
+        "-c",
+        "echo $HTTP_PROXY; curl -sS -m 10 http://pypi.org/",
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(
+        stdout,
+        "http://127.0.0.1:3128\nruncell: \"pypi.org\" (port 80) is not on this sandbox's allowlist\n"
+    );
+    let (code, stdout, _) = run(&["bash", "-c", "echo \"[$HTTP_PROXY]\""]);
+    assert_eq!((code, stdout.as_str()), (Some(0), "[]\n"));
+    let (code, _, stderr) = run(&["bash", "--network", "wide", "-c", "true"]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("is not a network mode"), "{stderr}");
+}
