@@ -336,8 +336,11 @@ async fn allowlist_package_index_installs_from_pypi_and_refuses_other_hosts() {
 /// curl through the sandbox's proxy even for loopback names.
 const VIA_PROXY: &str = "env -u NO_PROXY -u no_proxy curl -sS -m 10 -x http://127.0.0.1:3128";
 
-/// A plain HTTP server on the host's loopback that counts connections.
-fn host_listener() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+/// A plain HTTP server on the host's loopback that counts connections;
+/// `/redirect` answers 302 to `redirect`.
+fn host_listener(
+    redirect: Option<String>,
+) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -348,7 +351,17 @@ fn host_listener() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
             s.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let mut buf = [0u8; 4096];
             let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
-            let _ = c.read(&mut buf);
+            let n = c.read(&mut buf).unwrap_or(0);
+            if let Some(to) = redirect
+                .as_ref()
+                .filter(|_| buf[..n].starts_with(b"GET /redirect"))
+            {
+                let _ = c.write_all(
+                    format!("HTTP/1.1 302 Found\r\nLocation: {to}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                        .as_bytes(),
+                );
+                continue;
+            }
             let _ = c.write_all(
                 b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\nConnection: close\r\n\r\nhello, host\n",
             );
@@ -359,8 +372,8 @@ fn host_listener() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn open_sandbox_cannot_reach_host_loopback_but_operator_override_can() {
-    let (secret, secret_seen) = host_listener();
-    let (mirror, mirror_seen) = host_listener();
+    let (secret, secret_seen) = host_listener(None);
+    let (mirror, mirror_seen) = host_listener(Some(format!("http://localhost:{secret}/")));
     let allow = format!("127.0.0.1:{mirror}");
     let d = Daemon::start("open", &["--egress-allow-private", &allow]);
     let (id, created) = d.create(json!({"network": "open"})).await;
@@ -421,11 +434,34 @@ async fn open_sandbox_cannot_reach_host_loopback_but_operator_override_can() {
         .await;
     assert_eq!(r["stdout"], "hello, host\n", "{}", out(&r));
     assert_eq!(mirror_seen.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // A redirect from the opened address to the host's loopback: the
+    // client's next request is checked again and refused.
+    let r = d
+        .exec(
+            &id,
+            &format!("{VIA_PROXY} -L http://127.0.0.1:{mirror}/redirect"),
+            30,
+        )
+        .await;
+    assert!(
+        r["stdout"]
+            .as_str()
+            .unwrap()
+            .contains("resolves to a private/loopback address"),
+        "{}",
+        out(&r)
+    );
+    assert_eq!(mirror_seen.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(
+        secret_seen.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the redirect reached the host listener"
+    );
     let net = d.get(&id).await["network"].clone();
-    assert_eq!(net["connections_allowed"], 1, "{net}");
+    assert_eq!(net["connections_allowed"], 2, "{net}");
     assert_eq!(
         net["connections_refused"].as_u64().unwrap(),
-        targets.len() as u64,
+        targets.len() as u64 + 1,
         "{net}"
     );
     d.delete(&id).await;
