@@ -30,6 +30,10 @@ pub enum ProxyError {
 const MAX_HEAD: usize = 64 << 10;
 /// How long resolving or connecting may take.
 const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections one sandbox may have open through the proxy at once.
+pub const MAX_CONNECTIONS: usize = 256;
+/// How long a client may take to send its request head.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 /// Buffer size of each direction of a splice.
 const COPY_BUF: usize = 64 << 10;
 /// How many refused host names are remembered per sandbox.
@@ -170,16 +174,28 @@ impl Egress {
     }
 }
 
-/// Serves the sandbox's egress socket until the task is aborted.
+/// Serves the sandbox's egress socket until the task is aborted. At most
+/// [`MAX_CONNECTIONS`] connections of one sandbox are open at once; the
+/// next ones are answered 503.
 pub async fn serve(listener: UnixListener, egress: Arc<Egress>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         match listener.accept().await {
-            Ok((stream, _)) => {
+            Ok((mut stream, _)) => {
                 let egress = egress.clone();
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    tokio::spawn(async move {
+                        tracing::warn!(sandbox = %egress.sandbox, "egress refused: {MAX_CONNECTIONS} connections already open");
+                        let body = format!("runcell: this sandbox already has {MAX_CONNECTIONS} connections open\n");
+                        let _ = answer(&mut stream, "503 Service Unavailable", &body).await;
+                    });
+                    continue;
+                };
                 tokio::spawn(async move {
                     if let Err(e) = handle(stream, &egress).await {
                         tracing::debug!(sandbox = %egress.sandbox, "egress connection: {e}");
                     }
+                    drop(slot);
                 });
             }
             Err(e) => {
@@ -349,7 +365,9 @@ pub fn check_addresses(
 }
 
 async fn handle(mut client: UnixStream, egress: &Egress) -> Result<(), ProxyError> {
-    let (head, rest) = read_head(&mut client).await?;
+    let (head, rest) = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut client))
+        .await
+        .map_err(|_| ProxyError::BadRequest("no request head within 30 s".into()))??;
     let target = match parse_head(&head) {
         Ok(t) => t,
         Err(e) => {
@@ -535,6 +553,49 @@ mod tests {
         )
         .is_ok());
         assert!(check_addresses("localhost", &[a("127.0.0.1:7070")], &[ex]).is_err());
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_cap_get_503_and_policy_refusals_never_resolve() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("egress.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let policy = NetworkPolicy::new(
+            super::super::NetworkMode::Allowlist,
+            vec!["pypi.org".parse().unwrap()],
+            vec![],
+        )
+        .unwrap();
+        let egress = Arc::new(Egress::new("t".into(), policy, EgressConfig::default()));
+        let task = tokio::spawn(serve(listener, egress.clone()));
+        // A host that is not on the list: 403, counted, nothing connected.
+        let mut c = UnixStream::connect(&path).await.unwrap();
+        c.write_all(b"CONNECT evil.example:443 HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        let mut reply = String::new();
+        c.read_to_string(&mut reply).await.unwrap();
+        assert!(reply.starts_with("HTTP/1.1 403"), "{reply}");
+        assert!(
+            reply.ends_with(
+                "runcell: \"evil.example\" (port 443) is not on this sandbox's allowlist\n"
+            ),
+            "{reply}"
+        );
+        let r = egress.report();
+        assert_eq!((r.connections_allowed, r.connections_refused), (0, 1));
+        assert_eq!(r.refused_hosts, vec!["evil.example".to_string()]);
+        // Idle connections fill the slots; the next one is turned away.
+        let mut idle = Vec::new();
+        for _ in 0..MAX_CONNECTIONS {
+            idle.push(UnixStream::connect(&path).await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut c = UnixStream::connect(&path).await.unwrap();
+        let mut reply = String::new();
+        c.read_to_string(&mut reply).await.unwrap();
+        assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
+        task.abort();
     }
 
     #[tokio::test]
