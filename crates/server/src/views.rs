@@ -185,7 +185,8 @@ pub struct TemplateDefaultsView {
     pub cpu_millis: Option<u64>,
     /// Default exec timeout, seconds.
     pub timeout_secs: Option<u64>,
-    /// Network policy name.
+    /// Default network egress policy of the template's sandboxes
+    /// (`none`, `open`, `allowlist:RULE;RULE` or a JSON policy).
     pub network: Option<String>,
     /// Python modules a warm context preloads.
     pub preload: Vec<String>,
