@@ -17,6 +17,7 @@ struct Daemon {
     url: String,
     key: String,
     port: u16,
+    data: std::path::PathBuf,
 }
 
 fn free_port() -> u16 {
@@ -70,6 +71,7 @@ impl Daemon {
             url: format!("http://127.0.0.1:{port}"),
             key,
             port,
+            data,
         }
     }
 
@@ -136,17 +138,55 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
+        // Sandboxes outlive the daemon by design: delete what a failed
+        // test left (on a thread with its own runtime; drop is sync).
+        let (url, key) = (self.url.clone(), self.key.clone());
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let http = reqwest::Client::new();
+                let Ok(r) = http
+                    .get(format!("{url}/v1/sandboxes"))
+                    .bearer_auth(&key)
+                    .send()
+                    .await
+                else {
+                    return;
+                };
+                let list: Vec<Value> = r.json().await.unwrap_or_default();
+                for sb in list {
+                    if let Some(id) = sb["id"].as_str() {
+                        let _ = http
+                            .delete(format!("{url}/v1/sandboxes/{id}"))
+                            .bearer_auth(&key)
+                            .send()
+                            .await;
+                    }
+                }
+            });
+        })
+        .join();
         // SAFETY: kill has no memory preconditions; the pid is our child's.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let until = Instant::now() + Duration::from_secs(10);
         while Instant::now() < until {
             if let Ok(Some(_)) = self.child.try_wait() {
-                return;
+                break;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if !matches!(self.child.try_wait(), Ok(Some(_))) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        // Only when no sandbox is left (a leftover keeps its state dir).
+        let sandboxes = self.data.join("sandboxes");
+        if std::fs::read_dir(&sandboxes).map_or(true, |mut d| d.next().is_none()) {
+            let _ = std::fs::remove_dir_all(&self.data);
+        }
     }
 }
 
