@@ -4,6 +4,8 @@
 # The HTTP API benchmark: sudo ./scripts/bench.sh --api [--iterations N]
 # Code-interpreter first result (needs the code-interpreter template):
 #   sudo ./scripts/bench.sh --interp [--iterations N]
+# The egress proxy (10 MiB and small downloads, proxied vs direct):
+#   sudo ./scripts/bench.sh --egress [--iterations N]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
@@ -11,6 +13,10 @@ cargo build --release --workspace --quiet
 if [ "${1:-}" = "--interp" ]; then
   shift
   exec target/release/runcell-bench-interp "$@"
+fi
+if [ "${1:-}" = "--egress" ]; then
+  shift
+  exec target/release/runcell-bench-egress "$@"
 fi
 if [ "${1:-}" = "--api" ]; then
   shift

@@ -14,6 +14,9 @@ have() { command -v "$1" >/dev/null 2>&1; }
 # template, so its Python needs pandas and matplotlib.
 /usr/bin/python3 -c 'import pandas' >/dev/null 2>&1 || need+=(python3-pandas)
 /usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1 || need+=(python3-matplotlib)
+# Egress tests: curl and pip run inside sandboxes (the host template's /usr).
+have curl || need+=(curl)
+/usr/bin/python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 have ps || need+=(procps)
 have unshare || need+=(util-linux)
 # Template builds (`FROM debian:<suite>`) bootstrap Debian with debootstrap,

@@ -352,6 +352,7 @@ impl Kernel {
                 home: user.home.clone(),
             },
         );
+        agent.egress.apply_env(&mut env);
         env.extend(agent.spec.env.clone());
         env.extend(request.env.clone());
         if language == Language::Python {

@@ -169,6 +169,7 @@ async fn run(agent: &Agent, conn: u64, id: u64, plan: Plan, out: &Outbox) {
         .await;
     }
     let mut env = base_env(agent, &user);
+    agent.egress.apply_env(&mut env);
     env.extend(agent.spec.env.clone());
     env.extend(plan.env);
     let mut cmd = Command::new(&plan.argv[0]);

@@ -8,6 +8,7 @@
 //! must.
 
 mod context;
+mod egress;
 mod exec;
 mod files;
 mod procs;

@@ -16,7 +16,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, watch};
 
 use crate::reaper::Reaper;
-use crate::{context, exec, files, procs};
+use crate::{context, egress, exec, files, procs};
 
 /// Errors that stop the agent.
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +45,8 @@ pub struct Agent {
     pub running: Mutex<HashMap<(u64, u64), i32>>,
     /// Code contexts.
     pub contexts: context::Contexts,
+    /// The egress proxy listener.
+    pub egress: egress::Egress,
 }
 
 /// Sends one event for request `id`.
@@ -68,7 +70,14 @@ pub async fn run(boot: Bootstrap) -> Result<(), ServeError> {
         .map_err(ServeError::Listener)?;
     let listener = UnixListener::from_std(std_listener).map_err(ServeError::Listener)?;
     let (deadline, deadline_rx) = watch::channel(boot.spec.deadline_unix_ms);
+    let egress = egress::Egress::new(boot.spec.egress_socket.is_some());
+    if boot.spec.egress_enabled {
+        if let Err(e) = egress.set(true).await {
+            tracing::error!("{e}");
+        }
+    }
     let agent = Arc::new(Agent {
+        egress,
         spec: boot.spec,
         reaper,
         started: Instant::now(),
@@ -273,6 +282,20 @@ async fn handle(
             agent.deadline.send_replace(unix_ms);
             send(&out, id, Event::Done, Vec::new()).await;
         }
+        Request::SetEgress { enabled } => match agent.egress.set(enabled).await {
+            Ok(()) => {
+                send(&out, id, Event::Done, Vec::new()).await;
+            }
+            Err(e) => {
+                let mut message = e.to_string();
+                if let Some(cause) = std::error::Error::source(&e) {
+                    message.push_str(&format!(
+                        " ({cause}; is a process in the sandbox using that port?)"
+                    ));
+                }
+                send_error(&out, id, ErrorKind::InvalidInput, message).await
+            }
+        },
         Request::Shutdown => {
             send(&out, id, Event::Done, Vec::new()).await;
             // Give the writer a moment to flush the reply.

@@ -73,6 +73,9 @@ enum SandboxCommand {
         /// Exempt from the idle TTL (the maximum lifetime still applies).
         #[arg(long)]
         persistent: bool,
+        /// Network egress: none, open, allowlist:RULE;RULE... or JSON.
+        #[arg(long, value_parser = crate::run::parse_network)]
+        network: Option<runcell_core::egress::NetworkPolicy>,
     },
     /// List sandboxes, optionally only those whose metadata matches.
     Ls {
@@ -157,6 +160,7 @@ pub async fn sandbox(args: SandboxArgs) -> u8 {
                 meta,
                 env,
                 persistent,
+                network,
             } => {
                 let mut req = json!({
                     "metadata": meta.into_iter().collect::<BTreeMap<_, _>>(),
@@ -168,6 +172,9 @@ pub async fn sandbox(args: SandboxArgs) -> u8 {
                 }
                 if let Some(t) = ttl {
                     req["ttl_seconds"] = t.as_secs().into();
+                }
+                if let Some(n) = network {
+                    req["network"] = serde_json::to_value(n).expect("a policy serializes");
                 }
                 let s = client.create_sandbox(&req).await?;
                 if json {

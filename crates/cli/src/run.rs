@@ -48,6 +48,11 @@ pub struct RunArgs {
     /// Environment variable for the program, KEY=VALUE (repeatable).
     #[arg(short = 'e', long = "env", value_parser = parse_env)]
     env: Vec<(String, String)>,
+    /// Network egress: none, open, allowlist:RULE;RULE... (host names,
+    /// *.wildcards, :ports, or presets such as package-index), or a JSON
+    /// policy. Loopback and private ranges stay closed. [default: none]
+    #[arg(long, value_parser = parse_network)]
+    network: Option<runcell_core::egress::NetworkPolicy>,
     /// Arguments passed to the program (after --).
     #[arg(last = true)]
     args: Vec<String>,
@@ -55,6 +60,11 @@ pub struct RunArgs {
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
     parse_size(s).map_err(|e| e.to_string())
+}
+
+/// A `--network` value.
+pub(crate) fn parse_network(s: &str) -> Result<runcell_core::egress::NetworkPolicy, String> {
+    runcell_core::egress::NetworkPolicy::parse_setting(s).map_err(|e| e.to_string())
 }
 
 fn parse_env(s: &str) -> Result<(String, String), String> {
@@ -162,6 +172,10 @@ pub async fn run(config: RuntimeConfig, args: RunArgs) -> u8 {
         // A backstop well past the run timeout, should this process vanish
         // without its sandbox noticing.
         max_lifetime: Some(args.timeout + Duration::from_secs(60)),
+        network: args
+            .network
+            .clone()
+            .filter(runcell_core::egress::NetworkPolicy::has_egress),
     };
     let sandbox = match runtime.create(opts).await {
         Ok(s) => s,

@@ -77,6 +77,13 @@ pub struct ServeArgs {
     /// [default: code-interpreter=host, ubuntu-24.04=host]
     #[arg(long = "alias", env = "RUNCELL_ALIASES", value_delimiter = ',', value_parser = parse_alias)]
     aliases: Vec<(String, String)>,
+    /// Private or loopback destination sandboxes may reach through the
+    /// egress proxy despite the always-closed ranges (repeatable): a CIDR
+    /// (10.1.2.0/24), an address, ADDR:PORT (127.0.0.1:8080) or HOST:PORT
+    /// (mirror.internal:443). Only the operator can open these; the API
+    /// cannot.
+    #[arg(long = "egress-allow-private", env = "RUNCELL_EGRESS_ALLOW_PRIVATE", value_delimiter = ',', value_parser = parse_private)]
+    egress_allow_private: Vec<runcell_core::egress::PrivateException>,
 }
 
 /// The TOML file. Durations and sizes are strings as on the command line.
@@ -100,6 +107,12 @@ struct FileConfig {
     shutdown_grace: Option<String>,
     aliases: Option<BTreeMap<String, String>>,
     warm_pools: Option<BTreeMap<String, usize>>,
+    egress_allow_private: Option<Vec<String>>,
+}
+
+fn parse_private(s: &str) -> Result<runcell_core::egress::PrivateException, String> {
+    s.parse()
+        .map_err(|e: runcell_core::egress::ExceptionError| e.to_string())
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
@@ -231,6 +244,15 @@ fn settings(
             args.warm_pools.into_iter().collect()
         } else {
             file.warm_pools.unwrap_or(d.warm_pools)
+        },
+        egress_allow_private: if !args.egress_allow_private.is_empty() {
+            args.egress_allow_private
+        } else {
+            file.egress_allow_private
+                .unwrap_or_default()
+                .iter()
+                .map(|s| parse_private(s))
+                .collect::<Result<_, _>>()?
         },
     };
     let grace = dur(

@@ -23,6 +23,7 @@
 pub mod build;
 mod client;
 mod context;
+pub mod egress;
 mod limits;
 mod runtime;
 mod sandbox;
@@ -52,6 +53,12 @@ pub enum Error {
     /// A blocking task was lost.
     #[error("An internal task failed.")]
     Task(#[source] tokio::task::JoinError),
+    /// The sandbox has no egress socket.
+    #[error("This sandbox was created without egress, so its network policy cannot be changed (sandboxes re-attached after a daemon restart lose their egress).")]
+    NoEgress,
+    /// The egress socket could not be served.
+    #[error("The sandbox's egress socket could not be served.")]
+    EgressSocket(#[source] std::io::Error),
     /// The agent binary could not be found.
     #[error("The sandbox agent binary (runcell-agent) was not found next to {0}; build the workspace or set RUNCELL_AGENT.")]
     AgentNotFound(std::path::PathBuf),

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use runcell_jail::{IdMap, Jail, JailConfig, Standby};
 
+use crate::egress::{proxy, Egress, EgressConfig, NetworkPolicy};
 use crate::limits::SandboxLimits;
 use crate::sandbox::Sandbox;
 use crate::template::Template;
@@ -58,6 +59,10 @@ pub struct SandboxOptions {
     pub tied_to_process: bool,
     /// Hard lifetime after which the agent stops the sandbox by itself.
     pub max_lifetime: Option<Duration>,
+    /// Network egress policy. `None`: no egress socket at all (the policy
+    /// cannot be changed later); `Some` (even of mode `none`): the sandbox
+    /// gets an egress socket served by this process's proxy.
+    pub network: Option<NetworkPolicy>,
 }
 
 impl Default for SandboxOptions {
@@ -67,6 +72,7 @@ impl Default for SandboxOptions {
             limits: SandboxLimits::default(),
             tied_to_process: true,
             max_lifetime: None,
+            network: None,
         }
     }
 }
@@ -77,6 +83,7 @@ pub struct Runtime {
     config: RuntimeConfig,
     agent: PathBuf,
     pool: Arc<Pool>,
+    egress: EgressConfig,
 }
 
 /// How long after a claim the standby pool is refilled.
@@ -100,7 +107,20 @@ impl Runtime {
             config,
             agent,
             pool: Arc::default(),
+            egress: EgressConfig::default(),
         })
+    }
+
+    /// Sets the operator's egress settings (private destinations opened,
+    /// shared totals) for sandboxes created from now on.
+    pub fn with_egress(mut self, egress: EgressConfig) -> Self {
+        self.egress = egress;
+        self
+    }
+
+    /// The egress settings.
+    pub fn egress(&self) -> &EgressConfig {
+        &self.egress
     }
 
     fn jail_config(
@@ -132,6 +152,8 @@ impl Runtime {
             host_network,
             env: template.env.clone(),
             workdir: template.workdir.clone(),
+            egress_socket: opts.network.is_some() && !host_network,
+            egress_enabled: opts.network.as_ref().is_some_and(NetworkPolicy::has_egress),
         }
     }
 
@@ -220,7 +242,8 @@ impl Runtime {
         } else {
             self.pool.ready.lock().expect("pool lock").pop_front()
         };
-        let jail = match standby {
+        let network = opts.network.clone().filter(|_| !host_network);
+        let mut jail = match standby {
             Some(standby) => {
                 let cfg = self.jail_config(standby.id().to_string(), &template, &opts, false);
                 tokio::task::spawn_blocking(move || standby.start(&cfg))
@@ -251,8 +274,22 @@ impl Runtime {
                 return Err(e.into());
             }
         };
+        let egress = match (network, jail.take_egress_listener()) {
+            (Some(policy), Some(listener)) => {
+                match proxy_task(&id, policy, self.egress.clone(), listener) {
+                    Ok(e) => Some(e),
+                    Err(e) => {
+                        let _ = tokio::task::spawn_blocking(move || jail.destroy()).await;
+                        return Err(Error::EgressSocket(e));
+                    }
+                }
+            }
+            _ => None,
+        };
         tracing::debug!(sandbox = %id, "sandbox ready");
-        Ok(Sandbox::new(jail, agent, template, opts.limits))
+        let mut sandbox = Sandbox::new(jail, agent, template, opts.limits);
+        sandbox.egress = egress;
+        Ok(sandbox)
     }
 
     /// Reconnects to a running sandbox (e.g. after a restart).
@@ -292,6 +329,20 @@ impl Runtime {
         }
         removed
     }
+}
+
+/// Starts the proxy for one sandbox on its egress socket.
+fn proxy_task(
+    id: &str,
+    policy: NetworkPolicy,
+    config: EgressConfig,
+    listener: std::os::unix::net::UnixListener,
+) -> std::io::Result<crate::sandbox::EgressHandle> {
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::UnixListener::from_std(listener)?;
+    let state = Arc::new(Egress::new(id.to_string(), policy, config));
+    let task = tokio::spawn(proxy::serve(listener, state.clone()));
+    Ok(crate::sandbox::EgressHandle { state, task })
 }
 
 /// `runcell-agent` next to the current executable, or one directory up

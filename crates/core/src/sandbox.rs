@@ -124,6 +124,21 @@ pub struct Sandbox {
     agent: AgentClient,
     template: Template,
     limits: SandboxLimits,
+    pub(crate) egress: Option<EgressHandle>,
+}
+
+/// A sandbox's egress state and the proxy task serving its socket (stopped
+/// when the sandbox value goes away).
+#[derive(Debug)]
+pub(crate) struct EgressHandle {
+    pub(crate) state: std::sync::Arc<crate::egress::Egress>,
+    pub(crate) task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for EgressHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 impl Sandbox {
@@ -138,7 +153,43 @@ impl Sandbox {
             agent,
             template,
             limits,
+            egress: None,
         }
+    }
+
+    /// The network policy and egress counters; `None` for a sandbox made
+    /// without egress (or re-attached after a restart, whose egress socket
+    /// died with the previous process).
+    pub fn network(&self) -> Option<crate::egress::EgressReport> {
+        self.egress.as_ref().map(|e| e.state.report())
+    }
+
+    /// The shared egress state (policy and counters).
+    pub fn egress_state(&self) -> Option<std::sync::Arc<crate::egress::Egress>> {
+        self.egress.as_ref().map(|e| e.state.clone())
+    }
+
+    /// Changes the network policy of the running sandbox: the proxy checks
+    /// new requests against it, and the agent turns its proxy listener and
+    /// the proxy environment of new processes on or off.
+    pub async fn set_network(&self, policy: crate::egress::NetworkPolicy) -> Result<(), Error> {
+        let Some(e) = &self.egress else {
+            return Err(Error::NoEgress);
+        };
+        let enabled = policy.has_egress();
+        let previous = e.state.policy();
+        e.state.set_policy(policy);
+        if let Err(err) = self
+            .agent
+            .call(Request::SetEgress { enabled }, Vec::new())
+            .await
+        {
+            // The agent kept its old state (for instance, sandboxed code
+            // holds 127.0.0.1:3128): so does the proxy.
+            e.state.set_policy(previous);
+            return Err(err.into());
+        }
+        Ok(())
     }
 
     fn jail(&self) -> &Jail {

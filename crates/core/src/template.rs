@@ -60,8 +60,9 @@ pub struct TemplateDefaults {
     /// Default timeout of one run, seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,
-    /// Network policy name (recorded; egress policies are a later milestone
-    /// and every sandbox has no network today).
+    /// Default network egress policy of the template's sandboxes in the
+    /// daemon (`none`, `open`, `allowlist:RULE;RULE` or a JSON policy; see
+    /// [`crate::egress::NetworkPolicy::parse_setting`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<String>,
     /// Python modules a warm context imports ahead of time.

@@ -486,6 +486,19 @@ fn populate(spec: &InitSpec, root: &Path, stage: &Path) -> Result<(), SetupError
     mkdir(&shm, 0o1777)?;
     // Shared memory lives in the writable layer, under the same size cap.
     bind(&stage.join("shm"), &shm, false)?;
+
+    // The egress socket: the host's proxy for this sandbox. The host made it
+    // 0600 and owned by root of the sandbox, so only the agent can connect.
+    if let Some(sock) = &spec.egress_socket {
+        let dst = inside(root, Path::new(crate::spec::EGRESS_SOCKET));
+        if let Some(parent) = dst.parent() {
+            mkdir_if_missing(parent, 0o755)?;
+        }
+        File::create(&dst).map_err(step("creating the egress socket's mount point"))?;
+        fs::set_permissions(&dst, fs::Permissions::from_mode(0o600))
+            .map_err(step("setting the mode of the egress socket's mount point"))?;
+        bind(sock, &dst, false)?;
+    }
     Ok(())
 }
 

@@ -21,4 +21,4 @@ mod spec;
 mod sys;
 
 pub use spawn::{list_sandboxes, Jail, JailConfig, SpawnError, Standby};
-pub use spec::{IdMap, InitSpec, Limits, RootfsSpec, SandboxUser};
+pub use spec::{IdMap, InitSpec, Limits, RootfsSpec, SandboxUser, EGRESS_SOCKET};

@@ -123,6 +123,12 @@ pub struct JailConfig {
     pub env: std::collections::BTreeMap<String, String>,
     /// Default working directory (the template's `WORKDIR`).
     pub workdir: Option<String>,
+    /// Bind an egress socket (`<dir>/egress.sock`) for the host's proxy and
+    /// mount it in the sandbox; take its listener with
+    /// [`Jail::take_egress_listener`].
+    pub egress_socket: bool,
+    /// Start the agent's proxy listener at once (the policy is not `none`).
+    pub egress_enabled: bool,
 }
 
 /// What is written to `<dir>/jail.json` so a later process can find the sandbox.
@@ -144,6 +150,8 @@ pub struct Jail {
     cgroup: Cgroup,
     /// Held open for `exit_on_host_close` sandboxes: when it closes, the agent exits.
     _host_end: Option<UnixStream>,
+    /// The egress socket's listener, until the host's proxy takes it.
+    egress: Option<UnixListener>,
 }
 
 fn hierarchy() -> Result<&'static Hierarchy, CgroupError> {
@@ -346,6 +354,21 @@ impl Standby {
         if let Some(cg) = &self.cleanup.cgroup {
             cg.set_limits(&cfg.limits)?;
         }
+        let egress = if cfg.egress_socket {
+            let path = dir.join("egress.sock");
+            let _ = fs::remove_file(&path);
+            let listener = UnixListener::bind(&path).map_err(io_err(&path))?;
+            // Only root of the sandbox (the agent) may connect, not the
+            // sandbox user: connecting needs write permission on the socket.
+            let root = nix::unistd::Uid::from_raw(cfg.id_map.host_base);
+            let root_gid = nix::unistd::Gid::from_raw(cfg.id_map.host_base);
+            nix::unistd::chown(path.as_path(), Some(root), Some(root_gid))
+                .map_err(|e| io_err(&path)(e.into()))?;
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).map_err(io_err(&path))?;
+            Some((listener, path))
+        } else {
+            None
+        };
         let spec = InitSpec {
             sandbox_id: self.id.clone(),
             hostname: format!("runcell-{}", &self.id[..self.id.len().min(8)]),
@@ -358,6 +381,8 @@ impl Standby {
             host_network: self.host_network,
             env: cfg.env.clone(),
             workdir: cfg.workdir.clone(),
+            egress_socket: egress.as_ref().map(|(_, p)| p.clone()),
+            egress_enabled: egress.is_some() && cfg.egress_enabled,
         };
         let spec = serde_json::to_vec(&spec).expect("spec serializes");
         let mut msg = Vec::with_capacity(4 + spec.len());
@@ -403,6 +428,7 @@ impl Standby {
             pidfd: self.pidfd,
             cgroup,
             _host_end: cfg.exit_on_host_close.then_some(self.host_end),
+            egress: egress.map(|(l, _)| l),
         })
     }
 }
@@ -432,6 +458,7 @@ impl Jail {
             pidfd,
             cgroup,
             _host_end: None,
+            egress: None,
         })
     }
 
@@ -493,6 +520,12 @@ impl Jail {
     /// The agent's socket.
     pub fn socket_path(&self) -> PathBuf {
         self.dir.join("agent.sock")
+    }
+
+    /// The listener of the sandbox's egress socket, for the host's proxy
+    /// (once; `None` without one, and for re-attached sandboxes).
+    pub fn take_egress_listener(&mut self) -> Option<UnixListener> {
+        self.egress.take()
     }
 
     /// Cgroup counters (OOM kills, pids-limit hits, memory, CPU).

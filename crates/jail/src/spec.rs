@@ -145,4 +145,17 @@ pub struct InitSpec {
     /// the user's home when absent.
     #[serde(default)]
     pub workdir: Option<String>,
+    /// Host path of the sandbox's egress socket (`<state>/<id>/egress.sock`,
+    /// served by the host's egress proxy), bind-mounted at
+    /// [`EGRESS_SOCKET`] where only root of the sandbox (the agent) can
+    /// connect to it. Absent: the sandbox has no egress at all.
+    #[serde(default)]
+    pub egress_socket: Option<PathBuf>,
+    /// The agent starts with its proxy listener (`127.0.0.1:3128`) up and
+    /// gives processes the proxy environment (the policy is not `none`).
+    #[serde(default)]
+    pub egress_enabled: bool,
 }
+
+/// Where the egress socket appears inside the sandbox.
+pub const EGRESS_SOCKET: &str = "/run/runcell/egress.sock";

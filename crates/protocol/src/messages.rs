@@ -157,6 +157,14 @@ pub enum Request {
         /// Unix time in milliseconds, or none for no deadline.
         unix_ms: Option<u64>,
     },
+    /// Turn the sandbox's egress proxy listener (`127.0.0.1:3128`) and the
+    /// proxy environment of new processes on or off (the host changed the
+    /// network policy); answered by `Done`, or an error when the sandbox has
+    /// no egress socket.
+    SetEgress {
+        /// On for `allowlist` and `open`, off for `none`.
+        enabled: bool,
+    },
     /// Stop every process and exit; answered by `Done` just before exiting.
     Shutdown,
     /// Liveness check; answered by `Done`.

@@ -64,7 +64,11 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
         cgroup_parent: config.cgroup_parent.clone(),
         standby: config.standby,
         ..RuntimeConfig::default()
-    })?;
+    })?
+    .with_egress(runcell_core::egress::EgressConfig {
+        allow_private: config.egress_allow_private.clone(),
+        ..Default::default()
+    });
     let pools = pool::WarmPools::new(&runtime, &config.warm_pools, config.default_limits);
     let state = Arc::new(AppState {
         config: config.clone(),

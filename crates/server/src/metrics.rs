@@ -224,6 +224,32 @@ fn escape(s: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// The egress proxy's totals across sandboxes.
+pub fn render_egress(out: &mut String, t: &runcell_core::egress::EgressTotals) {
+    let _ = writeln!(
+        out,
+        "# HELP runcell_egress_bytes_total Bytes through the egress proxy, by direction (out: sandbox to network).\n# TYPE runcell_egress_bytes_total counter\nruncell_egress_bytes_total{{direction=\"out\"}} {}\nruncell_egress_bytes_total{{direction=\"in\"}} {}",
+        t.bytes_out.load(Ordering::Relaxed),
+        t.bytes_in.load(Ordering::Relaxed)
+    );
+    let _ = writeln!(
+        out,
+        "# HELP runcell_egress_connections_total Egress requests, by outcome.\n# TYPE runcell_egress_connections_total counter"
+    );
+    for (outcome, n) in [
+        ("allowed", &t.allowed),
+        ("refused_policy", &t.refused_policy),
+        ("refused_private", &t.refused_private),
+        ("failed", &t.failed),
+    ] {
+        let _ = writeln!(
+            out,
+            "runcell_egress_connections_total{{outcome=\"{outcome}\"}} {}",
+            n.load(Ordering::Relaxed)
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -141,6 +141,7 @@ impl WarmPool {
                 limits: self.limits,
                 tied_to_process: false,
                 max_lifetime: None,
+                network: Some(runcell_core::egress::NetworkPolicy::none()),
             })
             .await?;
         let deadline = SystemTime::now()

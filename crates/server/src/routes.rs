@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete as delete_route, get, post};
 use axum::{Json, Router};
 use futures_util::StreamExt;
+use runcell_core::egress::NetworkPolicy;
 use runcell_core::{format_size, Output, RunOptions, SandboxLimits, SandboxOptions};
 use runcell_protocol::{Command, FileStat};
 use serde::de::DeserializeOwned;
@@ -53,6 +54,7 @@ pub(crate) type St = State<Arc<AppState>>;
         logs,
         lifecycle,
         set_lifecycle,
+        set_network,
         templates,
         template,
         repl::create,
@@ -102,6 +104,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             get(lifecycle).patch(set_lifecycle),
         )
         .route("/sandboxes/{id}/logs", get(logs))
+        .route("/sandboxes/{id}/network", axum::routing::patch(set_network))
         .route(
             "/sandboxes/{id}/repl/sessions",
             get(repl::list).post(repl::create),
@@ -147,11 +150,12 @@ pub fn router(state: Arc<AppState>) -> Router {
 async fn metrics(State(state): St) -> impl IntoResponse {
     let running = state.sandboxes.read().expect("sandboxes lock").len();
     let pools: Vec<&crate::pool::WarmPool> = state.pools.all().map(|p| p.as_ref()).collect();
-    let text = state.metrics.render_with_pools(
+    let mut text = state.metrics.render_with_pools(
         &[("running", running)],
         state.runtime.standby_ready(),
         &pools,
     );
+    crate::metrics::render_egress(&mut text, &state.runtime.egress().totals);
     (
         [(
             header::CONTENT_TYPE,
@@ -330,6 +334,39 @@ struct CreateReq {
     limits: Option<LimitsReq>,
     #[serde(default)]
     env: BTreeMap<String, String>,
+    /// Network egress policy: `"none"`, `"open"`, or
+    /// `{"mode": "allowlist", "allow": ["pypi.org", "*.example.com:443"], "presets": ["package-index"]}`.
+    /// Default: the template's, else `none`.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    network: Option<NetworkPolicy>,
+}
+
+/// The network view of a sandbox.
+pub(crate) fn network_view(sandbox: &runcell_core::Sandbox) -> NetworkView {
+    match sandbox.network() {
+        Some(r) => NetworkView {
+            mode: r.policy.mode.to_string(),
+            allow: r.policy.allow.iter().map(ToString::to_string).collect(),
+            presets: r.policy.presets.clone(),
+            bytes_in: r.bytes_in,
+            bytes_out: r.bytes_out,
+            connections_allowed: r.connections_allowed,
+            connections_refused: r.connections_refused,
+            refused_hosts: r.refused_hosts,
+        },
+        // No egress socket (re-attached after a restart): nothing leaves.
+        None => NetworkView {
+            mode: "none".into(),
+            allow: Vec::new(),
+            presets: Vec::new(),
+            bytes_in: 0,
+            bytes_out: 0,
+            connections_allowed: 0,
+            connections_refused: 0,
+            refused_hosts: Vec::new(),
+        },
+    }
 }
 
 fn limits_view(l: &SandboxLimits) -> LimitsView {
@@ -363,9 +400,7 @@ fn sandbox_view(e: &Entry) -> SandboxView {
         persistent: r.persistent,
         ttl_seconds: r.ttl_seconds,
         limits: limits_view(l),
-        network: NetworkView {
-            mode: "none".into(),
-        },
+        network: network_view(&e.sandbox),
         boot_ms: None,
     }
 }
@@ -413,6 +448,18 @@ async fn create(
         template.defaults.apply(state.config.default_limits),
         req.limits.unwrap_or_default(),
     )?;
+    // The request's network policy, else the template's, else none.
+    let network = match req.network.take() {
+        Some(p) => p,
+        None => match &template.defaults.network {
+            Some(s) => NetworkPolicy::parse_setting(s).map_err(|e| {
+                ApiError::bad_request(format!(
+                    "The template's default network policy is invalid: {e}"
+                ))
+            })?,
+            None => NetworkPolicy::none(),
+        },
+    };
     // Capacity: live sandboxes plus creates in flight.
     struct Slot<'a>(&'a std::sync::atomic::AtomicUsize);
     impl Drop for Slot<'_> {
@@ -443,8 +490,20 @@ async fn create(
         tokio::spawn(async move { pool.refill(&st.runtime).await });
     }
     let (sandbox, warm_context) = match warm {
-        Some(w) => (w.sandbox, w.context),
-        None => (create_sandbox(&state, &template, limits).await?, None),
+        Some(w) => {
+            // Pooled sandboxes are made with no network.
+            if network.has_egress() {
+                if let Err(e) = w.sandbox.set_network(network.clone()).await {
+                    let _ = w.sandbox.destroy().await;
+                    return Err(ApiError::from(e));
+                }
+            }
+            (w.sandbox, w.context)
+        }
+        None => (
+            create_sandbox(&state, &template, limits, network).await?,
+            None,
+        ),
     };
     let now = now_ms();
     let record = Record {
@@ -584,6 +643,7 @@ async fn create_sandbox(
     state: &AppState,
     template: &runcell_core::Template,
     limits: SandboxLimits,
+    network: NetworkPolicy,
 ) -> AppResult<runcell_core::Sandbox> {
     state
         .runtime
@@ -592,6 +652,7 @@ async fn create_sandbox(
             limits,
             tied_to_process: false,
             max_lifetime: Some(state.config.max_lifetime),
+            network: Some(network),
         })
         .await
         .map_err(|e| match e {
@@ -625,6 +686,28 @@ async fn get_one(
 ) -> AppResult<Json<Value>> {
     let e = find(&state, &ws, &id)?;
     Ok(Json(sandbox_json(&e)))
+}
+
+/// Replaces the network policy of a running sandbox.
+#[utoipa::path(patch, path = "/v1/sandboxes/{id}/network", tag = "runcell", params(("id" = String, Path)),
+    request_body(content = Object, description = "A network policy, as in create"),
+    responses((status = 200, body = NetworkView), (status = 400, body = ErrorView), (status = 401, body = ErrorView), (status = 404, body = ErrorView)))]
+async fn set_network(
+    State(state): St,
+    Extension(ws): Extension<Workspace>,
+    Path(id): Path<String>,
+    JsonBody(policy): JsonBody<NetworkPolicy>,
+) -> AppResult<Json<NetworkView>> {
+    let e = find(&state, &ws, &id)?;
+    e.sandbox
+        .set_network(policy)
+        .await
+        .map_err(|err| match err {
+            runcell_core::Error::NoEgress => ApiError::bad_request(err.to_string()),
+            other => ApiError::from(other),
+        })?;
+    tracing::info!(sandbox = %id, mode = %e.sandbox.network().map(|n| n.policy.mode.to_string()).unwrap_or_default(), "network policy changed");
+    Ok(Json(network_view(&e.sandbox)))
 }
 
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "runcell", params(("id" = String, Path)),

@@ -41,6 +41,9 @@ pub struct ServeConfig {
     pub warm_pools: BTreeMap<String, usize>,
     /// Template of the sandboxes the `/mcp` tools create.
     pub mcp_template: String,
+    /// Private or loopback destinations the operator opens to sandbox
+    /// egress (`--egress-allow-private`); never settable through the API.
+    pub egress_allow_private: Vec<runcell_core::egress::PrivateException>,
 }
 
 impl Default for ServeConfig {
@@ -64,6 +67,7 @@ impl Default for ServeConfig {
             max_sandboxes: 64,
             warm_pools: [("code-interpreter".to_string(), 2)].into(),
             mcp_template: "code-interpreter".into(),
+            egress_allow_private: Vec::new(),
         }
     }
 }

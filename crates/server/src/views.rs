@@ -23,11 +23,25 @@ pub struct LimitsView {
     pub output_bytes: u64,
 }
 
-/// The sandbox's network policy.
+/// The sandbox's network policy and what went through its egress proxy.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct NetworkView {
-    /// `none`: loopback only.
+    /// `none` (loopback only), `allowlist` or `open`.
     pub mode: String,
+    /// Host rules of an allowlist (`pypi.org`, `*.example.com:443`).
+    pub allow: Vec<String>,
+    /// Presets of an allowlist (`package-index`).
+    pub presets: Vec<String>,
+    /// Bytes received from the network.
+    pub bytes_in: u64,
+    /// Bytes sent to the network.
+    pub bytes_out: u64,
+    /// Connections the proxy made.
+    pub connections_allowed: u64,
+    /// Requests the proxy refused.
+    pub connections_refused: u64,
+    /// The most recently refused host names.
+    pub refused_hosts: Vec<String>,
 }
 
 /// A sandbox (PandaStack fields plus runcell's `limits` and `network`).
@@ -171,7 +185,8 @@ pub struct TemplateDefaultsView {
     pub cpu_millis: Option<u64>,
     /// Default exec timeout, seconds.
     pub timeout_secs: Option<u64>,
-    /// Network policy name.
+    /// Default network egress policy of the template's sandboxes
+    /// (`none`, `open`, `allowlist:RULE;RULE` or a JSON policy).
     pub network: Option<String>,
     /// Python modules a warm context preloads.
     pub preload: Vec<String>,

@@ -670,6 +670,7 @@ async fn run_in_sandbox(
         limits,
         tied_to_process: true,
         max_lifetime: Some(STEP_TIMEOUT + Duration::from_secs(60)),
+        network: None,
     };
     let sandbox = runtime
         .create_from(template, opts, true)
