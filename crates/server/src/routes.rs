@@ -338,7 +338,7 @@ struct CreateReq {
     /// `{"mode": "allowlist", "allow": ["pypi.org", "*.example.com:443"], "presets": ["package-index"]}`.
     /// Default: the template's, else `none`.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<Value>)]
     network: Option<NetworkPolicy>,
 }
 
