@@ -338,7 +338,7 @@ struct CreateReq {
     /// `{"mode": "allowlist", "allow": ["pypi.org", "*.example.com:443"], "presets": ["package-index"]}`.
     /// Default: the template's, else `none`.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<Value>)]
     network: Option<NetworkPolicy>,
 }
 
@@ -690,7 +690,7 @@ async fn get_one(
 
 /// Replaces the network policy of a running sandbox.
 #[utoipa::path(patch, path = "/v1/sandboxes/{id}/network", tag = "runcell", params(("id" = String, Path)),
-    request_body(content = Object, description = "A network policy, as in create"),
+    request_body(content = Value, description = "A network policy, as in create: \"none\", \"open\" or {\"mode\", \"allow\", \"presets\"}"),
     responses((status = 200, body = NetworkView), (status = 400, body = ErrorView), (status = 401, body = ErrorView), (status = 404, body = ErrorView)))]
 async fn set_network(
     State(state): St,
