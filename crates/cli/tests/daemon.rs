@@ -121,6 +121,40 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
+        // A test that failed did not get to delete its sandboxes, which
+        // outlive the daemon by design: delete them now (on a thread with its
+        // own runtime, since this may run inside the test's).
+        if std::thread::panicking() && self.child.try_wait().ok().flatten().is_none() {
+            let (url, key) = (self.url.clone(), self.key.clone());
+            let _ = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .ok()?;
+                rt.block_on(async {
+                    let c = reqwest::Client::new();
+                    let list: Vec<Value> = c
+                        .get(format!("{url}/v1/sandboxes"))
+                        .bearer_auth(&key)
+                        .send()
+                        .await
+                        .ok()?
+                        .json()
+                        .await
+                        .ok()?;
+                    for sb in list {
+                        let id = sb["id"].as_str().unwrap_or_default();
+                        let _ = c
+                            .delete(format!("{url}/v1/sandboxes/{id}"))
+                            .bearer_auth(&key)
+                            .send()
+                            .await;
+                    }
+                    Some(())
+                })
+            })
+            .join();
+        }
         // SIGTERM first, so the daemon destroys its warm pools; sandboxes it
         // handed out outlive it by design (tests delete those themselves).
         // SAFETY: kill has no memory preconditions; the pid is our child's.
