@@ -55,16 +55,7 @@ shopt -u nullglob
 failed=()
 
 . scripts/lib/daemon.sh
-on_exit() {
-  local rc=$?
-  if [ -n "$DAEMON_PID" ] && kill -0 "$DAEMON_PID" 2>/dev/null && [ -n "$KEY" ]; then
-    daemon_sweep >/dev/null || true
-  fi
-  daemon_stop || true
-  exit "$rc"
-}
-trap on_exit EXIT
-trap 'exit 130' INT TERM
+daemon_cleanup_on_exit
 
 daemon_start sdk || die "the daemon did not start"
 

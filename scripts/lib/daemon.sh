@@ -121,3 +121,18 @@ daemon_after_suite() {
     fi
   fi
 }
+
+# Installs an EXIT trap that deletes the sandboxes a failed run left behind
+# and stops the daemon, keeping the script's exit status.
+daemon_cleanup_on_exit() {
+  trap _daemon_on_exit EXIT
+  trap 'exit 130' INT TERM
+}
+_daemon_on_exit() {
+  local rc=$?
+  if [ -n "$DAEMON_PID" ] && kill -0 "$DAEMON_PID" 2>/dev/null && [ -n "$KEY" ]; then
+    daemon_sweep >/dev/null || true
+  fi
+  daemon_stop || true
+  exit "$rc"
+}
