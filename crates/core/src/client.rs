@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use runcell_protocol::{
@@ -57,6 +57,9 @@ pub struct AgentClient {
     next_id: AtomicU64,
     reader: tokio::task::JoinHandle<()>,
     sandbox_id: String,
+    /// Requests that use the sandbox (execs, code, cells, files) whose
+    /// answer is still being read.
+    work: Arc<AtomicUsize>,
 }
 
 /// The events answering one request.
@@ -65,6 +68,38 @@ pub struct Replies {
     rx: mpsc::Receiver<(Event, Vec<u8>)>,
     /// The request id (to signal a running exec).
     pub id: u64,
+    _work: Option<WorkGuard>,
+}
+
+/// Counts one request of work in progress for as long as it lives.
+#[derive(Debug)]
+struct WorkGuard(Arc<AtomicUsize>);
+
+impl WorkGuard {
+    fn new(counter: &Arc<AtomicUsize>) -> Self {
+        counter.fetch_add(1, Ordering::AcqRel);
+        Self(counter.clone())
+    }
+}
+
+impl Drop for WorkGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Whether a request is the sandbox's user doing work (which keeps an idle
+/// TTL from expiring) rather than the host managing it.
+fn is_work(request: &Request) -> bool {
+    !matches!(
+        request,
+        Request::Stats
+            | Request::SetDeadline { .. }
+            | Request::SetEgress { .. }
+            | Request::Shutdown
+            | Request::Ping
+            | Request::ContextList
+    )
 }
 
 impl Replies {
@@ -133,6 +168,7 @@ impl AgentClient {
             next_id: AtomicU64::new(1),
             reader,
             sandbox_id,
+            work: Arc::default(),
         })
     }
 
@@ -141,8 +177,15 @@ impl AgentClient {
         &self.sandbox_id
     }
 
+    /// Requests of work in progress (execs, code runs, cells, file
+    /// operations) whose answers are still being read.
+    pub fn work_in_progress(&self) -> usize {
+        self.work.load(Ordering::Acquire)
+    }
+
     /// Sends a request and returns the stream of its events.
     pub async fn request(&self, request: Request, body: Vec<u8>) -> Result<Replies, ClientError> {
+        let work = is_work(&request).then(|| WorkGuard::new(&self.work));
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(16);
         self.pending.lock().expect("pending lock").insert(id, tx);
@@ -152,7 +195,11 @@ impl AgentClient {
             self.pending.lock().expect("pending lock").remove(&id);
             return Err(e.into());
         }
-        Ok(Replies { rx, id })
+        Ok(Replies {
+            rx,
+            id,
+            _work: work,
+        })
     }
 
     /// Sends a request that has a single answer and returns it, turning an

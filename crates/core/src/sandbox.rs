@@ -225,6 +225,12 @@ impl Sandbox {
         self.jail().counters()
     }
 
+    /// Requests of work in progress on this sandbox (execs, code runs, cells,
+    /// file operations): while there are any, the sandbox is not idle.
+    pub fn work_in_progress(&self) -> usize {
+        self.agent.work_in_progress()
+    }
+
     /// Runs a command, calling `on_output` for each chunk as it arrives.
     pub async fn exec_streaming(
         &self,

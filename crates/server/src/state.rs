@@ -137,9 +137,21 @@ impl AppState {
     /// persistent, and never past the maximum lifetime. It holds even while
     /// the daemon is down.
     pub fn agent_deadline(&self, r: &Record) -> u64 {
-        let hard = r.created_at * 1000 + self.config.max_lifetime.as_millis() as i64;
-        let idle = r.last_activity_ms + (r.ttl_seconds as i64) * 1000 + AGENT_DEADLINE_GRACE_MS;
-        (if r.persistent { hard } else { idle.min(hard) }).max(0) as u64
+        let hard = r
+            .created_at
+            .saturating_mul(1000)
+            .saturating_add(self.max_lifetime_ms());
+        let idle = r
+            .last_activity_ms
+            .saturating_add(ttl_ms(r.ttl_seconds))
+            .saturating_add(AGENT_DEADLINE_GRACE_MS);
+        let deadline = if r.persistent { hard } else { idle.min(hard) };
+        u64::try_from(deadline).unwrap_or(0)
+    }
+
+    /// The maximum lifetime in milliseconds.
+    fn max_lifetime_ms(&self) -> i64 {
+        i64::try_from(self.config.max_lifetime.as_millis()).unwrap_or(i64::MAX)
     }
 
     /// Records activity on a sandbox (exec, file access, code run). The
@@ -216,22 +228,43 @@ impl AppState {
     }
 
     /// Reaps expired and dead sandboxes. Runs every half second.
+    ///
+    /// Work in progress (an exec, a stream, a code cell, a file transfer) is
+    /// activity: a busy sandbox is touched instead of reaped, so its idle
+    /// clock starts when its last piece of work ends. The maximum lifetime
+    /// applies all the same.
     pub async fn reap_once(&self) {
         let now = now_ms();
-        let max = self.config.max_lifetime.as_millis() as i64;
+        let max = self.max_lifetime_ms();
         let mut expired = Vec::new();
+        let mut busy = Vec::new();
         for (id, e) in self.sandboxes.read().expect("sandboxes lock").iter() {
+            let working = e.sandbox.work_in_progress() > 0;
             let r = e.record.lock().expect("record lock");
-            if !r.persistent && now - r.last_activity_ms > (r.ttl_seconds as i64) * 1000 {
-                expired.push((id.clone(), "idle ttl expired"));
-            } else if now - r.created_at * 1000 > max {
+            if now.saturating_sub(r.created_at.saturating_mul(1000)) > max {
                 expired.push((id.clone(), "maximum lifetime reached"));
             } else if !e.sandbox.is_alive() {
                 expired.push((id.clone(), "sandbox stopped"));
+            } else if working {
+                busy.push(e.clone());
+            } else if !r.persistent
+                && now.saturating_sub(r.last_activity_ms) > ttl_ms(r.ttl_seconds)
+            {
+                expired.push((id.clone(), "idle ttl expired"));
             }
+        }
+        for e in busy {
+            self.touch(&e).await;
         }
         for (id, reason) in expired {
             self.remove(&id, reason).await;
         }
     }
+}
+
+/// An idle TTL in milliseconds, saturating.
+fn ttl_ms(ttl_seconds: u64) -> i64 {
+    i64::try_from(ttl_seconds)
+        .unwrap_or(i64::MAX)
+        .saturating_mul(1000)
 }
