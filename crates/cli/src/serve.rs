@@ -84,6 +84,22 @@ pub struct ServeArgs {
     /// cannot.
     #[arg(long = "egress-allow-private", env = "RUNCELL_EGRESS_ALLOW_PRIVATE", value_delimiter = ',', value_parser = parse_private)]
     egress_allow_private: Vec<runcell_core::egress::PrivateException>,
+    /// Most sandboxes one workspace may hold at once; creates beyond it get
+    /// 429 with Retry-After. [default: max-sandboxes less one in sixteen]
+    #[arg(long, env = "RUNCELL_WORKSPACE_MAX_SANDBOXES")]
+    workspace_max_sandboxes: Option<usize>,
+    /// Most memory (the sum of memory limits) one workspace's sandboxes may
+    /// hold at once. [default: no quota]
+    #[arg(long, env = "RUNCELL_WORKSPACE_MAX_MEMORY", value_parser = parse_size_arg)]
+    workspace_max_memory: Option<u64>,
+    /// Most disk (the sum of disk limits) one workspace's sandboxes may hold
+    /// at once. [default: no quota]
+    #[arg(long, env = "RUNCELL_WORKSPACE_MAX_DISK", value_parser = parse_size_arg)]
+    workspace_max_disk: Option<u64>,
+    /// How long why and when a sandbox ended is kept (a 404 for it says
+    /// so); never less than the maximum lifetime. [default: 7d]
+    #[arg(long, env = "RUNCELL_TOMBSTONE_RETENTION", value_parser = parse_duration)]
+    tombstone_retention: Option<Duration>,
 }
 
 /// The TOML file. Durations and sizes are strings as on the command line.
@@ -108,6 +124,10 @@ struct FileConfig {
     aliases: Option<BTreeMap<String, String>>,
     warm_pools: Option<BTreeMap<String, usize>>,
     egress_allow_private: Option<Vec<String>>,
+    workspace_max_sandboxes: Option<usize>,
+    workspace_max_memory: Option<String>,
+    workspace_max_disk: Option<String>,
+    tombstone_retention: Option<String>,
 }
 
 fn parse_private(s: &str) -> Result<runcell_core::egress::PrivateException, String> {
@@ -168,6 +188,12 @@ fn settings(
             (None, Some(s)) => parse_size_arg(s).map_err(|e| format!("config {key}: {e}")),
             (None, None) => Ok(default),
         }
+    };
+    let opt_size = |flag: Option<u64>, file: &Option<String>, key: &str| {
+        file.as_ref()
+            .map(|_| size(None, file, key, 0))
+            .transpose()
+            .map(|from_file| flag.or(from_file))
     };
     let d = ServeConfig::default();
     let l = d.default_limits;
@@ -254,6 +280,27 @@ fn settings(
                 .map(|s| parse_private(s))
                 .collect::<Result<_, _>>()?
         },
+        workspace_quota: runcell_server::WorkspaceQuota {
+            sandboxes: args
+                .workspace_max_sandboxes
+                .or(file.workspace_max_sandboxes),
+            memory_bytes: opt_size(
+                args.workspace_max_memory,
+                &file.workspace_max_memory,
+                "workspace_max_memory",
+            )?,
+            disk_bytes: opt_size(
+                args.workspace_max_disk,
+                &file.workspace_max_disk,
+                "workspace_max_disk",
+            )?,
+        },
+        tombstone_retention: dur(
+            args.tombstone_retention,
+            &file.tombstone_retention,
+            "tombstone_retention",
+            d.tombstone_retention,
+        )?,
     };
     let grace = dur(
         args.shutdown_grace,

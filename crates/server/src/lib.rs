@@ -7,6 +7,7 @@ pub mod keys;
 mod logs;
 mod metrics;
 mod pool;
+mod quota;
 mod registry;
 mod repl;
 mod routes;
@@ -22,6 +23,7 @@ use runcell_core::{Runtime, RuntimeConfig};
 
 pub use error::ApiError;
 pub use metrics::Metrics;
+pub use quota::WorkspaceQuota;
 pub use registry::{Record, Registry, RegistryError};
 pub use routes::router;
 pub use state::{AppState, ServeConfig};
@@ -79,6 +81,8 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
         sandboxes: RwLock::new(Default::default()),
         metrics: Metrics::default(),
         creating: Default::default(),
+        reservations: Default::default(),
+        last_prune_ms: Default::default(),
     });
     reconcile(&state).await;
     state.runtime.warm_up().await;

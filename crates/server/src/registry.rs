@@ -17,6 +17,9 @@ pub enum RegistryError {
     /// A stored field is unreadable.
     #[error("A stored sandbox record is unreadable.")]
     Decode(#[from] serde_json::Error),
+    /// The database file could not be created or made private.
+    #[error("The registry file {0} could not be created or made private.")]
+    File(std::path::PathBuf, #[source] std::io::Error),
 }
 
 /// One sandbox as recorded.
@@ -48,6 +51,32 @@ pub struct Record {
     pub end_reason: Option<String>,
 }
 
+/// What is kept of a sandbox after it ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tombstone {
+    /// Owning workspace (only its keys learn why the sandbox ended).
+    pub workspace: String,
+    /// Why it ended.
+    pub reason: String,
+    /// When it ended, unix milliseconds.
+    pub ended_at_ms: i64,
+    /// Its idle TTL.
+    pub ttl_seconds: u64,
+}
+
+/// Creates `path` if needed and makes it readable and writable by its owner
+/// only.
+fn private_file(path: &Path) -> Result<(), RegistryError> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|_| std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)))
+        .map_err(|e| RegistryError::File(path.to_path_buf(), e))
+}
+
 /// The SQLite registry.
 #[derive(Debug)]
 pub struct Registry {
@@ -55,12 +84,16 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// Opens (creating if needed) the registry at `path`.
+    /// Opens (creating if needed) the registry at `path`. The database and
+    /// its journal files are readable by the daemon's user only: records
+    /// hold callers' metadata and, while a sandbox lives, its environment.
     pub fn open(path: &Path) -> Result<Self, RegistryError> {
+        private_file(path)?;
         let conn = Connection::open(path)?;
         conn.execute_batch(
             "PRAGMA journal_mode=WAL;
              PRAGMA synchronous=NORMAL;
+             PRAGMA secure_delete=ON;
              CREATE TABLE IF NOT EXISTS sandboxes (
                  id TEXT PRIMARY KEY,
                  workspace TEXT NOT NULL,
@@ -77,7 +110,29 @@ impl Registry {
              );
              CREATE INDEX IF NOT EXISTS sandboxes_status ON sandboxes(status);",
         )?;
+        // Added after the first release: when a sandbox ended (tombstones
+        // are pruned by it). Rows that ended before it existed age from now.
+        let has_ended_at = conn
+            .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'ended_at_ms'")?
+            .exists([])?;
+        if !has_ended_at {
+            conn.execute_batch(&format!(
+                "ALTER TABLE sandboxes ADD COLUMN ended_at_ms INTEGER;
+                 UPDATE sandboxes SET ended_at_ms = {}, env = '{{}}' WHERE status != 'running';",
+                crate::state::now_ms()
+            ))?;
+        }
         crate::keys::init(&conn)?;
+        // SQLite gives the journal files the database's mode, but files left
+        // by an older version may be more open.
+        for suffix in ["-wal", "-shm"] {
+            let mut journal = path.as_os_str().to_owned();
+            journal.push(suffix);
+            let journal = std::path::PathBuf::from(journal);
+            if journal.exists() {
+                private_file(&journal)?;
+            }
+        }
         Ok(Self {
             conn: Mutex::new(conn),
         })
@@ -113,13 +168,56 @@ impl Registry {
         Ok(())
     }
 
-    /// Marks a sandbox ended.
+    /// Marks a sandbox ended, keeping a tombstone (who owned it, why and
+    /// when it ended) until [`Registry::prune`] removes it. Its environment,
+    /// which may hold the caller's secrets, is forgotten now (and with
+    /// `secure_delete` its old bytes are overwritten, not left in free pages).
     pub fn end(&self, id: &str, status: &str, reason: &str) -> Result<(), RegistryError> {
         self.conn.lock().expect("registry lock").execute(
-            "UPDATE sandboxes SET status = ?2, end_reason = ?3 WHERE id = ?1",
-            params![id, status, reason],
+            "UPDATE sandboxes SET status = ?2, end_reason = ?3, ended_at_ms = ?4, env = '{}'
+             WHERE id = ?1",
+            params![id, status, reason, crate::state::now_ms()],
         )?;
         Ok(())
+    }
+
+    /// The tombstone of an ended sandbox, if it is still kept.
+    pub fn tombstone(&self, id: &str) -> Result<Option<Tombstone>, RegistryError> {
+        let conn = self.conn.lock().expect("registry lock");
+        Ok(conn
+            .query_row(
+                "SELECT workspace, end_reason, ended_at_ms, ttl_seconds FROM sandboxes
+                 WHERE id = ?1 AND status != 'running'",
+                params![id],
+                |r| {
+                    Ok(Tombstone {
+                        workspace: r.get(0)?,
+                        reason: r.get::<_, Option<String>>(1)?.unwrap_or_default(),
+                        ended_at_ms: r.get::<_, Option<i64>>(2)?.unwrap_or(0),
+                        ttl_seconds: u64::try_from(r.get::<_, i64>(3)?).unwrap_or(0),
+                    })
+                },
+            )
+            .optional()?)
+    }
+
+    /// Removes the tombstones of sandboxes that ended before `before_ms`;
+    /// returns how many.
+    pub fn prune(&self, before_ms: i64) -> Result<usize, RegistryError> {
+        Ok(self.conn.lock().expect("registry lock").execute(
+            "DELETE FROM sandboxes WHERE status != 'running' AND ended_at_ms < ?1",
+            params![before_ms],
+        )?)
+    }
+
+    /// Rows kept, running or ended.
+    pub fn rows(&self) -> Result<u64, RegistryError> {
+        let n: i64 = self.conn.lock().expect("registry lock").query_row(
+            "SELECT COUNT(*) FROM sandboxes",
+            [],
+            |r| r.get(0),
+        )?;
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 
     /// Records activity.
@@ -227,7 +325,7 @@ mod tests {
             template: "host".into(),
             metadata: [("threadId".to_string(), "t1".to_string())].into(),
             limits: serde_json::json!({"memory_mb": 512}),
-            env: BTreeMap::new(),
+            env: [("SECRET".to_string(), "s3cret".to_string())].into(),
             ttl_seconds: 300,
             persistent: false,
             created_at: 1,
@@ -243,6 +341,26 @@ mod tests {
         let got = reg.get("a").unwrap().unwrap();
         assert_eq!((got.last_activity_ms, got.status.as_str()), (99, "deleted"));
         assert!(reg.with_status("running").unwrap().is_empty());
+        // The tombstone says why; the environment is forgotten.
+        let t = reg.tombstone("a").unwrap().unwrap();
+        assert_eq!((t.workspace.as_str(), t.reason.as_str()), ("local", "ttl"));
+        assert!(got.env.is_empty());
+        // Only the owner can read the database and its journal.
+        use std::os::unix::fs::PermissionsExt;
+        for f in ["registry.db", "registry.db-wal", "registry.db-shm"] {
+            let mode = std::fs::metadata(dir.join(f)).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "{f}");
+        }
+        // Pruning removes tombstones that ended before the cut, not live rows.
+        reg.put(&Record {
+            id: "b".into(),
+            ..rec.clone()
+        })
+        .unwrap();
+        assert_eq!(reg.prune(t.ended_at_ms).unwrap(), 0);
+        assert_eq!(reg.prune(t.ended_at_ms + 1).unwrap(), 1);
+        assert_eq!(reg.rows().unwrap(), 1);
+        assert!(reg.tombstone("a").unwrap().is_none());
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

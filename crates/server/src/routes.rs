@@ -482,6 +482,8 @@ async fn create(
             5,
         ));
     }
+    // The workspace's own share, held until the sandbox is live.
+    let _quota = crate::quota::reserve(&state, &ws.0, &limits)?;
     let started = std::time::Instant::now();
     let (warm, pool) = state.pools.claim(&template.name, &limits);
     if let Some(pool) = pool {
@@ -674,7 +676,7 @@ pub(crate) fn find(state: &AppState, ws: &Workspace, id: &str) -> AppResult<Arc<
     state
         .entry(id)
         .filter(|e| e.record.lock().expect("record lock").workspace == ws.0)
-        .ok_or_else(ApiError::no_sandbox)
+        .ok_or_else(|| state.gone(&ws.0, id))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "runcell", params(("id" = String, Path)),

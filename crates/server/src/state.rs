@@ -44,6 +44,11 @@ pub struct ServeConfig {
     /// Private or loopback destinations the operator opens to sandbox
     /// egress (`--egress-allow-private`); never settable through the API.
     pub egress_allow_private: Vec<runcell_core::egress::PrivateException>,
+    /// What one workspace may hold at once.
+    pub workspace_quota: crate::quota::WorkspaceQuota,
+    /// How long an ended sandbox's tombstone (why and when it ended) is
+    /// kept; never less than the maximum lifetime.
+    pub tombstone_retention: Duration,
 }
 
 impl Default for ServeConfig {
@@ -68,6 +73,8 @@ impl Default for ServeConfig {
             warm_pools: [("code-interpreter".to_string(), 2)].into(),
             mcp_template: "code-interpreter".into(),
             egress_allow_private: Vec::new(),
+            workspace_quota: Default::default(),
+            tombstone_retention: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }
@@ -110,6 +117,10 @@ pub struct AppState {
     pub pools: crate::pool::WarmPools,
     /// Teardowns of deleted sandboxes still running in the background.
     pub teardowns: Arc<std::sync::atomic::AtomicUsize>,
+    /// Creates in progress per workspace, with the limits they asked for.
+    pub reservations: crate::quota::Reservations,
+    /// When tombstones were last pruned (unix ms).
+    pub last_prune_ms: std::sync::atomic::AtomicI64,
 }
 
 /// Now, unix milliseconds.
@@ -259,6 +270,60 @@ impl AppState {
         for (id, reason) in expired {
             self.remove(&id, reason).await;
         }
+        self.prune_tombstones(now);
+    }
+
+    /// Removes tombstones older than the retention (at most once a minute).
+    pub fn prune_tombstones(&self, now: i64) {
+        use std::sync::atomic::Ordering;
+        let last = self.last_prune_ms.load(Ordering::Acquire);
+        if now.saturating_sub(last) < 60_000 {
+            return;
+        }
+        self.last_prune_ms.store(now, Ordering::Release);
+        let keep = self
+            .config
+            .tombstone_retention
+            .max(self.config.max_lifetime);
+        let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
+        match self.registry.prune(now.saturating_sub(keep_ms)) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(pruned = n, "removed old tombstones from the registry"),
+            Err(e) => tracing::warn!("could not prune the registry: {e}"),
+        }
+    }
+
+    /// The answer for a sandbox id that is not live for this workspace: why
+    /// and when it ended if it was the workspace's and its tombstone is
+    /// still kept, else a plain "not found" (another workspace's sandbox is
+    /// answered exactly as a missing one). Always a 404.
+    pub fn gone(&self, workspace: &str, id: &str) -> crate::error::ApiError {
+        let tomb = match self.registry.tombstone(id) {
+            Ok(Some(t)) if t.workspace == workspace => t,
+            _ => return crate::error::ApiError::no_sandbox(),
+        };
+        let at = runcell_core::rfc3339(tomb.ended_at_ms.div_euclid(1000));
+        let message = match tomb.reason.as_str() {
+            "idle ttl expired" => format!(
+                "sandbox {id} expired after {} s idle at {at}",
+                tomb.ttl_seconds
+            ),
+            "maximum lifetime reached" => {
+                format!("sandbox {id} reached its maximum lifetime and was removed at {at}")
+            }
+            "deleted by the API" => format!("sandbox {id} was deleted at {at}"),
+            reason => format!("sandbox {id} ended at {at}: {reason}"),
+        };
+        let mut err = crate::error::ApiError::new(axum::http::StatusCode::NOT_FOUND, message);
+        err.extra = Some(
+            [
+                ("end_reason".to_string(), tomb.reason.into()),
+                ("ended_at".to_string(), at.into()),
+            ]
+            .into_iter()
+            .collect(),
+        );
+        err
     }
 }
 

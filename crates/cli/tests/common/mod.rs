@@ -202,3 +202,21 @@ pub fn data_dir(name: &str) -> std::path::PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     d
 }
+
+/// Creates an API key for `workspace` in the daemon's data directory (the
+/// `runcell key` command) and returns it.
+pub fn new_key(data: &std::path::Path, workspace: &str) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_runcell"))
+        .arg("key")
+        .arg("--data-dir")
+        .arg(data)
+        .args(["create", "--workspace", workspace, "--name", "test"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
