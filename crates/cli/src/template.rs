@@ -34,7 +34,8 @@ enum TemplateCommand {
         mirror: String,
     },
     /// List the templates: the daemon's (GET /v1/templates) when one is
-    /// reachable with a key, else those in the local templates directory.
+    /// reachable with a key, else those in the local templates directory
+    /// (always that directory with --local or --templates-dir).
     Ls {
         /// The daemon [default: $RUNCELL_URL, else http://127.0.0.1:7070].
         #[arg(long)]
@@ -53,15 +54,17 @@ enum TemplateCommand {
     },
 }
 
-/// Runs `runcell template ...`; returns the exit status.
-pub async fn main(config: RuntimeConfig, args: TemplateArgs) -> u8 {
+/// Runs `runcell template ...`; returns the exit status. `explicit_dir`:
+/// --templates-dir (or RUNCELL_TEMPLATES_DIR) was given, so `ls` lists that
+/// directory rather than asking a daemon.
+pub async fn main(config: RuntimeConfig, args: TemplateArgs, explicit_dir: bool) -> u8 {
     match args.command {
         TemplateCommand::Ls {
             url,
             api_key,
             local,
         } => {
-            if !local {
+            if !local && !explicit_dir {
                 if let Some(code) = ls_daemon(url, api_key).await {
                     return code;
                 }

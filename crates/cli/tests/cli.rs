@@ -414,12 +414,10 @@ fn runcell_core_civil(unix: i64) -> (i64, u32, u32, i64) {
 async fn template_ls_lists_the_daemons_templates_when_one_is_serving() {
     let d = Daemon::start(&data_dir("cli-tpl"), free_port(), &[]);
     let empty = scratch("tpl-empty");
-    let o = cmd(
-        &d,
-        &["template", "ls", "--templates-dir", empty.to_str().unwrap()],
-    )
-    .output()
-    .unwrap();
+    let o = cmd(&d, &["template", "ls"])
+        .env_remove("RUNCELL_TEMPLATES_DIR")
+        .output()
+        .unwrap();
     let text = ok(&o);
     let all = format!("{text}{}", err(&o));
     assert!(all.contains(&d.url), "{all}");
@@ -443,11 +441,25 @@ async fn template_ls_lists_the_daemons_templates_when_one_is_serving() {
     }
     // No daemon reachable: the local directory, and it says so.
     let o = Command::new(env!("CARGO_BIN_EXE_runcell"))
-        .args(["template", "ls", "--templates-dir", empty.to_str().unwrap()])
+        .args(["template", "ls"])
+        .env_remove("RUNCELL_TEMPLATES_DIR")
         .env("RUNCELL_URL", format!("http://127.0.0.1:{}", free_port()))
         .env("RUNCELL_API_KEY", "x")
         .output()
         .unwrap();
     let all = format!("{}{}", ok(&o), err(&o));
-    assert!(all.contains(empty.to_str().unwrap()), "{all}");
+    assert!(all.contains("no daemon answers"), "{all}");
+    assert!(all.contains("Templates in /"), "{all}");
+    // An explicit local directory is listed even while a daemon serves.
+    let o = cmd(
+        &d,
+        &["template", "ls", "--templates-dir", empty.to_str().unwrap()],
+    )
+    .output()
+    .unwrap();
+    let all = format!("{}{}", ok(&o), err(&o));
+    assert!(
+        all.contains(empty.to_str().unwrap()) && !all.contains(&d.url),
+        "{all}"
+    );
 }

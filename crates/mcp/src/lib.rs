@@ -655,7 +655,7 @@ impl ServerHandler for RuncellMcp {
         ServerInfo::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("runcell", env!("CARGO_PKG_VERSION")))
             .with_instructions(
-                "runcell runs code in isolated Linux sandboxes with no network. run_code without a sandbox_id is stateless: a fresh sandbox per call. For work that builds up state, create_sandbox once and pass its sandbox_id to run_code, exec, read_file, write_file and list_files.",
+                "runcell runs code in isolated Linux sandboxes, with no network unless create_sandbox is given a network policy. run_code without a sandbox_id is stateless: a fresh sandbox per call. For work that builds up state, create_sandbox once and pass its sandbox_id to run_code, exec, read_file, write_file and list_files.",
             )
     }
 
