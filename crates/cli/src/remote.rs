@@ -587,11 +587,9 @@ pub enum CpError {
     /// The sandbox path does not exist.
     #[error("{0} does not exist in the sandbox")]
     NoRemote(String),
-    /// A sandbox path is neither a file nor a directory.
-    #[error(
-        "{0} is a symbolic link or special file; runcell cp copies regular files and directories"
-    )]
-    Special(String),
+    /// The command that makes empty directories could not be quoted.
+    #[error("{0}")]
+    Quote(String),
     /// A directory into standard output.
     #[error("{0} is a directory; it cannot be written to standard output")]
     DirToStdout(String),
@@ -702,7 +700,7 @@ async fn upload(client: &Client, src: &str, id: &str, dst: &str) -> Result<(), C
     if !empty_dirs.is_empty() {
         let mut argv = vec!["mkdir".to_string(), "-p".into(), "--".into()];
         argv.extend(empty_dirs);
-        let line = shell_line(&argv).map_err(|e| CpError::Special(e.to_string()))?;
+        let line = shell_line(&argv).map_err(CpError::Quote)?;
         let r = client.exec(id, &line, &ExecOptions::default()).await?;
         if r.exit_code != 0 {
             return Err(CpError::Api(ClientError::Api {
@@ -743,9 +741,7 @@ async fn download(client: &Client, id: &str, src: &str, dst: &str) -> Result<(),
         dst_path.to_path_buf()
     };
     if !is_dir {
-        if entry.mode == "l" {
-            return Err(CpError::Special(src.to_string()));
-        }
+        // A symbolic link named as the source is followed (read_file does).
         let data = client.read_file(id, src).await?;
         return std::fs::write(&target, data).map_err(local_err("could not write", &target));
     }

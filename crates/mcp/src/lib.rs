@@ -80,7 +80,8 @@ impl RuncellMcp {
                             None,
                         )
                     })?;
-                Ok(Client::new(url.clone(), key.trim()))
+                Ok(Client::new(url.clone(), key.trim())
+                    .with_key_source("the MCP request's Authorization header"))
             }
         }
     }
