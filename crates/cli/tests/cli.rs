@@ -342,6 +342,17 @@ async fn sandbox_commands_take_limits_print_headers_and_human_views() {
     let text = ok(&o);
     assert!(!text.trim_start().starts_with('{'), "{text}");
     assert!(text.contains(&id) && text.contains("256"), "{text}");
+    // Contexts likewise: an empty list says so, a full one has a header.
+    let o = runcell(&d, &["context", "ls", &id]);
+    assert!(ok(&o).starts_with("No contexts"), "{}", out(&o));
+    let ctx = ok(&runcell(&d, &["context", "create", &id]))
+        .trim()
+        .to_string();
+    let o = runcell(&d, &["context", "ls", &id]);
+    let text = ok(&o);
+    let mut lines = text.lines();
+    assert!(lines.next().unwrap().starts_with("ID"), "{text}");
+    assert!(lines.next().unwrap().starts_with(&ctx), "{text}");
     let j: Value =
         serde_json::from_str(&ok(&runcell(&d, &["sandbox", "get", &id, "--json"]))).unwrap();
     assert_eq!(j["id"], id.as_str());
