@@ -62,6 +62,13 @@ async fn sh(d: &Daemon, id: &str, cmd: &str) -> String {
     body["stdout"].as_str().unwrap().to_string()
 }
 
+/// Stops the daemon and removes its data directory.
+fn finish(d: Daemon) {
+    let data = d.data.clone();
+    drop(d);
+    let _ = std::fs::remove_dir_all(data);
+}
+
 async fn kill(d: &Daemon, id: &str) {
     let r = d
         .req(Method::DELETE, &format!("/v1/sandboxes/{id}"))
@@ -155,6 +162,8 @@ async fn cp_copies_into_directories_both_ways_and_copies_directories_recursively
     assert!(!o.status.success());
     assert!(err(&o).contains("nope.txt"), "{}", err(&o));
     kill(&d, &id).await;
+    finish(d);
+    let _ = std::fs::remove_dir_all(&local);
 }
 
 #[tokio::test]
@@ -218,6 +227,7 @@ async fn exec_passes_arguments_streams_output_and_exits_with_the_status() {
     assert!(!all.contains("501 bytes (501 B)"), "{all}");
     assert!(all.contains("501"), "{all}");
     kill(&d, &id).await;
+    finish(d);
 }
 
 #[tokio::test]
@@ -238,6 +248,7 @@ async fn logs_follow_prints_each_line_once() {
         .await
         .unwrap();
     assert_eq!(out(&o), "one\ntwo\nthree\n");
+    finish(d);
 }
 
 #[tokio::test]
@@ -280,6 +291,8 @@ async fn save_images_creates_the_directory_or_fails_with_the_reason() {
     assert!(!o.status.success(), "{}", err(&o));
     assert!(err(&o).contains("Not a directory"), "{}", err(&o));
     kill(&d, &id).await;
+    finish(d);
+    let _ = std::fs::remove_dir_all(&local);
 }
 
 #[tokio::test]
@@ -357,6 +370,7 @@ async fn sandbox_commands_take_limits_print_headers_and_human_views() {
         serde_json::from_str(&ok(&runcell(&d, &["sandbox", "get", &id, "--json"]))).unwrap();
     assert_eq!(j["id"], id.as_str());
     kill(&d, &id).await;
+    finish(d);
 }
 
 #[tokio::test]
@@ -375,6 +389,7 @@ async fn a_refused_key_names_its_source_not_its_value() {
         .output()
         .unwrap();
     assert!(err(&o).contains("--api-key"), "{}", err(&o));
+    finish(d);
 }
 
 #[tokio::test]
@@ -402,6 +417,7 @@ async fn key_ls_takes_the_data_dir_after_the_subcommand_and_prints_dates() {
         .output()
         .unwrap();
     ok(&o);
+    finish(d);
 }
 
 /// Days-from-civil inverse (Howard Hinnant's algorithm), to check dates
@@ -473,4 +489,6 @@ async fn template_ls_lists_the_daemons_templates_when_one_is_serving() {
         all.contains(empty.to_str().unwrap()) && !all.contains(&d.url),
         "{all}"
     );
+    finish(d);
+    let _ = std::fs::remove_dir_all(&empty);
 }
