@@ -58,7 +58,7 @@ test("stdio: tools are listed with descriptions that say whether state persists"
     const { tools } = await client.listTools();
     assert.deepEqual(
       tools.map((t) => t.name),
-      ["run_code", "create_sandbox", "exec", "read_file", "write_file", "list_sandboxes", "kill_sandbox"],
+      ["run_code", "create_sandbox", "exec", "read_file", "write_file", "list_files", "list_sandboxes", "kill_sandbox"],
     );
     const run = tools.find((t) => t.name === "run_code");
     assert.match(run.description, /nothing persists/);
@@ -124,11 +124,134 @@ test("stdio: a sandbox from create_sandbox keeps state across run_code, exec and
   }
 });
 
+// Every parameter, nested ones included, says what it is for.
+function undescribed(schema, where) {
+  const out = [];
+  for (const [name, p] of Object.entries(schema.properties ?? {})) {
+    if (!p.description) out.push(`${where}.${name}`);
+    for (const alt of p.oneOf ?? []) if (alt.type === "object") out.push(...undescribed(alt, `${where}.${name}`));
+    if (p.type === "object" && p.properties) out.push(...undescribed(p, `${where}.${name}`));
+  }
+  return out;
+}
+
+test("stdio: every parameter is described, list_files exists, kill_sandbox is destructive", async () => {
+  const client = await stdioClient();
+  try {
+    const { tools } = await client.listTools();
+    assert.deepEqual(tools.flatMap((t) => undescribed(t.inputSchema, t.name)), []);
+    const kill = tools.find((t) => t.name === "kill_sandbox");
+    assert.equal(kill.annotations?.destructiveHint, true);
+    assert.equal(tools.find((t) => t.name === "read_file").annotations?.readOnlyHint, true);
+    assert.ok(tools.find((t) => t.name === "list_files"));
+    const create = tools.find((t) => t.name === "create_sandbox");
+    assert.ok(create.inputSchema.properties.network, "create_sandbox takes a network policy");
+  } finally {
+    await client.close();
+  }
+});
+
+test("stdio: binary files come back as images or typed base64, directories as listings", async () => {
+  const client = await stdioClient();
+  try {
+    const c = await client.callTool({ name: "create_sandbox", arguments: { template: "host" } });
+    const id = c.structuredContent.sandbox_id;
+    const png = Buffer.concat([Buffer.from("89504e470d0a1a0a", "hex"), Buffer.from([0, 0, 0, 13, 0xff, 0xfe, 0x80])]);
+    const bin = Buffer.from([0, 1, 2, 0xff, 0xfe, 0x80, 0x81]);
+    const make = `python3 -c "import sys; open('/tmp/d/out.png','wb').write(bytes.fromhex('${png.toString("hex")}')); open('/tmp/d/blob.bin','wb').write(bytes.fromhex('${bin.toString("hex")}'))"`;
+    const x = await client.callTool({ name: "exec", arguments: { sandbox_id: id, command: `mkdir -p /tmp/d/sub && ${make}` } });
+    assert.ok(!x.isError, text(x));
+
+    const r = await client.callTool({ name: "read_file", arguments: { sandbox_id: id, path: "/tmp/d/out.png" } });
+    assert.ok(!r.isError, text(r));
+    const images = r.content.filter((c) => c.type === "image");
+    assert.equal(images.length, 1);
+    assert.equal(images[0].mimeType, "image/png");
+    assert.deepEqual(Buffer.from(images[0].data, "base64"), png);
+
+    const b = await client.callTool({ name: "read_file", arguments: { sandbox_id: id, path: "/tmp/d/blob.bin" } });
+    assert.ok(!b.isError, text(b));
+    const res = b.content.find((c) => c.type === "resource");
+    assert.ok(res, JSON.stringify(b.content));
+    assert.equal(res.resource.mimeType, "application/octet-stream");
+    assert.deepEqual(Buffer.from(res.resource.blob, "base64"), bin);
+
+    const l = await client.callTool({ name: "list_files", arguments: { sandbox_id: id, path: "/tmp/d" } });
+    assert.ok(!l.isError, text(l));
+    const entries = Object.fromEntries(l.structuredContent.entries.map((e) => [e.name, e]));
+    assert.equal(entries.sub.is_dir, true);
+    assert.equal(entries["out.png"].size, png.length);
+    assert.match(text(l), /sub\//);
+    await client.callTool({ name: "kill_sandbox", arguments: { sandbox_id: id } });
+  } finally {
+    await client.close();
+  }
+});
+
+test("stdio: list_sandboxes shows MCP's sandboxes unless asked for all; create_sandbox takes a network policy", async () => {
+  const r = await fetch(`${API}/v1/sandboxes`, {
+    method: "POST",
+    headers: { Authorization: `Bearer ${KEY}`, "Content-Type": "application/json" },
+    body: JSON.stringify({ template: "host" }),
+  });
+  assert.equal(r.status, 201);
+  const other = (await r.json()).id;
+  const client = await stdioClient();
+  try {
+    const c = await client.callTool({ name: "create_sandbox", arguments: { template: "host", network: "open" } });
+    assert.ok(!c.isError, text(c));
+    const id = c.structuredContent.sandbox_id;
+    const info = await (await fetch(`${API}/v1/sandboxes/${id}`, { headers: { Authorization: `Bearer ${KEY}` } })).json();
+    assert.equal(info.network.mode, "open");
+    const bad = await client.callTool({ name: "create_sandbox", arguments: { template: "host", network: { mode: "sometimes" } } });
+    assert.equal(bad.isError, true);
+    assert.match(text(bad), /network|mode/i);
+
+    const mine = (await client.callTool({ name: "list_sandboxes", arguments: {} })).structuredContent.sandboxes.map((s) => s.sandbox_id);
+    assert.ok(mine.includes(id));
+    assert.ok(!mine.includes(other), "list_sandboxes listed a sandbox not created through MCP");
+    const all = (await client.callTool({ name: "list_sandboxes", arguments: { all: true } })).structuredContent.sandboxes.map((s) => s.sandbox_id);
+    assert.ok(all.includes(id) && all.includes(other));
+    await client.callTool({ name: "kill_sandbox", arguments: { sandbox_id: id } });
+  } finally {
+    await client.close();
+    await fetch(`${API}/v1/sandboxes/${other}`, { method: "DELETE", headers: { Authorization: `Bearer ${KEY}` } });
+  }
+});
+
+test("stdio: a timeout says one true thing and exits 124; long output keeps head and tail", async () => {
+  const client = await stdioClient();
+  try {
+    const t = await client.callTool({ name: "run_code", arguments: { code: "while True: pass", timeout_seconds: 1 } });
+    assert.equal(t.isError, true);
+    assert.equal(t.structuredContent.exit_code, 124);
+    assert.match(text(t), /exit code: 124/);
+    assert.match(text(t), /timed out/);
+    assert.doesNotMatch(text(t), /state is kept/, "a destroyed fresh sandbox keeps no state");
+
+    const c = await client.callTool({ name: "create_sandbox", arguments: { template: "host" } });
+    const id = c.structuredContent.sandbox_id;
+    const x = await client.callTool({ name: "exec", arguments: { sandbox_id: id, command: "sleep 10", timeout_seconds: 1 } });
+    assert.equal(x.structuredContent.exit_code, 124);
+    const long = await client.callTool({
+      name: "exec",
+      arguments: { sandbox_id: id, command: "echo FIRST; head -c 100000 /dev/zero | tr '\\0' x; echo; echo LAST" },
+    });
+    const out = long.structuredContent.stdout;
+    assert.ok(out.startsWith("FIRST"), out.slice(0, 40));
+    assert.ok(out.trimEnd().endsWith("LAST"), out.slice(-40));
+    assert.match(out, /100\d{3} characters/);
+    await client.callTool({ name: "kill_sandbox", arguments: { sandbox_id: id } });
+  } finally {
+    await client.close();
+  }
+});
+
 test("http: /mcp lists the tools and run_code returns a plot as an image", async () => {
   const client = await httpClient();
   try {
     const { tools } = await client.listTools();
-    assert.equal(tools.length, 7);
+    assert.equal(tools.length, 8);
     // The daemon's tools default to the code-interpreter template, which is
     // an alias of host unless a template of that name is installed.
     const r = await client.callTool({ name: "run_code", arguments: { code: PLOT } });

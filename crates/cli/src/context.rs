@@ -76,7 +76,7 @@ fn print_json<T: serde::Serialize + ?Sized>(v: &T) {
 
 fn session_line(s: &Session) -> String {
     format!(
-        "{}  {:<10}  cells {:<4}  restarts {:<3}  created {}",
+        "{:<36}  {:<10}  {:<10}  {:<12}  {}",
         s.id, s.language, s.cells, s.restarts, s.created_at
     )
 }
@@ -116,7 +116,13 @@ async fn run(client: &Client, args: ContextArgs) -> Result<u8, ClientError> {
                     .map(|s| serde_json::json!({"id": s.id, "language": s.language, "cells": s.cells, "restarts": s.restarts, "created_at": s.created_at}))
                     .collect();
                 print_json(&v);
+            } else if list.is_empty() {
+                println!("No contexts in sandbox {sandbox}.");
             } else {
+                println!(
+                    "{:<36}  {:<10}  {:<10}  {:<12}  CREATED",
+                    "ID", "LANGUAGE", "CELLS", "RESTARTS"
+                );
                 for s in &list {
                     println!("{}", session_line(s));
                 }
@@ -149,16 +155,13 @@ async fn run(client: &Client, args: ContextArgs) -> Result<u8, ClientError> {
                 }
             };
             let cell = client.run_cell(&sandbox, &context, &code, timeout).await?;
-            if json {
+            let saved = if json {
                 print_json(&cell_json(&cell));
+                true
             } else {
-                print_cell(&cell, save_images.as_deref());
-            }
-            return Ok(if cell.timed_out {
-                124
-            } else {
-                cell.exit_code.clamp(0, 255) as u8
-            });
+                print_cell(&cell, save_images.as_deref())
+            };
+            return Ok(cell_status(&cell, saved));
         }
         ContextCommand::Restart { sandbox, context } => {
             let s = client.restart_context(&sandbox, &context).await?;
@@ -184,12 +187,30 @@ pub(crate) fn cell_json(c: &Cell) -> serde_json::Value {
     })
 }
 
+/// Prints the plain-sentence messages of an exec or cell on stderr, each
+/// once: a truncation marker already printed with the output is not
+/// repeated, and a marker (which names runcell itself) gets no prefix.
+pub(crate) fn print_messages(messages: &[String], printed: &[&str]) {
+    for m in messages {
+        if printed.iter().any(|p| p.contains(m.as_str())) {
+            continue;
+        }
+        if m.starts_with("[runcell:") {
+            eprintln!("{m}");
+        } else {
+            eprintln!("runcell: {m}");
+        }
+    }
+}
+
 /// Output as a terminal user expects: streams as they were, values as text,
-/// images saved (or described), problems on stderr.
-pub(crate) fn print_cell(c: &Cell, save_images: Option<&std::path::Path>) {
+/// images saved (or described), problems on stderr. Returns false when an
+/// image could not be saved (the reason is printed).
+pub(crate) fn print_cell(c: &Cell, save_images: Option<&std::path::Path>) -> bool {
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(c.stdout.as_bytes());
     let mut saved = 0;
+    let mut all_saved = true;
     for r in &c.results {
         let image = ["image/png", "image/jpeg", "image/svg+xml"]
             .iter()
@@ -206,13 +227,24 @@ pub(crate) fn print_cell(c: &Cell, save_images: Option<&std::path::Path>) {
                 let bytes = if mime == "image/svg+xml" {
                     Ok(data.as_bytes().to_vec())
                 } else {
-                    base64::engine::general_purpose::STANDARD.decode(data)
+                    base64::engine::general_purpose::STANDARD
+                        .decode(data)
+                        .map_err(|e| format!("the daemon sent invalid base64: {e}"))
                 };
-                match bytes.map(|b| std::fs::write(&path, b)) {
-                    Ok(Ok(())) => {
+                let written = bytes.and_then(|b| {
+                    std::fs::create_dir_all(dir)
+                        .map_err(|e| format!("could not create {}: {e}", dir.display()))?;
+                    std::fs::write(&path, b).map_err(|e| e.to_string())
+                });
+                match written {
+                    Ok(()) => {
                         let _ = writeln!(out, "[{mime} saved to {}]", path.display());
                     }
-                    _ => eprintln!("runcell: could not save {mime} to {}", path.display()),
+                    Err(e) => {
+                        all_saved = false;
+                        let _ = out.flush();
+                        eprintln!("runcell: could not save {mime} to {}: {e}", path.display());
+                    }
                 }
             }
             (Some((mime, data)), None) => {
@@ -231,7 +263,20 @@ pub(crate) fn print_cell(c: &Cell, save_images: Option<&std::path::Path>) {
     }
     let _ = out.flush();
     eprint!("{}", c.stderr);
-    for m in &c.messages {
-        eprintln!("runcell: {m}");
+    print_messages(&c.messages, &[&c.stdout, &c.stderr]);
+    all_saved
+}
+
+/// The exit status of `context run` and `code`: the cell's (124 after a
+/// timeout), else 1 when an image could not be saved.
+pub(crate) fn cell_status(c: &Cell, saved: bool) -> u8 {
+    if c.timed_out {
+        124
+    } else if c.exit_code != 0 {
+        c.exit_code.clamp(1, 255) as u8
+    } else if !saved {
+        1
+    } else {
+        0
     }
 }

@@ -8,8 +8,13 @@ use runcell_server::{keys, Registry};
 
 #[derive(Debug, Args)]
 pub struct KeyArgs {
-    /// The daemon's data directory.
-    #[arg(long, env = "RUNCELL_DATA_DIR", default_value = "/var/lib/runcell")]
+    /// The daemon's data directory (before or after the subcommand).
+    #[arg(
+        long,
+        global = true,
+        env = "RUNCELL_DATA_DIR",
+        default_value = "/var/lib/runcell"
+    )]
     data_dir: PathBuf,
     #[command(subcommand)]
     command: KeyCommand,
@@ -70,20 +75,24 @@ pub fn main(args: KeyArgs) -> ExitCode {
                 Ok(())
             }
             KeyCommand::Ls => {
+                let list = keys::list(c).map_err(|e| e.to_string())?;
+                if list.is_empty() {
+                    println!("No keys; `runcell key create` makes one.");
+                    return Ok(());
+                }
+                let time = |t: i64| crate::template::format_time(t.max(0) as u64);
                 println!(
-                    "{:<12} {:<20} {:<16} {:<12} REVOKED",
+                    "{:<12} {:<20} {:<16} {:<20} REVOKED",
                     "PREFIX", "WORKSPACE", "NAME", "CREATED"
                 );
-                for k in keys::list(c).map_err(|e| e.to_string())? {
+                for k in list {
                     println!(
-                        "{:<12} {:<20} {:<16} {:<12} {}",
+                        "{:<12} {:<20} {:<16} {:<20} {}",
                         k.prefix,
                         k.workspace,
                         k.name,
-                        k.created_at,
-                        k.revoked_at
-                            .map(|t| t.to_string())
-                            .unwrap_or_else(|| "-".into())
+                        time(k.created_at),
+                        k.revoked_at.map(time).unwrap_or_else(|| "-".into())
                     );
                 }
                 Ok(())

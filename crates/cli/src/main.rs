@@ -124,6 +124,7 @@ fn main() -> ExitCode {
             return ExitCode::from(125);
         }
     };
+    let explicit_templates_dir = cli.templates_dir.is_some();
     let config = runcell_core::RuntimeConfig {
         state_dir: cli.state_dir,
         templates_dir: Some(
@@ -136,7 +137,7 @@ fn main() -> ExitCode {
     let code = runtime.block_on(async {
         match command {
             Commands::Run(args) => run::run(config, args).await,
-            Commands::Template(args) => template::main(config, args).await,
+            Commands::Template(args) => template::main(config, args, explicit_templates_dir).await,
             _ => unreachable!("handled above"),
         }
     });

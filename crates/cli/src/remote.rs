@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use runcell_client::{Client, ClientError, ExecOptions, SandboxInfo};
+use runcell_client::{Client, ClientError, ExecOptions, SandboxInfo, Stream};
 use serde_json::{json, Value};
 
 use crate::context::print_cell;
@@ -76,6 +76,8 @@ enum SandboxCommand {
         /// Network egress: none, open, allowlist:RULE;RULE... or JSON.
         #[arg(long, value_parser = crate::run::parse_network)]
         network: Option<runcell_core::egress::NetworkPolicy>,
+        #[command(flatten)]
+        limits: Box<LimitFlags>,
     },
     /// List sandboxes, optionally only those whose metadata matches.
     Ls {
@@ -104,6 +106,62 @@ enum SandboxCommand {
     },
 }
 
+/// The limits flags `runcell run` takes, for a daemon's sandbox; each
+/// defaults to the daemon's (or the template's) value.
+#[derive(Debug, Args)]
+struct LimitFlags {
+    /// Memory limit (includes files written to the sandbox), e.g. 256M.
+    #[arg(long, value_parser = parse_size_arg)]
+    memory: Option<u64>,
+    /// CPU limit in cores, e.g. 0.5.
+    #[arg(long)]
+    cpus: Option<f64>,
+    /// Default timeout of each exec and cell, e.g. 30s.
+    #[arg(long, value_parser = parse_duration)]
+    timeout: Option<Duration>,
+    /// Size of the sandbox's writable layer, e.g. 512M.
+    #[arg(long, value_parser = parse_size_arg)]
+    disk: Option<u64>,
+    /// Maximum number of processes and threads.
+    #[arg(long)]
+    pids: Option<u64>,
+    /// Bytes of each of stdout and stderr kept per exec, e.g. 1M.
+    #[arg(long, value_parser = parse_size_arg)]
+    output_limit: Option<u64>,
+}
+
+impl LimitFlags {
+    /// The API's `limits` object, or `None` when no flag was given.
+    fn to_json(&self) -> Option<Value> {
+        let mib = |b: u64| b.div_ceil(1 << 20);
+        let mut m = serde_json::Map::new();
+        if let Some(b) = self.memory {
+            m.insert("memory_mb".into(), mib(b).into());
+        }
+        if let Some(c) = self.cpus {
+            m.insert("cpu".into(), c.into());
+        }
+        if let Some(t) = self.timeout {
+            m.insert("timeout_seconds".into(), t.as_secs_f64().into());
+        }
+        if let Some(b) = self.disk {
+            m.insert("disk_mb".into(), mib(b).into());
+        }
+        if let Some(p) = self.pids {
+            m.insert("pids".into(), p.into());
+        }
+        if let Some(b) = self.output_limit {
+            m.insert("output_bytes".into(), b.into());
+        }
+        (!m.is_empty()).then_some(Value::Object(m))
+    }
+}
+
+/// A size such as `256M` (the parser `runcell run` uses).
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    runcell_core::parse_size(s).map_err(|e| e.to_string())
+}
+
 fn field<'a>(s: &'a SandboxInfo, k: &str) -> &'a str {
     s.fields.get(k).and_then(Value::as_str).unwrap_or("-")
 }
@@ -121,13 +179,102 @@ fn sandbox_line(s: &SandboxInfo) -> String {
         })
         .unwrap_or_default();
     format!(
-        "{}  {:<18} {:<9} {}  {}",
+        "{:<36}  {:<18} {:<9} {:<25} {}",
         s.id,
         field(s, "template"),
         field(s, "status"),
         field(s, "created_at"),
         meta.join(",")
     )
+}
+
+/// `runcell sandbox get`: one field a line, sizes and times for people.
+fn sandbox_view(s: &SandboxInfo) -> String {
+    let f = &s.fields;
+    let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64);
+    let mut rows: Vec<(&str, String)> = vec![
+        ("ID", s.id.clone()),
+        ("Template", field(s, "template").to_string()),
+        ("Status", field(s, "status").to_string()),
+        ("Created", field(s, "created_at").to_string()),
+    ];
+    let persistent = f.get("persistent").and_then(Value::as_bool) == Some(true);
+    if let Some(ttl) = f.get("ttl_seconds").and_then(Value::as_u64) {
+        rows.push((
+            "Idle TTL",
+            if persistent {
+                format!("{ttl} s (persistent: exempt)")
+            } else {
+                format!("{ttl} s")
+            },
+        ));
+    }
+    if let Some(l) = f.get("limits") {
+        let mut parts = Vec::new();
+        if let Some(m) = num(l, "memory_mb") {
+            parts.push(format!("memory {m} MiB"));
+        }
+        if let Some(c) = num(l, "cpu") {
+            parts.push(format!("cpu {c}"));
+        }
+        if let Some(p) = num(l, "pids") {
+            parts.push(format!("pids {p}"));
+        }
+        if let Some(d) = num(l, "disk_mb") {
+            parts.push(format!("disk {d} MiB"));
+        }
+        if let Some(t) = num(l, "timeout_seconds") {
+            parts.push(format!("timeout {t} s"));
+        }
+        if let Some(o) = l.get("output_bytes").and_then(Value::as_u64) {
+            parts.push(format!("output {}", runcell_core::format_size(o)));
+        }
+        rows.push(("Limits", parts.join(", ")));
+    }
+    if let Some(n) = f.get("network") {
+        let mode = n.get("mode").and_then(Value::as_str).unwrap_or("-");
+        let allow: Vec<&str> = n
+            .get("allow")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let presets: Vec<&str> = n
+            .get("presets")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let mut text = mode.to_string();
+        if !allow.is_empty() || !presets.is_empty() {
+            text.push_str(&format!(
+                " ({})",
+                presets
+                    .iter()
+                    .chain(allow.iter())
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        rows.push(("Network", text));
+    }
+    let meta: Vec<String> = f
+        .get("metadata")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default();
+    rows.push((
+        "Metadata",
+        if meta.is_empty() {
+            "-".into()
+        } else {
+            meta.join(", ")
+        },
+    ));
+    rows.iter().map(|(k, v)| format!("{k:<10} {v}\n")).collect()
 }
 
 fn sandbox_json(s: &SandboxInfo) -> Value {
@@ -161,6 +308,7 @@ pub async fn sandbox(args: SandboxArgs) -> u8 {
                 env,
                 persistent,
                 network,
+                limits,
             } => {
                 let mut req = json!({
                     "metadata": meta.into_iter().collect::<BTreeMap<_, _>>(),
@@ -176,6 +324,9 @@ pub async fn sandbox(args: SandboxArgs) -> u8 {
                 if let Some(n) = network {
                     req["network"] = serde_json::to_value(n).expect("a policy serializes");
                 }
+                if let Some(l) = limits.to_json() {
+                    req["limits"] = l;
+                }
                 let s = client.create_sandbox(&req).await?;
                 if json {
                     println!("{}", sandbox_json(&s));
@@ -188,7 +339,13 @@ pub async fn sandbox(args: SandboxArgs) -> u8 {
                 if json {
                     let v: Vec<Value> = list.iter().map(sandbox_json).collect();
                     println!("{}", Value::Array(v));
+                } else if list.is_empty() {
+                    println!("No sandboxes.");
                 } else {
+                    println!(
+                        "{:<36}  {:<18} {:<9} {:<25} METADATA",
+                        "ID", "TEMPLATE", "STATUS", "CREATED"
+                    );
                     for s in &list {
                         println!("{}", sandbox_line(s));
                     }
@@ -199,10 +356,7 @@ pub async fn sandbox(args: SandboxArgs) -> u8 {
                 if json {
                     println!("{}", sandbox_json(&s));
                 } else {
-                    println!(
-                        "{}",
-                        serde_json::to_string_pretty(&sandbox_json(&s)).unwrap_or_default()
-                    );
+                    print!("{}", sandbox_view(&s));
                 }
             }
             SandboxCommand::Kill { ids } => {
@@ -237,42 +391,95 @@ pub struct ExecArgs {
     env: Vec<(String, String)>,
     /// Sandbox id.
     id: String,
-    /// The command (joined with spaces and run by bash -c).
+    /// The program and its arguments, each passed as is (as docker exec
+    /// does); a single argument is a shell command line (bash -c).
     #[arg(last = true, required = true)]
     command: Vec<String>,
 }
 
-/// `runcell exec ID -- CMD`: output as the command wrote it; exits with its status.
+/// The shell line that runs `argv`: one word is a shell line already; more
+/// are quoted so each reaches the program as one argument.
+pub(crate) fn shell_line(argv: &[String]) -> Result<String, String> {
+    match argv {
+        [line] => Ok(line.clone()),
+        words => shlex::try_join(words.iter().map(String::as_str))
+            .map_err(|e| format!("the command cannot be passed to the shell: {e}")),
+    }
+}
+
+/// `runcell exec ID -- CMD`: output streamed as the command writes it;
+/// exits with its status (124 after a timeout).
 pub async fn exec(args: ExecArgs) -> u8 {
     let client = match args.conn.client() {
         Ok(c) => c,
         Err(code) => return code,
+    };
+    let cmd = match shell_line(&args.command) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("runcell: {e}");
+            return 2;
+        }
     };
     let opts = ExecOptions {
         timeout: args.timeout,
         env: args.env.into_iter().collect(),
         cwd: args.cwd,
     };
-    let json = args.conn.json;
-    outcome(async move {
-        let r = client
-            .exec(&args.id, &args.command.join(" "), &opts)
-            .await?;
-        if json {
+    if args.conn.json {
+        return outcome(async move {
+            let r = client.exec(&args.id, &cmd, &opts).await?;
             println!(
                 "{}",
                 json!({"stdout": r.stdout, "stderr": r.stderr, "exit_code": r.exit_code,
                     "timed_out": r.timed_out, "duration_ms": r.duration_ms, "messages": r.messages})
             );
-        } else {
-            print!("{}", r.stdout);
-            let _ = std::io::stdout().flush();
-            eprint!("{}", r.stderr);
-            for m in &r.messages {
-                eprintln!("runcell: {m}");
-            }
+            Ok(r.exit_code.clamp(0, 255) as u8)
+        })
+        .await;
+    }
+    outcome(async move {
+        // Whether the last thing printed ended a line: the daemon's notes
+        // (a truncation marker) then start on a line of their own.
+        let mut at_line_start = true;
+        let end = client
+            .exec_stream(&args.id, &cmd, &opts, |stream, chunk| {
+                if chunk.is_empty() {
+                    return;
+                }
+                let _ = match stream {
+                    Stream::Stdout => {
+                        let mut o = std::io::stdout().lock();
+                        o.write_all(chunk.as_bytes()).and_then(|()| o.flush())
+                    }
+                    Stream::Stderr => {
+                        let mut e = std::io::stderr().lock();
+                        let sep = if !at_line_start && chunk.starts_with("[runcell:") {
+                            "\n"
+                        } else {
+                            ""
+                        };
+                        e.write_all(sep.as_bytes())
+                            .and_then(|()| e.write_all(chunk.as_bytes()))
+                            .and_then(|()| e.flush())
+                    }
+                };
+                at_line_start = chunk.ends_with('\n');
+            })
+            .await?;
+        if !at_line_start && (end.timed_out || end.error.is_some()) {
+            eprintln!();
         }
-        Ok(r.exit_code.clamp(0, 255) as u8)
+        if end.timed_out {
+            let limit = opts
+                .timeout
+                .map(|t| format!(" of {} s", runcell_core::format_secs(t)))
+                .unwrap_or_default();
+            eprintln!("runcell: the command exceeded its timeout{limit} and was stopped (exit status 124).");
+        } else if let Some(e) = &end.error {
+            eprintln!("runcell: {e}");
+        }
+        Ok(end.exit_code.clamp(0, 255) as u8)
     })
     .await
 }
@@ -332,16 +539,13 @@ pub async fn code(args: CodeArgs) -> u8 {
         let cell = client
             .run_cell(&args.id, &ctx.id, &code, args.timeout)
             .await?;
-        if json {
+        let saved = if json {
             println!("{}", crate::context::cell_json(&cell));
+            true
         } else {
-            print_cell(&cell, args.save_images.as_deref());
-        }
-        Ok(if cell.timed_out {
-            124
-        } else {
-            cell.exit_code.clamp(0, 255) as u8
-        })
+            print_cell(&cell, args.save_images.as_deref())
+        };
+        Ok(crate::context::cell_status(&cell, saved))
     })
     .await
 }
@@ -366,46 +570,198 @@ fn remote(operand: &str) -> Option<(&str, &str)> {
     }
 }
 
-/// `runcell cp`: copies one file into or out of a sandbox.
+/// Problems of `runcell cp`.
+#[derive(Debug, thiserror::Error)]
+pub enum CpError {
+    /// A local file or directory could not be read or written.
+    #[error("{what} {path}: {source}")]
+    Local {
+        /// What was being done.
+        what: &'static str,
+        /// The local path.
+        path: PathBuf,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The sandbox path does not exist.
+    #[error("{0} does not exist in the sandbox")]
+    NoRemote(String),
+    /// The command that makes empty directories could not be quoted.
+    #[error("{0}")]
+    Quote(String),
+    /// A directory into standard output.
+    #[error("{0} is a directory; it cannot be written to standard output")]
+    DirToStdout(String),
+    /// The daemon refused something.
+    #[error(transparent)]
+    Api(#[from] ClientError),
+}
+
+fn local_err(what: &'static str, path: &std::path::Path) -> impl FnOnce(std::io::Error) -> CpError {
+    let path = path.to_path_buf();
+    move |source| CpError::Local { what, path, source }
+}
+
+/// The last component of a path (`/a/b/` gives `b`).
+fn base_name(path: &str) -> &str {
+    path.trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .filter(|b| !b.is_empty() && *b != "." && *b != "..")
+        .unwrap_or("")
+}
+
+fn join_remote(dir: &str, name: &str) -> String {
+    format!("{}/{name}", dir.trim_end_matches('/'))
+}
+
+/// `runcell cp`: copies a file or a directory (recursively) into or out of
+/// a sandbox. As with docker cp and scp, a destination that ends in `/` or is
+/// an existing directory receives the source under its own name.
 pub async fn cp(args: CpArgs) -> u8 {
     let client = match args.conn.client() {
         Ok(c) => c,
         Err(code) => return code,
     };
-    outcome(async move {
-        match (remote(&args.src), remote(&args.dst)) {
-            (None, Some((id, path))) => {
-                let data = match std::fs::read(&args.src) {
-                    Ok(d) => d,
-                    Err(e) => {
-                        eprintln!("runcell: could not read {}: {e}", args.src);
-                        return Ok(1);
-                    }
-                };
-                client.write_file(id, path, data).await?;
-            }
-            (Some((id, path)), None) => {
-                let data = client.read_file(id, path).await?;
-                let written = if args.dst == "-" {
-                    std::io::stdout().write_all(&data)
-                } else {
-                    std::fs::write(&args.dst, &data)
-                };
-                if let Err(e) = written {
-                    eprintln!("runcell: could not write {}: {e}", args.dst);
-                    return Ok(1);
-                }
-            }
-            _ => {
+    let result = match (remote(&args.src), remote(&args.dst)) {
+        (None, Some((id, path))) => upload(&client, &args.src, id, path).await,
+        (Some((id, path)), None) => download(&client, id, path, &args.dst).await,
+        _ => {
+            eprintln!(
+                "runcell: exactly one of SRC and DST must be SANDBOX:/absolute/path, the other a local path (or - for standard output)"
+            );
+            return 2;
+        }
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            report(&e);
+            1
+        }
+    }
+}
+
+async fn upload(client: &Client, src: &str, id: &str, dst: &str) -> Result<(), CpError> {
+    let src_path = std::path::Path::new(src);
+    let meta = std::fs::metadata(src_path).map_err(local_err("could not read", src_path))?;
+    let name = src_path
+        .canonicalize()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| base_name(src).to_string());
+    let into = dst.ends_with('/')
+        || client
+            .stat(id, dst)
+            .await?
+            .is_some_and(|e| e.is_dir || e.mode == "d");
+    let target = if into {
+        join_remote(dst, &name)
+    } else {
+        dst.to_string()
+    };
+    if !meta.is_dir() {
+        let data = std::fs::read(src_path).map_err(local_err("could not read", src_path))?;
+        client.write_file(id, &target, data).await?;
+        return Ok(());
+    }
+    // A directory: every file under it (parents are created by the write);
+    // directories with no files are made with mkdir -p.
+    let mut empty_dirs = Vec::new();
+    let mut stack = vec![(src_path.to_path_buf(), target.clone())];
+    while let Some((local, remote)) = stack.pop() {
+        let mut any = false;
+        let entries = std::fs::read_dir(&local).map_err(local_err("could not list", &local))?;
+        for entry in entries {
+            let entry = entry.map_err(local_err("could not list", &local))?;
+            any = true;
+            let path = entry.path();
+            let r = join_remote(&remote, &entry.file_name().to_string_lossy());
+            let ft = entry
+                .file_type()
+                .map_err(local_err("could not read", &path))?;
+            if ft.is_dir() {
+                stack.push((path, r));
+            } else if ft.is_file() {
+                let data = std::fs::read(&path).map_err(local_err("could not read", &path))?;
+                client.write_file(id, &r, data).await?;
+            } else {
                 eprintln!(
-                    "runcell: exactly one of SRC and DST must be SANDBOX:/absolute/path, the other a local path (or - for standard output)"
+                    "runcell: skipped {} (not a regular file or directory)",
+                    path.display()
                 );
-                return Ok(2);
             }
         }
-        Ok(0)
-    })
-    .await
+        if !any {
+            empty_dirs.push(remote);
+        }
+    }
+    if !empty_dirs.is_empty() {
+        let mut argv = vec!["mkdir".to_string(), "-p".into(), "--".into()];
+        argv.extend(empty_dirs);
+        let line = shell_line(&argv).map_err(CpError::Quote)?;
+        let r = client.exec(id, &line, &ExecOptions::default()).await?;
+        if r.exit_code != 0 {
+            return Err(CpError::Api(ClientError::Api {
+                status: 200,
+                message: format!("mkdir in the sandbox failed: {}", r.stderr.trim()),
+                body: Value::Null,
+            }));
+        }
+    }
+    Ok(())
+}
+
+async fn download(client: &Client, id: &str, src: &str, dst: &str) -> Result<(), CpError> {
+    let Some(entry) = client.stat(id, src).await? else {
+        return Err(CpError::NoRemote(src.to_string()));
+    };
+    let is_dir = entry.is_dir || entry.mode == "d";
+    if dst == "-" {
+        if is_dir {
+            return Err(CpError::DirToStdout(src.to_string()));
+        }
+        let data = client.read_file(id, src).await?;
+        let mut out = std::io::stdout().lock();
+        return out
+            .write_all(&data)
+            .and_then(|()| out.flush())
+            .map_err(local_err("could not write", std::path::Path::new("-")));
+    }
+    let dst_path = std::path::Path::new(dst);
+    let name = match base_name(src) {
+        "" => "root",
+        n => n,
+    };
+    let target = if dst.ends_with('/') || dst_path.is_dir() {
+        std::fs::create_dir_all(dst_path).map_err(local_err("could not create", dst_path))?;
+        dst_path.join(name)
+    } else {
+        dst_path.to_path_buf()
+    };
+    if !is_dir {
+        // A symbolic link named as the source is followed (read_file does).
+        let data = client.read_file(id, src).await?;
+        return std::fs::write(&target, data).map_err(local_err("could not write", &target));
+    }
+    let mut stack = vec![(src.to_string(), target)];
+    while let Some((remote, local)) = stack.pop() {
+        std::fs::create_dir_all(&local).map_err(local_err("could not create", &local))?;
+        for e in client.list_dir(id, &remote).await? {
+            let r = join_remote(&remote, &e.name);
+            let l = local.join(&e.name);
+            if e.is_dir || e.mode == "d" {
+                stack.push((r, l));
+            } else if e.mode == "l" {
+                eprintln!("runcell: skipped {r} (a symbolic link)");
+            } else {
+                let data = client.read_file(id, &r).await?;
+                std::fs::write(&l, data).map_err(local_err("could not write", &l))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 #[derive(Debug, Args)]
@@ -430,7 +786,12 @@ pub async fn logs(args: LogsArgs) -> u8 {
             client
                 .follow_logs(&args.id, |line| {
                     let mut out = std::io::stdout().lock();
-                    if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+                    // Each line carries its own newline.
+                    if out
+                        .write_all(line.as_bytes())
+                        .and_then(|()| out.flush())
+                        .is_err()
+                    {
                         // The reader went away (`runcell logs -f ID | head`).
                         std::process::exit(0);
                     }

@@ -33,8 +33,20 @@ enum TemplateCommand {
         #[arg(long, default_value = build::DEBIAN_MIRROR)]
         mirror: String,
     },
-    /// List the installed templates.
-    Ls,
+    /// List the templates: the daemon's (GET /v1/templates) when one is
+    /// reachable with a key, else those in the local templates directory
+    /// (always that directory with --local or --templates-dir).
+    Ls {
+        /// The daemon [default: $RUNCELL_URL, else http://127.0.0.1:7070].
+        #[arg(long)]
+        url: Option<String>,
+        /// API key [default: $RUNCELL_API_KEY, else the key file runcell serve wrote].
+        #[arg(long)]
+        api_key: Option<String>,
+        /// List the local templates directory even when a daemon is serving.
+        #[arg(long)]
+        local: bool,
+    },
     /// Remove a template and the layers no other template uses.
     Rm {
         /// Template name.
@@ -42,10 +54,23 @@ enum TemplateCommand {
     },
 }
 
-/// Runs `runcell template ...`; returns the exit status.
-pub async fn main(config: RuntimeConfig, args: TemplateArgs) -> u8 {
+/// Runs `runcell template ...`; returns the exit status. `explicit_dir`:
+/// --templates-dir (or RUNCELL_TEMPLATES_DIR) was given, so `ls` lists that
+/// directory rather than asking a daemon.
+pub async fn main(config: RuntimeConfig, args: TemplateArgs, explicit_dir: bool) -> u8 {
     match args.command {
-        TemplateCommand::Ls => ls(&config),
+        TemplateCommand::Ls {
+            url,
+            api_key,
+            local,
+        } => {
+            if !local && !explicit_dir {
+                if let Some(code) = ls_daemon(url, api_key).await {
+                    return code;
+                }
+            }
+            ls(&config)
+        }
         TemplateCommand::Rm { name } => {
             let runtime = match Runtime::new(config) {
                 Ok(r) => r,
@@ -153,6 +178,55 @@ pub async fn main(config: RuntimeConfig, args: TemplateArgs) -> u8 {
     }
 }
 
+/// Lists the daemon's templates; `None` (after saying why) when no daemon
+/// answers with this key, so the local directory is listed instead.
+async fn ls_daemon(url: Option<String>, key: Option<String>) -> Option<u8> {
+    let client = match runcell_client::Client::from_env(url, key) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::debug!(error = %e, "no daemon key; listing the local directory");
+            return None;
+        }
+    };
+    let list = match client.list_templates().await {
+        Ok(l) => l,
+        Err(runcell_client::ClientError::Connect { url, .. }) => {
+            eprintln!(
+                "runcell: no daemon answers at {url}; listing the local templates directory."
+            );
+            return None;
+        }
+        Err(e) => {
+            report(&e);
+            return Some(1);
+        }
+    };
+    eprintln!("Templates of the daemon at {}:", client.url());
+    let rows: Vec<[String; 4]> = list
+        .iter()
+        .map(|t| {
+            let s = |k: &str| t.get(k).and_then(serde_json::Value::as_str).unwrap_or("");
+            let name = s("name").to_string();
+            let size = match t.get("size_bytes").and_then(serde_json::Value::as_u64) {
+                Some(b) if b > 0 => format_size(b),
+                _ => "-".into(),
+            };
+            let created = match t.get("created_at").and_then(serde_json::Value::as_u64) {
+                Some(c) => format_time(c),
+                None if name == "host" => "built in".into(),
+                None => "-".into(),
+            };
+            let description = match t.get("alias_of").and_then(serde_json::Value::as_str) {
+                Some(a) => format!("alias of {a}: {}", s("description")),
+                None => s("description").to_string(),
+            };
+            [name, size, created, description]
+        })
+        .collect();
+    print_table(&rows);
+    Some(0)
+}
+
 fn ls(config: &RuntimeConfig) -> u8 {
     let templates = match build::list(config.templates_dir.as_deref()) {
         Ok(t) => t,
@@ -161,6 +235,14 @@ fn ls(config: &RuntimeConfig) -> u8 {
             return 1;
         }
     };
+    eprintln!(
+        "Templates in {}:",
+        config
+            .templates_dir
+            .as_deref()
+            .unwrap_or(std::path::Path::new(crate::DEFAULT_TEMPLATES_DIR))
+            .display()
+    );
     let rows: Vec<[String; 4]> = templates
         .iter()
         .map(|t| {
@@ -172,6 +254,11 @@ fn ls(config: &RuntimeConfig) -> u8 {
             [t.name.clone(), size, created, t.description.clone()]
         })
         .collect();
+    print_table(&rows);
+    0
+}
+
+fn print_table(rows: &[[String; 4]]) {
     let header = [
         "NAME".to_string(),
         "SIZE".into(),
@@ -199,11 +286,10 @@ fn ls(config: &RuntimeConfig) -> u8 {
             w2 = widths[2]
         );
     }
-    0
 }
 
 /// `2025-01-31 12:00 UTC` from unix seconds ("-" for 0).
-fn format_time(unix: u64) -> String {
+pub(crate) fn format_time(unix: u64) -> String {
     if unix == 0 {
         return "-".into();
     }

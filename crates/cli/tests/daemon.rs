@@ -1267,9 +1267,8 @@ async fn the_cli_manages_sandboxes_exec_code_cp_and_logs() {
         1800
     );
 
-    let (code, out, err) = cli(&[
-        "exec", &id, "--", "echo", "hello;", "echo", "oops", ">&2;", "exit", "4",
-    ]);
+    // One argument after -- is a shell line; more are the program's argv.
+    let (code, out, err) = cli(&["exec", &id, "--", "echo hello; echo oops >&2; exit 4"]);
     assert_eq!((code, out.as_str(), err.as_str()), (4, "hello\n", "oops\n"));
     let (code, _, err) = cli(&["exec", "--timeout", "1s", &id, "--", "sleep", "5"]);
     assert_eq!(code, 124);

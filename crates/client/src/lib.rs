@@ -52,6 +52,16 @@ pub enum ClientError {
         /// The whole response body.
         body: Value,
     },
+    /// The daemon refused the key (HTTP 401).
+    #[error("The daemon at {url} refused the API key from {key_source} (HTTP 401: {message}). Use a key of this daemon: `runcell key ls --data-dir DIR` lists its keys, `runcell key create --data-dir DIR` makes one; pass it with --api-key or RUNCELL_API_KEY, or unset both to use the key file `runcell serve` wrote (DATA_DIR/api-key).")]
+    Unauthorized {
+        /// The daemon's address.
+        url: String,
+        /// Where the key came from (never the key itself).
+        key_source: String,
+        /// The daemon's `error` message.
+        message: String,
+    },
     /// The answer was not what this client understands.
     #[error("The daemon's answer could not be read.")]
     Decode(#[source] reqwest::Error),
@@ -62,6 +72,7 @@ impl ClientError {
     pub fn status(&self) -> Option<u16> {
         match self {
             ClientError::Api { status, .. } => Some(*status),
+            ClientError::Unauthorized { .. } => Some(401),
             _ => None,
         }
     }
@@ -174,6 +185,9 @@ pub struct FileEntry {
     /// Modification time, unix seconds.
     #[serde(default)]
     pub mtime: i64,
+    /// `f` (file), `d` (directory) or `l` (symbolic link).
+    #[serde(default)]
+    pub mode: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -192,12 +206,34 @@ pub struct ExecOptions {
     pub cwd: Option<String>,
 }
 
+/// How an exec streamed with [`Client::exec_stream`] ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecEnd {
+    /// Exit status (124 after a timeout).
+    pub exit_code: i32,
+    /// The exec hit its timeout.
+    pub timed_out: bool,
+    /// What the daemon said went wrong (a timeout, a lost sandbox), if anything.
+    pub error: Option<String>,
+}
+
+/// One chunk of a streamed exec's output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+}
+
 /// A client for one daemon and key.
 #[derive(Debug, Clone)]
 pub struct Client {
     http: reqwest::Client,
     url: String,
     key: String,
+    /// Where the key came from, for error messages (never the key).
+    key_source: String,
 }
 
 fn seg(s: &str) -> String {
@@ -219,7 +255,20 @@ impl Client {
             http: reqwest::Client::new(),
             url: url.into().trim_end_matches('/').to_string(),
             key: key.into(),
+            key_source: "the caller".into(),
         }
+    }
+
+    /// Says where the key came from (e.g. `RUNCELL_API_KEY`), for the
+    /// message of a refused key. Never pass the key itself.
+    pub fn with_key_source(mut self, source: impl Into<String>) -> Self {
+        self.key_source = source.into();
+        self
+    }
+
+    /// Where the key came from.
+    pub fn key_source(&self) -> &str {
+        &self.key_source
     }
 
     /// The daemon address and key from the arguments, else `RUNCELL_URL` and
@@ -229,18 +278,20 @@ impl Client {
         let url = url
             .or_else(|| std::env::var("RUNCELL_URL").ok())
             .unwrap_or_else(|| DEFAULT_URL.into());
-        let key = match key.or_else(|| std::env::var("RUNCELL_API_KEY").ok()) {
-            Some(k) => k,
-            None => {
+        let (key, source) = match (key, std::env::var("RUNCELL_API_KEY").ok()) {
+            (Some(k), _) => (k, "--api-key".to_string()),
+            (None, Some(k)) => (k, "RUNCELL_API_KEY".to_string()),
+            (None, None) => {
                 let file = std::env::var_os("RUNCELL_DATA_DIR")
                     .map(|d| PathBuf::from(d).join("api-key"))
                     .unwrap_or_else(|| PathBuf::from(DEFAULT_KEY_FILE));
-                std::fs::read_to_string(&file)
+                let key = std::fs::read_to_string(&file)
                     .map(|k| k.trim().to_string())
-                    .map_err(|_| ClientError::NoKey(file))?
+                    .map_err(|_| ClientError::NoKey(file.clone()))?;
+                (key, format!("the key file {}", file.display()))
             }
         };
-        Ok(Self::new(url, key))
+        Ok(Self::new(url, key).with_key_source(source))
     }
 
     /// The daemon's address.
@@ -299,7 +350,7 @@ impl Client {
     ) -> Result<T, ClientError> {
         let (status, value) = self.send(method, path, body).await?;
         if !status.is_success() {
-            return Err(api_error(status, value));
+            return Err(self.api_error(status, value));
         }
         decode(value)
     }
@@ -376,19 +427,119 @@ impl Client {
         if status.is_success() || value.get("timed_out") == Some(&Value::Bool(true)) {
             return decode(value);
         }
-        Err(api_error(status, value))
+        Err(self.api_error(status, value))
+    }
+
+    /// Runs a shell command line, calling `on_output` with each chunk of
+    /// its output as it is written (`POST .../exec/stream`). A timeout is an
+    /// `Ok` with `timed_out` set and exit code 124.
+    pub async fn exec_stream(
+        &self,
+        id: &str,
+        cmd: &str,
+        opts: &ExecOptions,
+        mut on_output: impl FnMut(Stream, &str),
+    ) -> Result<ExecEnd, ClientError> {
+        let mut body = serde_json::json!({ "cmd": cmd, "env": opts.env });
+        if let Some(t) = opts.timeout {
+            body["timeout_seconds"] = t.as_secs_f64().into();
+        }
+        if let Some(c) = &opts.cwd {
+            body["cwd"] = c.clone().into();
+        }
+        let url = format!("{}/v1/sandboxes/{}/exec/stream", self.url, seg(id));
+        let mut resp = self
+            .http
+            .post(url)
+            .bearer_auth(&self.key)
+            .header("accept", "text/event-stream")
+            .json(&body)
+            .send()
+            .await
+            .map_err(|source| ClientError::Connect {
+                url: self.url.clone(),
+                source,
+            })?;
+        let status = resp.status();
+        if !status.is_success() {
+            let body = resp.json().await.unwrap_or(Value::Null);
+            return Err(self.api_error(status, body));
+        }
+        let mut end: Option<ExecEnd> = None;
+        read_sse(&mut resp, |event, data| {
+            let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
+            match event {
+                "stdout" | "stderr" => {
+                    if let Some(chunk) = v.get("chunk").and_then(Value::as_str) {
+                        let s = if event == "stdout" {
+                            Stream::Stdout
+                        } else {
+                            Stream::Stderr
+                        };
+                        on_output(s, chunk);
+                    }
+                }
+                "exit" => {
+                    end = Some(ExecEnd {
+                        exit_code: v.get("exit_code").and_then(Value::as_i64).unwrap_or(1) as i32,
+                        timed_out: false,
+                        error: None,
+                    });
+                }
+                "error" => {
+                    let msg = v
+                        .get("error")
+                        .and_then(Value::as_str)
+                        .unwrap_or("the exec failed")
+                        .to_string();
+                    let timed_out = msg.contains("timeout");
+                    end = Some(ExecEnd {
+                        exit_code: if timed_out { 124 } else { 1 },
+                        timed_out,
+                        error: Some(msg),
+                    });
+                }
+                _ => {}
+            }
+        })
+        .await?;
+        Ok(end.unwrap_or(ExecEnd {
+            exit_code: 1,
+            timed_out: false,
+            error: Some("the daemon ended the stream before the command finished".into()),
+        }))
+    }
+
+    /// Describes a path in a sandbox; `None` when it does not exist.
+    pub async fn stat(&self, id: &str, path: &str) -> Result<Option<FileEntry>, ClientError> {
+        let p = format!("/v1/sandboxes/{}/fs/stat?path={}", seg(id), seg(path));
+        let (status, value) = self.send(Method::GET, &p, None).await?;
+        if status == StatusCode::NOT_FOUND
+            && value.get("error").and_then(Value::as_str) == Some("file does not exist")
+        {
+            return Ok(None);
+        }
+        if !status.is_success() {
+            return Err(self.api_error(status, value));
+        }
+        decode(value).map(Some)
+    }
+
+    /// The daemon's templates (installed ones and aliases), as it describes them.
+    pub async fn list_templates(&self) -> Result<Vec<Value>, ClientError> {
+        self.call(Method::GET, "/v1/templates", None).await
     }
 
     /// Reads a file from a sandbox.
     pub async fn read_file(&self, id: &str, path: &str) -> Result<Vec<u8>, ClientError> {
         let p = format!("/v1/sandboxes/{}/fs?path={}", seg(id), seg(path));
-        raw_ok(self.send_raw(Method::GET, &p, None, None).await?)
+        self.raw_ok(self.send_raw(Method::GET, &p, None, None).await?)
     }
 
     /// Writes a file into a sandbox (parents are created).
     pub async fn write_file(&self, id: &str, path: &str, data: Vec<u8>) -> Result<(), ClientError> {
         let p = format!("/v1/sandboxes/{}/fs?path={}", seg(id), seg(path));
-        raw_ok(
+        self.raw_ok(
             self.send_raw(Method::PUT, &p, Some(data.into()), None)
                 .await?,
         )
@@ -410,7 +561,7 @@ impl Client {
     /// The output of a sandbox's execs so far.
     pub async fn logs(&self, id: &str) -> Result<String, ClientError> {
         let p = format!("/v1/sandboxes/{}/logs", seg(id));
-        let bytes = raw_ok(self.send_raw(Method::GET, &p, None, None).await?)?;
+        let bytes = self.raw_ok(self.send_raw(Method::GET, &p, None, None).await?)?;
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 
@@ -436,25 +587,19 @@ impl Client {
         let status = resp.status();
         if !status.is_success() {
             let body = resp.json().await.unwrap_or(Value::Null);
-            return Err(api_error(status, body));
+            return Err(self.api_error(status, body));
         }
-        let mut buf = Vec::new();
-        while let Some(chunk) = resp.chunk().await.map_err(ClientError::Decode)? {
-            buf.extend_from_slice(&chunk);
-            // SSE events end with a blank line; `data:` lines carry {"line": ...}.
-            while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
-                let event: Vec<u8> = buf.drain(..end + 2).collect();
-                for line in String::from_utf8_lossy(&event).lines() {
-                    if let Some(data) = line.strip_prefix("data:") {
-                        if let Ok(v) = serde_json::from_str::<Value>(data.trim()) {
-                            if let Some(text) = v.get("line").and_then(Value::as_str) {
-                                on_line(text);
-                            }
-                        }
-                    }
+        read_sse(&mut resp, |event, data| {
+            if event != "line" {
+                return;
+            }
+            if let Ok(v) = serde_json::from_str::<Value>(data) {
+                if let Some(text) = v.get("line").and_then(Value::as_str) {
+                    on_line(text);
                 }
             }
-        }
+        })
+        .await?;
         Ok(())
     }
 
@@ -466,7 +611,7 @@ impl Client {
         if status.is_success() {
             Ok(())
         } else {
-            Err(api_error(status, value))
+            Err(self.api_error(status, value))
         }
     }
 
@@ -517,7 +662,7 @@ impl Client {
         if status.is_success() || value.get("timed_out") == Some(&Value::Bool(true)) {
             return decode(value);
         }
-        Err(api_error(status, value))
+        Err(self.api_error(status, value))
     }
 
     /// Replaces a context's interpreter with a fresh one.
@@ -549,21 +694,74 @@ impl Client {
         if status.is_success() {
             Ok(())
         } else {
-            Err(api_error(status, value))
+            Err(self.api_error(status, value))
         }
     }
 }
 
-/// The body of a successful raw answer, or the daemon's error.
-fn raw_ok((status, bytes): (StatusCode, Vec<u8>)) -> Result<Vec<u8>, ClientError> {
-    if status.is_success() {
-        Ok(bytes)
-    } else {
-        Err(api_error(
-            status,
-            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-        ))
+impl Client {
+    /// The body of a successful raw answer, or the daemon's error.
+    fn raw_ok(&self, (status, bytes): (StatusCode, Vec<u8>)) -> Result<Vec<u8>, ClientError> {
+        if status.is_success() {
+            Ok(bytes)
+        } else {
+            Err(self.api_error(
+                status,
+                serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            ))
+        }
     }
+
+    /// The daemon's error; a refused key says where the key came from.
+    fn api_error(&self, status: StatusCode, body: Value) -> ClientError {
+        match api_error(status, body) {
+            ClientError::Api {
+                status: 401,
+                message,
+                ..
+            } => ClientError::Unauthorized {
+                url: self.url.clone(),
+                key_source: self.key_source.clone(),
+                message,
+            },
+            e => e,
+        }
+    }
+}
+
+/// Reads a `text/event-stream` body, calling `on_event(name, data)` for each
+/// event (`message` when it has no name).
+async fn read_sse(
+    resp: &mut reqwest::Response,
+    mut on_event: impl FnMut(&str, &str),
+) -> Result<(), ClientError> {
+    let mut buf = Vec::new();
+    let mut dispatch = |event: &[u8]| {
+        let text = String::from_utf8_lossy(event);
+        let (mut name, mut data) = ("message".to_string(), Vec::new());
+        for line in text.lines() {
+            if let Some(v) = line.strip_prefix("event:") {
+                name = v.trim().to_string();
+            } else if let Some(v) = line.strip_prefix("data:") {
+                data.push(v.strip_prefix(' ').unwrap_or(v).to_string());
+            }
+        }
+        if !data.is_empty() {
+            on_event(&name, &data.join("\n"));
+        }
+    };
+    while let Some(chunk) = resp.chunk().await.map_err(ClientError::Decode)? {
+        buf.extend_from_slice(&chunk);
+        // Events end with a blank line.
+        while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = buf.drain(..end + 2).collect();
+            dispatch(&event);
+        }
+    }
+    if !buf.is_empty() {
+        dispatch(&buf);
+    }
+    Ok(())
 }
 
 fn api_error(status: StatusCode, body: Value) -> ClientError {

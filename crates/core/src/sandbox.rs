@@ -100,6 +100,10 @@ impl ExecOutcome {
 
 /// The marker appended where output was cut.
 pub fn truncation_marker(stream: &str, total: u64) -> String {
+    // The human size only where it says more than the byte count.
+    if total < 1024 {
+        return format!("[runcell: {stream} truncated; the program wrote {total} bytes in total]");
+    }
     format!(
         "[runcell: {stream} truncated; the program wrote {total} bytes ({}) in total]",
         format_size(total)

@@ -4,23 +4,32 @@
 //! daemon at `/mcp` (streamable HTTP, with the key of each HTTP request).
 //!
 //! Tools: `run_code` (a fresh sandbox per call unless `sandbox_id` is given),
-//! `create_sandbox`, `exec`, `read_file`, `write_file`, `list_sandboxes`,
-//! `kill_sandbox`. Results carry text for the model, structured content, and
-//! plots as image content.
+//! `create_sandbox` (with a network policy), `exec`, `read_file` (text as
+//! text, images as image content, other binary data as a typed base64
+//! resource), `write_file`, `list_files`, `list_sandboxes` (those made
+//! through MCP unless `all`), `kill_sandbox` (annotated destructive). Results
+//! carry text for the model, structured content, and plots as image content;
+//! long output keeps its head and tail around a marker giving the total.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use base64::Engine;
 use rmcp::model::{
     CallToolRequestParams, CallToolResult, Content, Implementation, JsonObject, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, ServerInfo, Tool,
+    PaginatedRequestParams, ResourceContents, ServerCapabilities, ServerInfo, Tool,
+    ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use runcell_client::{Cell, Client, ClientError, ExecOptions};
 use serde::Deserialize;
 use serde_json::{json, Value};
+
+/// The `created_by` metadata of sandboxes made through MCP, which
+/// `list_sandboxes` lists by default.
+const MCP_MARK: &str = "runcell-mcp";
 
 /// Longest text a tool returns per stream before cutting it with a marker.
 const MAX_TEXT: usize = 20_000;
@@ -71,7 +80,8 @@ impl RuncellMcp {
                             None,
                         )
                     })?;
-                Ok(Client::new(url.clone(), key.trim()))
+                Ok(Client::new(url.clone(), key.trim())
+                    .with_key_source("the MCP request's Authorization header"))
             }
         }
     }
@@ -85,82 +95,132 @@ fn schema(v: Value) -> Arc<JsonObject> {
 }
 
 fn tools() -> Vec<Tool> {
-    let lang =
-        json!({"type": "string", "enum": ["python", "javascript", "bash"], "default": "python"});
+    let lang = json!({"type": "string", "enum": ["python", "javascript", "bash"], "default": "python",
+        "description": "Language of the code: python (default), javascript (Node.js) or bash."});
+    let sandbox_id = |what: &str| json!({"type": "string", "description": format!("Id of the sandbox {what} (from create_sandbox or list_sandboxes).")});
+    let metadata = |what: &str| json!({"type": "object", "additionalProperties": {"type": "string"}, "description": what});
+    let read_only = ToolAnnotations::new().read_only(true).destructive(false);
     vec![
         Tool::new(
             "run_code",
-            "Run Python, JavaScript (Node.js) or bash code in an isolated Linux sandbox with no network, and return stdout, stderr, the exit code, and rich results: the value of the last Python expression, DataFrames as tables, and matplotlib plots as images. Without sandbox_id, every call gets a FRESH sandbox that is destroyed afterwards: nothing persists between calls (variables, files, installed packages), so put imports and setup in the same snippet. With the sandbox_id of a sandbox from create_sandbox, code runs in that sandbox's interpreter for the language and variables, imports and files persist between calls.",
+            "Run Python, JavaScript (Node.js) or bash code in an isolated Linux sandbox with no network, and return stdout, stderr, the exit code, and rich results: the value of the last Python expression, DataFrames as tables, and matplotlib plots as images. Without sandbox_id, every call gets a FRESH sandbox that is destroyed afterwards: nothing persists between calls (variables, files, installed packages), so put imports and setup in the same snippet. With the sandbox_id of a sandbox from create_sandbox, code runs in that sandbox's interpreter for the language and variables, imports and files persist between calls. A timeout gives exit code 124.",
             schema(json!({
                 "type": "object",
                 "properties": {
                     "code": {"type": "string", "description": "The code to run.", "maxLength": 200000},
                     "language": lang,
                     "sandbox_id": {"type": "string", "description": "Run in this existing sandbox (state persists) instead of a fresh one."},
-                    "timeout_seconds": {"type": "number", "description": "Stop the code after this many seconds (default: the sandbox's, usually 60)."}
+                    "timeout_seconds": {"type": "number", "exclusiveMinimum": 0, "description": "Stop the code after this many seconds (default: the sandbox's, usually 60)."}
                 },
                 "required": ["code"]
             })),
         ),
         Tool::new(
             "create_sandbox",
-            "Create a sandbox that keeps its state (variables in run_code, files, installed packages) across calls until it is killed or has been idle for ttl_seconds (default 600). Returns its id for run_code, exec, read_file and write_file.",
+            "Create a sandbox that keeps its state (variables in run_code, files, installed packages) across calls until it is killed or has been idle for ttl_seconds (default 600). Returns its id for run_code, exec, read_file, write_file and list_files.",
             schema(json!({
                 "type": "object",
                 "properties": {
-                    "template": {"type": "string", "description": "Template, e.g. code-interpreter (default) or host."},
-                    "ttl_seconds": {"type": "integer", "minimum": 1, "description": "Idle time after which the sandbox is destroyed."},
-                    "metadata": {"type": "object", "additionalProperties": {"type": "string"}}
+                    "template": {"type": "string", "description": "Template the sandbox is made from, e.g. code-interpreter (the default) or host."},
+                    "ttl_seconds": {"type": "integer", "minimum": 1, "description": "Idle time in seconds after which the sandbox is destroyed (default 600)."},
+                    "metadata": metadata("Labels (string keys and values) to find the sandbox again with list_sandboxes."),
+                    "network": {
+                        "description": "Network egress: \"none\" (the default: no network), \"open\" (any public address), or an allowlist object. Loopback and private ranges stay closed.",
+                        "oneOf": [
+                            {"type": "string", "enum": ["none", "open"], "description": "No network, or any public address."},
+                            {
+                                "type": "object",
+                                "description": "An egress policy.",
+                                "properties": {
+                                    "mode": {"type": "string", "enum": ["none", "allowlist", "open"], "description": "none, allowlist or open."},
+                                    "allow": {"type": "array", "items": {"type": "string"}, "description": "Allowed destinations for allowlist: host names, *.wildcards, optionally with :port, e.g. pypi.org or *.example.com:443."},
+                                    "presets": {"type": "array", "items": {"type": "string"}, "description": "Named groups of hosts, e.g. package-index (PyPI and npm)."}
+                                },
+                                "required": ["mode"]
+                            }
+                        ]
+                    }
                 }
             })),
         ),
         Tool::new(
             "exec",
-            "Run a shell command line (bash -c) in an existing sandbox and return stdout, stderr and the exit code. Files and installed packages in the sandbox persist between calls.",
+            "Run a shell command line (bash -c) in an existing sandbox and return stdout, stderr and the exit code (124 after a timeout). Files and installed packages in the sandbox persist between calls.",
             schema(json!({
                 "type": "object",
                 "properties": {
-                    "sandbox_id": {"type": "string"},
-                    "command": {"type": "string"},
-                    "timeout_seconds": {"type": "number"}
+                    "sandbox_id": sandbox_id("to run the command in"),
+                    "command": {"type": "string", "description": "A shell command line, run by bash -c, e.g. \"ls -la /home/user\"."},
+                    "timeout_seconds": {"type": "number", "exclusiveMinimum": 0, "description": "Stop the command after this many seconds (default: the sandbox's, usually 60)."}
                 },
                 "required": ["sandbox_id", "command"]
             })),
         ),
         Tool::new(
             "read_file",
-            "Read a text file from a sandbox (absolute path).",
+            "Read a file from a sandbox (absolute path). Text comes back as text, images as image content, other binary files as a base64 resource with its MIME type.",
             schema(json!({
                 "type": "object",
-                "properties": {"sandbox_id": {"type": "string"}, "path": {"type": "string"}},
+                "properties": {
+                    "sandbox_id": sandbox_id("to read from"),
+                    "path": {"type": "string", "description": "Absolute path of the file, e.g. /home/user/out.png."}
+                },
                 "required": ["sandbox_id", "path"]
             })),
-        ),
+        )
+        .annotate(read_only.clone()),
         Tool::new(
             "write_file",
-            "Write a text file into a sandbox (absolute path; parent directories are created).",
+            "Write a text file into a sandbox (absolute path; parent directories are created; an existing file is replaced).",
             schema(json!({
                 "type": "object",
-                "properties": {"sandbox_id": {"type": "string"}, "path": {"type": "string"}, "content": {"type": "string"}},
+                "properties": {
+                    "sandbox_id": sandbox_id("to write into"),
+                    "path": {"type": "string", "description": "Absolute path of the file, e.g. /home/user/data.csv."},
+                    "content": {"type": "string", "description": "The file's new content (text)."}
+                },
                 "required": ["sandbox_id", "path", "content"]
             })),
         ),
         Tool::new(
-            "list_sandboxes",
-            "List your sandboxes, optionally only those whose metadata matches every given key and value.",
+            "list_files",
+            "List a directory in a sandbox: each entry's name, whether it is a directory, and its size.",
             schema(json!({
                 "type": "object",
-                "properties": {"metadata": {"type": "object", "additionalProperties": {"type": "string"}}}
-            })),
-        ),
-        Tool::new(
-            "kill_sandbox",
-            "Destroy a sandbox and everything in it.",
-            schema(json!({
-                "type": "object",
-                "properties": {"sandbox_id": {"type": "string"}},
+                "properties": {
+                    "sandbox_id": sandbox_id("to look in"),
+                    "path": {"type": "string", "description": "Absolute path of the directory (default /home/user)."}
+                },
                 "required": ["sandbox_id"]
             })),
+        )
+        .annotate(read_only.clone()),
+        Tool::new(
+            "list_sandboxes",
+            "List the sandboxes created through this MCP server (all of your sandboxes with all: true), optionally only those whose metadata matches every given key and value.",
+            schema(json!({
+                "type": "object",
+                "properties": {
+                    "metadata": metadata("Only sandboxes whose metadata has every one of these keys and values."),
+                    "all": {"type": "boolean", "default": false, "description": "Also list sandboxes not created through MCP (by the CLI or an SDK with the same key)."}
+                }
+            })),
+        )
+        .annotate(read_only),
+        Tool::new(
+            "kill_sandbox",
+            "Destroy a sandbox and everything in it (files, processes, interpreter state). This cannot be undone.",
+            schema(json!({
+                "type": "object",
+                "properties": {"sandbox_id": sandbox_id("to destroy")},
+                "required": ["sandbox_id"]
+            })),
+        )
+        .annotate(
+            ToolAnnotations::new()
+                .destructive(true)
+                .idempotent(true)
+                .read_only(false),
         ),
     ]
 }
@@ -184,6 +244,8 @@ struct CreateArgs {
     ttl_seconds: Option<u64>,
     #[serde(default)]
     metadata: BTreeMap<String, String>,
+    #[serde(default)]
+    network: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -206,6 +268,15 @@ struct FileArgs {
 struct ListArgs {
     #[serde(default)]
     metadata: BTreeMap<String, String>,
+    #[serde(default)]
+    all: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct DirArgs {
+    sandbox_id: String,
+    #[serde(default)]
+    path: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -231,16 +302,89 @@ fn timeout(secs: Option<f64>) -> Result<Option<Duration>, McpError> {
     }
 }
 
-/// Cuts `text` to [`MAX_TEXT`] characters with a marker giving the total.
+/// Cuts `text` longer than [`MAX_TEXT`] characters to its head and tail,
+/// with a marker in between giving what was left out and the total size
+/// (the end of an output, where errors and results are, matters as much as
+/// its start).
 fn cap(text: &str) -> String {
-    if text.chars().count() <= MAX_TEXT {
+    let total = text.chars().count();
+    if total <= MAX_TEXT {
         return text.to_string();
     }
-    let kept: String = text.chars().take(MAX_TEXT).collect();
+    let half = MAX_TEXT / 2;
+    let head: String = text.chars().take(half).collect();
+    let tail: String = text.chars().skip(total - half).collect();
     format!(
-        "{kept}\n[truncated: showing the first {MAX_TEXT} of {} characters]",
-        text.chars().count()
+        "{head}\n[runcell: output cut: {} characters in the middle left out; the whole output was {total} characters ({} bytes)]\n{tail}",
+        total - 2 * half,
+        text.len()
     )
+}
+
+/// The MIME type of binary data, from its first bytes.
+fn sniff(data: &[u8]) -> &'static str {
+    const TYPES: &[(&[u8], &str)] = &[
+        (b"\x89PNG\r\n\x1a\n", "image/png"),
+        (b"\xff\xd8\xff", "image/jpeg"),
+        (b"GIF87a", "image/gif"),
+        (b"GIF89a", "image/gif"),
+        (b"%PDF-", "application/pdf"),
+        (b"PK\x03\x04", "application/zip"),
+        (b"\x1f\x8b", "application/gzip"),
+        (b"\x7fELF", "application/x-executable"),
+    ];
+    if data.len() >= 12 && &data[..4] == b"RIFF" && &data[8..12] == b"WEBP" {
+        return "image/webp";
+    }
+    TYPES
+        .iter()
+        .find(|(magic, _)| data.starts_with(magic))
+        .map_or("application/octet-stream", |(_, mime)| mime)
+}
+
+/// Largest binary file `read_file` returns (as base64).
+const MAX_BINARY: usize = 8 << 20;
+
+/// A file's content as the model can use it: text as text, an image as
+/// image content, other binary data as a base64 resource with its MIME type.
+fn file_result(path: &str, data: &[u8]) -> CallToolResult {
+    if let Ok(text) = std::str::from_utf8(data) {
+        if !text.contains('\0') {
+            return ok(
+                cap(text),
+                json!({"path": path, "size": data.len(), "mime_type": "text/plain", "encoding": "utf-8"}),
+            );
+        }
+    }
+    let mime = sniff(data);
+    if data.len() > MAX_BINARY {
+        return CallToolResult::error(vec![Content::text(format!(
+            "{path} is a binary file ({mime}) of {} bytes, more than the {} MiB read_file returns; inspect it with exec instead.",
+            data.len(),
+            MAX_BINARY >> 20
+        ))]);
+    }
+    let b64 = base64::engine::general_purpose::STANDARD.encode(data);
+    let note = Content::text(format!(
+        "{path}: {mime}, {} bytes (binary; attached {}).",
+        data.len(),
+        if mime.starts_with("image/") {
+            "as an image"
+        } else {
+            "as a base64 resource"
+        }
+    ));
+    let body = if mime.starts_with("image/") {
+        Content::image(b64, mime)
+    } else {
+        Content::resource(
+            ResourceContents::blob(b64, format!("file://{path}")).with_mime_type(mime),
+        )
+    };
+    let mut r = CallToolResult::success(vec![note, body]);
+    r.structured_content =
+        Some(json!({"path": path, "size": data.len(), "mime_type": mime, "encoding": "base64"}));
+    r
 }
 
 /// A failed API call as a tool error the model can read (not a protocol error).
@@ -279,18 +423,28 @@ fn cell_result(cell: &Cell, sandbox: &str, fresh: bool) -> CallToolResult {
     if !images.is_empty() {
         text.push_str(&format!("{} image(s) attached.\n", images.len()));
     }
-    for m in &cell.messages {
+    // The daemon's sentences speak of a context that lives on; a fresh
+    // sandbox does not, so its timeout gets one sentence of its own.
+    let exit_code = if cell.timed_out { 124 } else { cell.exit_code };
+    let mut messages: Vec<String> = cell.messages.clone();
+    if fresh && cell.timed_out {
+        messages.retain(|m| !m.contains("timed out"));
+        messages.insert(
+            0,
+            "The code timed out and was stopped; its fresh sandbox was destroyed, so nothing persists.".into(),
+        );
+    } else if cell.timed_out && !messages.iter().any(|m| m.contains("timed out")) {
+        messages.insert(0, "The code timed out and was stopped.".into());
+    }
+    for m in &messages {
         text.push_str(&format!("{m}\n"));
     }
-    if cell.timed_out {
-        text.push_str("The code timed out.\n");
-    } else if let Some(e) = &cell.exception {
+    if let (false, Some(e)) = (cell.timed_out, &cell.exception) {
         text.push_str(&format!("error: {}: {}\n", e.name, e.value));
     }
     text.push_str(&format!(
-        "exit code: {}{}",
-        cell.exit_code,
-        if fresh {
+        "exit code: {exit_code}{}",
+        if fresh && !cell.timed_out {
             " (this sandbox was destroyed; nothing persists)"
         } else {
             ""
@@ -300,17 +454,17 @@ fn cell_result(cell: &Cell, sandbox: &str, fresh: bool) -> CallToolResult {
         "sandbox_id": sandbox,
         "stdout": cap(&cell.stdout),
         "stderr": cap(&cell.stderr),
-        "exit_code": cell.exit_code,
+        "exit_code": exit_code,
         "results": values,
         "images": images.len(),
         "error": cell.error,
         "timed_out": cell.timed_out,
         "state_lost": cell.state_lost,
-        "messages": cell.messages,
+        "messages": messages,
     });
     let mut content = vec![Content::text(text)];
     content.extend(images);
-    let mut r = if cell.exit_code == 0 && !cell.timed_out {
+    let mut r = if exit_code == 0 {
         CallToolResult::success(content)
     } else {
         CallToolResult::error(content)
@@ -332,7 +486,7 @@ impl RuncellMcp {
         let (sandbox, fresh) = match a.sandbox_id {
             Some(id) => (id, false),
             None => {
-                let req = json!({"template": &*self.template, "ttl_seconds": 300, "metadata": {"created_by": "runcell-mcp"}});
+                let req = json!({"template": &*self.template, "ttl_seconds": 300, "metadata": {"created_by": MCP_MARK}});
                 match c.create_sandbox(&req).await {
                     Ok(s) => (s.id, true),
                     Err(e) => return Ok(tool_error(e)),
@@ -378,7 +532,10 @@ impl RuncellMcp {
                     "ttl_seconds": a.ttl_seconds.unwrap_or(600),
                     "metadata": a.metadata,
                 });
-                req["metadata"]["created_by"] = "runcell-mcp".into();
+                req["metadata"]["created_by"] = MCP_MARK.into();
+                if let Some(n) = a.network {
+                    req["network"] = n;
+                }
                 c.create_sandbox(&req).await.map(|s| {
                     ok(
                         format!("Created sandbox {}. Its state persists until it is killed or idle for its TTL.", s.id),
@@ -410,10 +567,9 @@ impl RuncellMcp {
             }
             "read_file" => {
                 let a: FileArgs = args(p)?;
-                c.read_file(&a.sandbox_id, &a.path).await.map(|b| {
-                    let text = String::from_utf8_lossy(&b).into_owned();
-                    ok(cap(&text), json!({"path": a.path, "size": b.len()}))
-                })
+                c.read_file(&a.sandbox_id, &a.path)
+                    .await
+                    .map(|b| file_result(&a.path, &b))
             }
             "write_file" => {
                 let a: FileArgs = args(p)?;
@@ -428,15 +584,47 @@ impl RuncellMcp {
                         )
                     })
             }
+            "list_files" => {
+                let a: DirArgs = args(p)?;
+                let path = a.path.unwrap_or_else(|| "/home/user".into());
+                c.list_dir(&a.sandbox_id, &path).await.map(|entries| {
+                    let mut text = if entries.is_empty() {
+                        format!("{path} is empty.")
+                    } else {
+                        format!("{path}:\n")
+                    };
+                    for e in &entries {
+                        if e.is_dir {
+                            text.push_str(&format!("{}/\n", e.name));
+                        } else if e.mode == "l" {
+                            text.push_str(&format!("{} (symbolic link)\n", e.name));
+                        } else {
+                            text.push_str(&format!("{}  {} bytes\n", e.name, e.size));
+                        }
+                    }
+                    let items: Vec<Value> = entries
+                        .iter()
+                        .map(|e| json!({"name": e.name, "is_dir": e.is_dir, "size": e.size, "type": e.mode, "mtime": e.mtime}))
+                        .collect();
+                    ok(cap(&text), json!({"path": path, "entries": items}))
+                })
+            }
             "list_sandboxes" => {
-                let a: ListArgs = args(p)?;
+                let mut a: ListArgs = args(p)?;
+                if !a.all {
+                    a.metadata.insert("created_by".into(), MCP_MARK.into());
+                }
                 c.list_sandboxes(&a.metadata).await.map(|list| {
                     let items: Vec<Value> = list
                         .iter()
                         .map(|s| json!({"sandbox_id": s.id, "template": s.fields.get("template"), "status": s.fields.get("status"), "metadata": s.fields.get("metadata")}))
                         .collect();
                     let text = if items.is_empty() {
-                        "No sandboxes.".to_string()
+                        if a.all {
+                            "No sandboxes.".to_string()
+                        } else {
+                            "No sandboxes created through MCP (all: true lists every sandbox of this key).".to_string()
+                        }
                     } else {
                         serde_json::to_string_pretty(&items).unwrap_or_default()
                     };
@@ -468,7 +656,7 @@ impl ServerHandler for RuncellMcp {
         ServerInfo::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("runcell", env!("CARGO_PKG_VERSION")))
             .with_instructions(
-                "runcell runs code in isolated Linux sandboxes with no network. run_code without a sandbox_id is stateless: a fresh sandbox per call. For work that builds up state, create_sandbox once and pass its sandbox_id to run_code, exec, read_file and write_file.",
+                "runcell runs code in isolated Linux sandboxes, with no network unless create_sandbox is given a network policy. run_code without a sandbox_id is stateless: a fresh sandbox per call. For work that builds up state, create_sandbox once and pass its sandbox_id to run_code, exec, read_file, write_file and list_files.",
             )
     }
 
@@ -542,6 +730,7 @@ mod tests {
                 "exec",
                 "read_file",
                 "write_file",
+                "list_files",
                 "list_sandboxes",
                 "kill_sandbox"
             ]
@@ -551,9 +740,33 @@ mod tests {
         }
         let run = t[0].description.as_deref().unwrap();
         assert!(run.contains("nothing persists") && run.contains("persist between calls"));
-        assert_eq!(cap(&"x".repeat(MAX_TEXT)).len(), MAX_TEXT);
-        assert!(
-            cap(&"x".repeat(MAX_TEXT + 5)).ends_with(&format!("of {} characters]", MAX_TEXT + 5))
+    }
+
+    #[test]
+    fn long_text_keeps_its_head_and_tail_and_says_how_long_it_was() {
+        assert_eq!(cap(&"x".repeat(MAX_TEXT)), "x".repeat(MAX_TEXT));
+        let long = format!("HEAD{}TAIL", "x".repeat(3 * MAX_TEXT));
+        let c = cap(&long);
+        assert!(c.starts_with("HEAD") && c.ends_with("TAIL"), "{}", &c[..50]);
+        assert!(c.contains(&format!("the whole output was {} characters", long.len())));
+        assert!(c.chars().count() < MAX_TEXT + 200);
+    }
+
+    #[test]
+    fn binary_files_come_back_as_images_or_typed_base64() {
+        let png = file_result("/a.png", b"\x89PNG\r\n\x1a\n\0\0");
+        let v = serde_json::to_value(&png).unwrap();
+        assert_eq!(v["content"][1]["type"], "image");
+        assert_eq!(v["content"][1]["mimeType"], "image/png");
+        assert_eq!(v["isError"], false);
+        let bin = serde_json::to_value(file_result("/a.bin", b"\0\xff\xfe")).unwrap();
+        assert_eq!(bin["content"][1]["type"], "resource");
+        assert_eq!(
+            bin["content"][1]["resource"]["mimeType"],
+            "application/octet-stream"
         );
+        assert_eq!(bin["content"][1]["resource"]["blob"], "AP/+");
+        let text = serde_json::to_value(file_result("/a.txt", "héllo".as_bytes())).unwrap();
+        assert_eq!(text["content"][0]["text"], "héllo");
     }
 }
