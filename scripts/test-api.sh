@@ -41,7 +41,9 @@ daemon_cleanup_on_exit
 daemon_start api --standby 2
 failed=()
 WORK=$(mktemp -d /tmp/runcell-api.XXXXXX)
-trap 'rc=$?; rm -rf "$WORK"; (exit $rc); _daemon_on_exit' EXIT
+# set +e first: under errexit, `(exit $rc)` would end the trap before the
+# daemon is stopped on a failing run.
+trap 'rc=$?; set +e; rm -rf "$WORK"; (exit $rc); _daemon_on_exit' EXIT
 
 echo "== /v1/openapi.json: openapi-spec-validator"
 curl -fsS --max-time 10 "$URL/v1/openapi.json" -o "$WORK/openapi.json"
