@@ -17,6 +17,9 @@ have() { command -v "$1" >/dev/null 2>&1; }
 # Egress tests: curl and pip run inside sandboxes (the host template's /usr).
 have curl || need+=(curl)
 /usr/bin/python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+# scripts/test-api.sh installs openapi-spec-validator and schemathesis
+# from PyPI into a venv made by Debian's Python.
+/usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
 have ps || need+=(procps)
 have unshare || need+=(util-linux)
 # Template builds (`FROM debian:<suite>`) bootstrap Debian with debootstrap,

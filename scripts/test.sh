@@ -12,6 +12,7 @@ fi
 # The agent binary must exist before the tests that start sandboxes.
 cargo build --workspace --all-targets --quiet
 cargo test --workspace -- --test-threads=2
+./scripts/test-api.sh # OpenAPI validation and schemathesis fuzzing, real daemon
 # The published PandaStack clients (npm and PyPI) and the official MCP client
 # against a real daemon.
 ./scripts/test-clients.sh

@@ -51,8 +51,8 @@ pub(crate) struct CreateSessionReq {
     envs: std::collections::BTreeMap<String, String>,
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/repl/sessions", tag = "runcell", params(("id" = String, Path)), request_body = CreateSessionReq,
-    responses((status = 201, body = SessionView), (status = 400, body = ErrorView), (status = 404, body = ErrorView)))]
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/repl/sessions", tag = "code contexts", operation_id = "createSession", params(("id" = String, Path, description = "The sandbox id")), request_body(content = Option<CreateSessionReq>, description = "May be empty: a Python session"),
+    responses((status = 201, body = SessionView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 409, description = "The sandbox stopped running during the request", body = ErrorView), (status = 413, description = "The request body is larger than the daemon allows", body = ErrorView)))]
 pub(crate) async fn create(
     axum::extract::State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -68,11 +68,7 @@ pub(crate) async fn create(
             envs: Default::default(),
         }
     } else {
-        serde_json::from_slice(&body).map_err(|e| {
-            ApiError::bad_request(format!(
-                "The request body is not valid JSON for this route: {e}."
-            ))
-        })?
+        crate::routes::parse_json(&body)?
     };
     let language: Language = req
         .language
@@ -99,8 +95,8 @@ pub(crate) async fn create(
     Ok((StatusCode::CREATED, Json(view(&e, &info))))
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{id}/repl/sessions", tag = "runcell", params(("id" = String, Path)),
-    responses((status = 200, body = Vec<SessionView>), (status = 404, body = ErrorView)))]
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/repl/sessions", tag = "code contexts", operation_id = "listSessions", params(("id" = String, Path, description = "The sandbox id")),
+    responses((status = 200, body = Vec<SessionView>), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 409, description = "The sandbox stopped running during the request", body = ErrorView)))]
 pub(crate) async fn list(
     axum::extract::State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -124,8 +120,8 @@ pub(crate) async fn list(
     ))
 }
 
-#[utoipa::path(delete, path = "/v1/sandboxes/{id}/repl/sessions/{sid}", tag = "runcell", params(("id" = String, Path), ("sid" = String, Path)),
-    responses((status = 204, description = "Closed"), (status = 404, body = ErrorView)))]
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/repl/sessions/{sid}", tag = "code contexts", operation_id = "deleteSession", params(("id" = String, Path, description = "The sandbox id"), ("sid" = String, Path, description = "The session id")),
+    responses((status = 204, description = "Closed"), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox or session", body = ErrorView), (status = 409, description = "The sandbox stopped running during the request", body = ErrorView)))]
 pub(crate) async fn delete(
     axum::extract::State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -139,8 +135,8 @@ pub(crate) async fn delete(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/repl/sessions/{sid}/restart", tag = "runcell", params(("id" = String, Path), ("sid" = String, Path)),
-    responses((status = 200, body = SessionView), (status = 404, body = ErrorView)))]
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/repl/sessions/{sid}/restart", tag = "code contexts", operation_id = "restartSession", params(("id" = String, Path, description = "The sandbox id"), ("sid" = String, Path, description = "The session id")),
+    responses((status = 200, body = SessionView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox or session", body = ErrorView), (status = 409, description = "The sandbox stopped running during the request", body = ErrorView)))]
 pub(crate) async fn restart(
     axum::extract::State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -171,9 +167,8 @@ fn cell_timeout(state: &AppState, e: &Entry, req: &RunReq) -> Duration {
     }
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/repl/sessions/{sid}/run", tag = "runcell", params(("id" = String, Path), ("sid" = String, Path)), request_body = RunReq,
-    responses((status = 200, body = CellView), (status = 400, body = ErrorView), (status = 404, body = ErrorView),
-        (status = 500, description = "Timeout: error contains \"timeout\", with the CellView fields", body = ErrorView)))]
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/repl/sessions/{sid}/run", tag = "code contexts", operation_id = "runCell", params(("id" = String, Path, description = "The sandbox id"), ("sid" = String, Path, description = "The session id")), request_body = RunReq,
+    responses((status = 200, body = CellView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox or session", body = ErrorView), (status = 409, description = "The sandbox stopped running during the request", body = ErrorView), (status = 413, description = "The request body is larger than the daemon allows", body = ErrorView), (status = 500, description = "The cell timed out: `error` contains \"timeout\", with the CellView fields", body = ErrorView)))]
 pub(crate) async fn run(
     axum::extract::State(state): St,
     Extension(ws): Extension<Workspace>,

@@ -24,6 +24,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
+use crate::openapi::Security as DocSecurity;
 use crate::registry::Record;
 use crate::repl;
 use crate::state::{now_ms, AppState, Entry};
@@ -37,9 +38,28 @@ pub(crate) type St = State<Arc<AppState>>;
 #[openapi(
     info(
         title = "runcell",
-        description = "Sandboxes for AI agents: the PandaStack-compatible /v1 API plus runcell's additions."
+        description = "Sandboxes for AI agents: the PandaStack-compatible /v1 API plus runcell's additions. \
+Every error is `{\"error\": \"...\"}` with `application/json`."
+    ),
+    servers((url = "/", description = "This daemon")),
+    security(("bearer" = [])),
+    modifiers(&DocSecurity),
+    tags(
+        (name = "sandboxes", description = "Create, list, inspect and delete sandboxes; their lifetime and network"),
+        (name = "exec", description = "Run commands and read their output"),
+        (name = "files", description = "Files in a sandbox"),
+        (name = "code contexts", description = "Stateful interpreters (PandaStack REPL sessions)"),
+        (name = "templates", description = "What sandboxes are made from"),
+        (name = "account", description = "The caller's key"),
+        (name = "system", description = "Health, metrics, this document and MCP; no key needed except for MCP")
     ),
     paths(
+        healthz,
+        metrics,
+        openapi,
+        crate::openapi::mcp,
+        crate::openapi::mcp_stream,
+        crate::openapi::mcp_end_session,
         me,
         create,
         list,
@@ -67,6 +87,8 @@ pub(crate) type St = State<Arc<AppState>>;
         SandboxView,
         LimitsView,
         NetworkView,
+        NetworkPolicyReq,
+        NetworkPolicyObject,
         ExecView,
         LifecycleView,
         FileView,
@@ -76,6 +98,9 @@ pub(crate) type St = State<Arc<AppState>>;
         TemplateDefaultsView,
         MeView,
         ErrorView,
+        HealthView,
+        ExecStreamEvent,
+        LogEvent,
         SessionView,
         CellView,
         ExceptionView
@@ -83,8 +108,20 @@ pub(crate) type St = State<Arc<AppState>>;
 )]
 pub struct ApiDoc;
 
+/// The OpenAPI 3.1 document of this API.
+#[utoipa::path(get, path = "/v1/openapi.json", tag = "system", operation_id = "getOpenApi", security(()),
+    responses((status = 200, description = "This document", content_type = "application/json", body = Object)))]
 async fn openapi() -> Json<utoipa::openapi::OpenApi> {
-    Json(<ApiDoc as utoipa::OpenApi>::openapi())
+    Json(crate::openapi::document())
+}
+
+/// Liveness: 200 while the daemon serves requests.
+#[utoipa::path(get, path = "/healthz", tag = "system", operation_id = "getHealth", security(()),
+    responses((status = 200, body = HealthView)))]
+async fn healthz() -> Json<HealthView> {
+    Json(HealthView {
+        status: "ok".into(),
+    })
 }
 
 /// The daemon's router.
@@ -137,16 +174,21 @@ pub fn router(state: Arc<AppState>) -> Router {
         ))
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
-        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .nest("/v1", v1)
         .nest("/mcp", mcp)
         .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
         .fallback(no_route)
         .layer(axum::extract::DefaultBodyLimit::disable())
+        // Outermost: every error, axum's own rejections too, is JSON.
+        .layer(axum::middleware::from_fn(crate::rejection::json_errors))
         .with_state(state)
 }
 
+/// Prometheus metrics (text exposition format 0.0.4).
+#[utoipa::path(get, path = "/metrics", tag = "system", operation_id = "getMetrics", security(()),
+    responses((status = 200, description = "Prometheus text format", content_type = "text/plain; version=0.0.4; charset=utf-8", body = String)))]
 async fn metrics(State(state): St) -> impl IntoResponse {
     let running = state.sandboxes.read().expect("sandboxes lock").len();
     let pools: Vec<&crate::pool::WarmPool> = state.pools.all().map(|p| p.as_ref()).collect();
@@ -268,12 +310,35 @@ impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
                 "The request body is empty; a JSON object is expected.",
             ));
         }
-        serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| {
-            ApiError::bad_request(format!(
-                "The request body is not valid JSON for this route: {e}."
-            ))
-        })
+        parse_json(&bytes).map(JsonBody)
     }
+}
+
+/// Parses a JSON body; the error names the field that is wrong
+/// (`limits.cpu: invalid type ...`).
+pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> AppResult<T> {
+    // serde reads a struct from an array of its fields in order
+    // (`[null, true]`); no route takes an array, so refuse one.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        return Err(ApiError::bad_request(
+            "The request body must be a JSON object, not an array.",
+        ));
+    }
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let field = e.path().to_string();
+        let inner = e.into_inner();
+        let data = inner.classify() == serde_json::error::Category::Data;
+        if !data || field.is_empty() || field == "." || field == "?" {
+            ApiError::bad_request(format!(
+                "The request body is not valid JSON for this route: {inner}."
+            ))
+        } else {
+            ApiError::bad_request(format!(
+                "The request body's field \"{field}\" is not valid: {inner}."
+            ))
+        }
+    })
 }
 
 /// Raw body bytes, limited to the configured size.
@@ -298,8 +363,8 @@ impl FromRequest<Arc<AppState>> for RawBody {
     }
 }
 
-#[utoipa::path(get, path = "/v1/me", tag = "runcell",
-    responses((status = 200, body = MeView), (status = 401, body = ErrorView)))]
+#[utoipa::path(get, path = "/v1/me", tag = "account", operation_id = "getMe",
+    responses((status = 200, body = MeView), (status = 401, description = "Missing or unknown API key", body = ErrorView)))]
 async fn me(Extension(ws): Extension<Workspace>) -> Json<MeView> {
     Json(MeView {
         user_id: ws.0,
@@ -338,7 +403,7 @@ struct CreateReq {
     /// `{"mode": "allowlist", "allow": ["pypi.org", "*.example.com:443"], "presets": ["package-index"]}`.
     /// Default: the template's, else `none`.
     #[serde(default)]
-    #[schema(value_type = Option<Value>)]
+    #[schema(value_type = Option<NetworkPolicyReq>)]
     network: Option<NetworkPolicy>,
 }
 
@@ -409,9 +474,8 @@ fn sandbox_json(e: &Entry) -> Value {
     serde_json::to_value(sandbox_view(e)).expect("sandbox serializes")
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes", tag = "runcell", request_body = CreateReq,
-    responses((status = 201, body = SandboxView), (status = 400, body = ErrorView), (status = 401, body = ErrorView),
-        (status = 413, body = ErrorView), (status = 503, description = "No capacity or the sandbox failed to start; has Retry-After", body = ErrorView)))]
+#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", operation_id = "createSandbox", request_body = CreateReq,
+    responses((status = 201, description = "Created and running", body = SandboxView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 413, description = "The request body is larger than the daemon allows", body = ErrorView), (status = 503, description = "No capacity, or the sandbox failed to start; retry after Retry-After seconds", body = ErrorView, headers(("Retry-After" = u64, description = "Seconds to wait")))))]
 async fn create(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -604,9 +668,8 @@ fn apply_limits(mut l: SandboxLimits, req: LimitsReq) -> AppResult<SandboxLimits
     Ok(l)
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes", tag = "runcell",
-    params(("metadata.KEY" = Option<String>, Query, description = "Only sandboxes whose metadata KEY equals the value; several are ANDed")),
-    responses((status = 200, body = Vec<SandboxView>), (status = 401, body = ErrorView)))]
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", operation_id = "listSandboxes", params(("metadata.KEY" = Option<String>, Query, description = "Only sandboxes whose metadata KEY equals the value; several are ANDed")),
+    responses((status = 200, body = Vec<SandboxView>), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView)))]
 async fn list(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -679,8 +742,8 @@ pub(crate) fn find(state: &AppState, ws: &Workspace, id: &str) -> AppResult<Arc<
         .ok_or_else(|| state.gone(&ws.0, id))
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "runcell", params(("id" = String, Path)),
-    responses((status = 200, body = SandboxView), (status = 401, body = ErrorView), (status = 404, body = ErrorView)))]
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes", operation_id = "getSandbox", params(("id" = String, Path, description = "The sandbox id")),
+    responses((status = 200, body = SandboxView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView)))]
 async fn get_one(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -691,9 +754,8 @@ async fn get_one(
 }
 
 /// Replaces the network policy of a running sandbox.
-#[utoipa::path(patch, path = "/v1/sandboxes/{id}/network", tag = "runcell", params(("id" = String, Path)),
-    request_body(content = Value, description = "A network policy, as in create: \"none\", \"open\" or {\"mode\", \"allow\", \"presets\"}"),
-    responses((status = 200, body = NetworkView), (status = 400, body = ErrorView), (status = 401, body = ErrorView), (status = 404, body = ErrorView)))]
+#[utoipa::path(patch, path = "/v1/sandboxes/{id}/network", tag = "sandboxes", operation_id = "setNetwork", params(("id" = String, Path, description = "The sandbox id")), request_body(content = NetworkPolicyReq, description = "The new policy, as in create"),
+    responses((status = 200, body = NetworkView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 409, description = "The sandbox stopped running during the request", body = ErrorView), (status = 413, description = "The request body is larger than the daemon allows", body = ErrorView)))]
 async fn set_network(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -712,8 +774,8 @@ async fn set_network(
     Ok(Json(network_view(&e.sandbox)))
 }
 
-#[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "runcell", params(("id" = String, Path)),
-    responses((status = 204, description = "Deleted"), (status = 401, body = ErrorView), (status = 404, body = ErrorView)))]
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes", operation_id = "deleteSandbox", params(("id" = String, Path, description = "The sandbox id")),
+    responses((status = 204, description = "Deleted: every process is killed"), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView)))]
 async fn delete(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -768,9 +830,8 @@ pub(crate) fn with_marker(mut text: String, truncated: bool, stream: &str, total
     text
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "runcell", params(("id" = String, Path)), request_body = ExecReq,
-    responses((status = 200, body = ExecView), (status = 400, body = ErrorView), (status = 401, body = ErrorView), (status = 404, body = ErrorView),
-        (status = 500, description = "Timeout: error contains \"timeout\", with the ExecView fields", body = ErrorView)))]
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "exec", operation_id = "execCommand", params(("id" = String, Path, description = "The sandbox id")), request_body = ExecReq,
+    responses((status = 200, body = ExecView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 409, description = "The sandbox stopped running during the request", body = ErrorView), (status = 413, description = "The request body is larger than the daemon allows", body = ErrorView), (status = 500, description = "The exec timed out: `error` contains \"timeout\", with the ExecView fields", body = ErrorView)))]
 async fn exec(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -879,8 +940,8 @@ impl Utf8Carry {
     }
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec/stream", tag = "runcell", params(("id" = String, Path)), request_body = ExecReq,
-    responses((status = 200, description = "SSE: stdout/stderr {chunk}, then one exit {exit_code} or error {error}", content_type = "text/event-stream"), (status = 401, body = ErrorView), (status = 404, body = ErrorView)))]
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec/stream", tag = "exec", operation_id = "execCommandStream", params(("id" = String, Path, description = "The sandbox id")), request_body = ExecReq,
+    responses((status = 200, description = "SSE: `stdout`/`stderr` events {chunk}, then one `exit` {exit_code, oom_killed, pids_limit} or `error` {error}", content_type = "text/event-stream", body = ExecStreamEvent), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 413, description = "The request body is larger than the daemon allows", body = ErrorView)))]
 async fn exec_stream(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -961,8 +1022,8 @@ fn absolute(p: &str) -> AppResult<&str> {
     }
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{id}/fs", tag = "runcell", params(("id" = String, Path), ("path" = String, Query)),
-    responses((status = 200, description = "The file", content_type = "application/octet-stream"), (status = 400, body = ErrorView), (status = 401, body = ErrorView), (status = 404, body = ErrorView)))]
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/fs", tag = "files", operation_id = "readFile", params(("id" = String, Path, description = "The sandbox id"), ("path" = String, Query, pattern = "^/", description = "Absolute path in the sandbox")),
+    responses((status = 200, description = "The file's bytes", content_type = "application/octet-stream", body = Vec<u8>), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 403, description = "The sandbox's user may not do that", body = ErrorView), (status = 404, description = "No such sandbox, or no such file", body = ErrorView), (status = 409, description = "The sandbox stopped running during the request", body = ErrorView), (status = 413, description = "The file is larger than the daemon sends", body = ErrorView)))]
 async fn fs_read(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -979,9 +1040,8 @@ async fn fs_read(
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response())
 }
 
-#[utoipa::path(put, path = "/v1/sandboxes/{id}/fs", tag = "runcell", params(("id" = String, Path), ("path" = String, Query)),
-    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
-    responses((status = 200, body = WrittenView), (status = 400, body = ErrorView), (status = 401, body = ErrorView), (status = 404, body = ErrorView), (status = 413, body = ErrorView)))]
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/fs", tag = "files", operation_id = "writeFile", params(("id" = String, Path, description = "The sandbox id"), ("path" = String, Query, pattern = "^/", description = "Absolute path in the sandbox")), request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The file's bytes"),
+    responses((status = 200, body = WrittenView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 403, description = "The sandbox's user may not do that", body = ErrorView), (status = 404, description = "No such sandbox, or no such file", body = ErrorView), (status = 409, description = "The sandbox stopped running during the request", body = ErrorView), (status = 413, description = "The request body is larger than the daemon allows", body = ErrorView), (status = 507, description = "The sandbox's disk is full", body = ErrorView)))]
 async fn fs_write(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -1020,8 +1080,8 @@ fn file_view(s: &FileStat, kind: &str) -> FileView {
     }
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{id}/fs/dir", tag = "runcell", params(("id" = String, Path), ("path" = String, Query)),
-    responses((status = 200, body = DirView), (status = 401, body = ErrorView), (status = 404, body = ErrorView)))]
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/fs/dir", tag = "files", operation_id = "listDirectory", params(("id" = String, Path, description = "The sandbox id"), ("path" = Option<String>, Query, pattern = "^(/.*)?$", description = "Absolute path of a directory; `/` when absent or empty")),
+    responses((status = 200, body = DirView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 403, description = "The sandbox's user may not do that", body = ErrorView), (status = 404, description = "No such sandbox, or no such file", body = ErrorView), (status = 409, description = "The sandbox stopped running during the request", body = ErrorView)))]
 async fn fs_dir(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -1040,8 +1100,8 @@ async fn fs_dir(
     Ok(Json(json!({"path": path, "entries": entries})))
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{id}/fs/stat", tag = "runcell", params(("id" = String, Path), ("path" = String, Query)),
-    responses((status = 200, body = FileView), (status = 401, body = ErrorView), (status = 404, body = ErrorView)))]
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/fs/stat", tag = "files", operation_id = "statFile", params(("id" = String, Path, description = "The sandbox id"), ("path" = String, Query, pattern = "^/", description = "Absolute path in the sandbox")),
+    responses((status = 200, body = FileView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 403, description = "The sandbox's user may not do that", body = ErrorView), (status = 404, description = "No such sandbox, or no such file", body = ErrorView), (status = 409, description = "The sandbox stopped running during the request", body = ErrorView)))]
 async fn fs_stat(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -1070,9 +1130,8 @@ struct LogsQuery {
 
 /// The output of the sandbox's execs: a plain-text snapshot, or with
 /// `follow` (1, true or yes) an SSE stream of `line` events.
-#[utoipa::path(get, path = "/v1/sandboxes/{id}/logs", tag = "runcell",
-    params(("id" = String, Path), ("stream" = Option<String>, Query), ("follow" = Option<String>, Query)),
-    responses((status = 200, description = "text/plain, or with follow an SSE stream of line events"), (status = 401, body = ErrorView), (status = 404, body = ErrorView)))]
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/logs", tag = "exec", operation_id = "getLogs", params(("id" = String, Path, description = "The sandbox id"), ("stream" = Option<String>, Query, description = "`stdout`, `stderr` or `both` (default)"), ("follow" = Option<String>, Query, description = "`1`, `true` or `yes`: an SSE stream of `line` events {line} that follows new output")),
+    responses((status = 200, description = "The output of the sandbox's execs: plain text, or with follow an SSE stream", content((String = "text/plain; charset=utf-8"), (LogEvent = "text/event-stream"))), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView)))]
 async fn logs(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -1139,8 +1198,8 @@ fn lifecycle_json(r: &Record) -> Value {
     .expect("serializes")
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{id}/lifecycle", tag = "runcell", params(("id" = String, Path)),
-    responses((status = 200, body = LifecycleView), (status = 401, body = ErrorView), (status = 404, body = ErrorView)))]
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/lifecycle", tag = "sandboxes", operation_id = "getLifecycle", params(("id" = String, Path, description = "The sandbox id")),
+    responses((status = 200, body = LifecycleView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView)))]
 async fn lifecycle(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -1158,8 +1217,8 @@ struct LifecycleReq {
     persistent: Option<bool>,
 }
 
-#[utoipa::path(patch, path = "/v1/sandboxes/{id}/lifecycle", tag = "runcell", params(("id" = String, Path)), request_body = LifecycleReq,
-    responses((status = 200, body = LifecycleView), (status = 400, body = ErrorView), (status = 401, body = ErrorView), (status = 404, body = ErrorView)))]
+#[utoipa::path(patch, path = "/v1/sandboxes/{id}/lifecycle", tag = "sandboxes", operation_id = "setLifecycle", params(("id" = String, Path, description = "The sandbox id")), request_body = LifecycleReq,
+    responses((status = 200, body = LifecycleView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 409, description = "The sandbox stopped running during the request", body = ErrorView), (status = 413, description = "The request body is larger than the daemon allows", body = ErrorView)))]
 async fn set_lifecycle(
     State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -1225,8 +1284,8 @@ fn template_json(state: &AppState, name: &str, alias_of: Option<&str>) -> AppRes
     .expect("serializes"))
 }
 
-#[utoipa::path(get, path = "/v1/templates", tag = "runcell",
-    responses((status = 200, body = Vec<TemplateView>), (status = 401, body = ErrorView)))]
+#[utoipa::path(get, path = "/v1/templates", tag = "templates", operation_id = "listTemplates",
+    responses((status = 200, body = Vec<TemplateView>), (status = 401, description = "Missing or unknown API key", body = ErrorView)))]
 async fn templates(State(state): St) -> AppResult<Json<Vec<Value>>> {
     let mut out = Vec::new();
     for name in runcell_core::Template::installed(state.config.templates_dir.as_deref()) {
@@ -1243,8 +1302,8 @@ async fn templates(State(state): St) -> AppResult<Json<Vec<Value>>> {
     Ok(Json(out))
 }
 
-#[utoipa::path(get, path = "/v1/templates/{name}", tag = "runcell", params(("name" = String, Path)),
-    responses((status = 200, body = TemplateView), (status = 404, body = ErrorView)))]
+#[utoipa::path(get, path = "/v1/templates/{name}", tag = "templates", operation_id = "getTemplate", params(("name" = String, Path, description = "Template name or alias")),
+    responses((status = 200, body = TemplateView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such template", body = ErrorView)))]
 async fn template(State(state): St, Path(name): Path<String>) -> AppResult<Json<Value>> {
     let resolved = resolve_alias(&state, &name);
     let alias = (resolved != name).then_some(resolved);

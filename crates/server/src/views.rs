@@ -207,6 +207,92 @@ pub struct MeView {
     pub auth_method: String,
 }
 
+/// The network mode of a sandbox.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkModeName {
+    /// Loopback only.
+    None,
+    /// Only the hosts of `allow` and `presets`, through the egress proxy.
+    Allowlist,
+    /// Any public host, through the egress proxy.
+    Open,
+}
+
+/// A network policy as callers send it: a mode (`"none"`, `"open"`), or an
+/// object. Private and loopback addresses are never reachable.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum NetworkPolicyReq {
+    /// A mode alone.
+    Mode(NetworkModeName),
+    /// A mode with an allowlist.
+    Policy(NetworkPolicyObject),
+}
+
+/// A network policy object. `allow` and `presets` need mode `allowlist`
+/// (the default when either is given).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct NetworkPolicyObject {
+    /// The mode; `allowlist` when `allow` or `presets` is given, else `none`.
+    pub mode: Option<NetworkModeName>,
+    /// Host rules: `pypi.org`, `*.example.com`, `example.com:443`.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Named rule sets, e.g. `package-index`.
+    #[serde(default)]
+    pub presets: Vec<String>,
+}
+
+/// The kinds of event of `exec/stream`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecStreamEventName {
+    /// `{"chunk": "..."}`: output.
+    Stdout,
+    /// `{"chunk": "..."}`: output, and runcell's notes on limits hit.
+    Stderr,
+    /// `{"exit_code", "oom_killed", "pids_limit"}`: the last event.
+    Exit,
+    /// `{"error": "..."}`: the last event (a timeout contains "timeout").
+    Error,
+}
+
+/// One server-sent event of `exec/stream`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ExecStreamEvent {
+    /// What the event is.
+    pub event: ExecStreamEventName,
+    /// A JSON object (see the event names).
+    #[schema(content_media_type = "application/json")]
+    pub data: String,
+}
+
+/// The kinds of event of a followed log.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LogEventName {
+    /// `{"line": "..."}`.
+    Line,
+}
+
+/// One server-sent event of `logs?follow=1`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LogEvent {
+    /// Always `line`.
+    pub event: LogEventName,
+    /// `{"line": "..."}`, JSON.
+    #[schema(content_media_type = "application/json")]
+    pub data: String,
+}
+
+/// Liveness.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct HealthView {
+    /// `ok`.
+    pub status: String,
+}
+
 /// Every error.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ErrorView {
