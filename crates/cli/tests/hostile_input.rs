@@ -330,6 +330,26 @@ async fn oversized_request_fields_are_a_413_naming_the_limit() {
         "cwd",
     )
     .await;
+    // Paths longer than PATH_MAX answered 500 ("File name too long").
+    let long = format!("/{}", "p".repeat(10_000));
+    for route in ["fs", "fs/stat", "fs/dir"] {
+        expect_error(
+            d.req(
+                Method::GET,
+                &format!("/v1/sandboxes/{id}/{route}?path={long}"),
+            ),
+            400,
+            "path must be a path between 1 and 4095 bytes",
+        )
+        .await;
+    }
+    expect_error(
+        d.req(Method::PUT, &format!("/v1/sandboxes/{id}/fs?path={long}"))
+            .body("x"),
+        400,
+        "path",
+    )
+    .await;
     expect_error(
         d.req(Method::POST, "/v1/sandboxes")
             .json(&json!({"env": {"BIG": "y".repeat(2 << 20)}})),

@@ -932,6 +932,7 @@ fn need_path(q: &PathQuery) -> AppResult<&str> {
 }
 
 fn absolute(p: &str) -> AppResult<&str> {
+    runcell_core::limits::check_path("path", p)?;
     if p.starts_with('/') {
         Ok(p)
     } else {
