@@ -330,6 +330,15 @@ async fn oversized_request_fields_are_a_413_naming_the_limit() {
         "cwd",
     )
     .await;
+    // An environment that would not fit any later exec is refused at create.
+    expect_error(
+        d.req(Method::POST, "/v1/sandboxes").json(
+            &json!({"env": {"A": "\u{1}".repeat(100 << 10), "B": "\u{1}".repeat(100 << 10)}}),
+        ),
+        413,
+        "env take",
+    )
+    .await;
     // Paths longer than PATH_MAX answered 500 ("File name too long").
     let long = format!("/{}", "p".repeat(10_000));
     for route in ["fs", "fs/stat", "fs/dir"] {

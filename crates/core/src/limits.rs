@@ -481,9 +481,10 @@ pub fn encoded_len(s: &str) -> usize {
         .sum::<usize>()
 }
 
-/// A run's command, environment and working directory fit one protocol
-/// frame once encoded.
+/// A run's command, environment and working directory (`fields` names the
+/// ones the request gave) fit one protocol frame once encoded.
 pub fn check_encoded(
+    fields: &'static str,
     cmd: &str,
     env: &std::collections::BTreeMap<String, String>,
     cwd: Option<&str>,
@@ -496,7 +497,7 @@ pub fn check_encoded(
         + cwd.map_or(0, encoded_len);
     if got > MAX_ENCODED_FIELDS {
         return Err(RequestError::TooLargeEncoded {
-            fields: "cmd, env and cwd",
+            fields,
             got,
             max: MAX_ENCODED_FIELDS,
             human: format_size(MAX_ENCODED_FIELDS as u64),

@@ -39,9 +39,13 @@ pub(crate) fn ttl(state: &AppState, secs: f64) -> Result<u64, ApiError> {
     Ok(bounds(state).ttl("ttl_seconds", secs)?)
 }
 
-/// Environment variables of a create, an exec or a session.
+/// Environment variables of a create or a session: each one a process can
+/// have, and all of them within one protocol frame once encoded (a stored
+/// environment that did not fit would fail every later exec).
 pub(crate) fn env(field: &'static str, env: &BTreeMap<String, String>) -> Result<(), ApiError> {
-    Ok(limits::check_env(field, env)?)
+    limits::check_env(field, env)?;
+    limits::check_encoded(field, "", env, None)?;
+    Ok(())
 }
 
 /// A run's command, its environment (the sandbox's and the request's) and
@@ -59,7 +63,7 @@ pub(crate) fn run(
     if let Some(c) = cwd {
         limits::check_path("cwd", c)?;
     }
-    limits::check_encoded(cmd, merged_env, cwd)?;
+    limits::check_encoded("cmd, env and cwd", cmd, merged_env, cwd)?;
     Ok(())
 }
 
