@@ -94,7 +94,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     if !(secs > 0.0 && secs.is_finite()) {
         return Err(format!("\"{s}\" must be a positive duration"));
     }
-    Ok(Duration::from_secs_f64(secs))
+    // Durations past u64 seconds (about 584 billion years) do not exist.
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("\"{s}\" is too long a duration"))
 }
 
 fn read_code(args: &RunArgs) -> Result<String, String> {
@@ -257,5 +258,8 @@ mod tests {
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
         assert!(parse_duration("0").is_err());
         assert!(parse_duration("soon").is_err());
+        // This panicked (Duration::from_secs_f64 on 1e30 seconds).
+        assert!(parse_duration(&format!("1{}", "0".repeat(30))).is_err());
+        assert!(parse_duration(&format!("1{}h", "0".repeat(20))).is_err());
     }
 }

@@ -138,7 +138,7 @@ async fn bad_input_gets_clear_errors() {
     expect_error(
         post("/v1/sandboxes", r#"{"ttl_seconds":-5}"#),
         400,
-        "non-negative",
+        "ttl_seconds must be a whole number between 0 and",
     )
     .await;
     expect_error(

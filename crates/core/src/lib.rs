@@ -24,7 +24,7 @@ pub mod build;
 mod client;
 mod context;
 pub mod egress;
-mod limits;
+pub mod limits;
 mod runtime;
 mod sandbox;
 mod template;

@@ -39,7 +39,7 @@ pub enum CodecError {
     #[error("The agent connection failed.")]
     Io(#[from] std::io::Error),
     /// A frame announced a size beyond the protocol limits.
-    #[error("A frame of {header} header bytes and {body} body bytes exceeds the protocol limits.")]
+    #[error("A frame of {header} header bytes and {body} body bytes exceeds the protocol limits ({} header bytes, {} body bytes).", MAX_HEADER, MAX_BODY)]
     TooLarge {
         /// Announced header length.
         header: usize,
@@ -180,5 +180,108 @@ mod tests {
         write_frame(&mut buf, &frame).await.unwrap();
         buf.truncate(buf.len() - 10);
         assert!(read_frame::<ServerMessage, _>(&mut &buf[..]).await.is_err());
+    }
+
+    /// Reads every frame `bytes` hold, as the agent and the daemon do.
+    fn read_all(bytes: &[u8]) -> Result<Vec<Frame<serde_json::Value>>, CodecError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut rd = bytes;
+            let mut out = Vec::new();
+            while let Some(f) = read_frame(&mut rd).await? {
+                out.push(f);
+            }
+            Ok(out)
+        })
+    }
+
+    fn write(frame: &Frame<(u64, String)>) -> (Result<(), CodecError>, Vec<u8>) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let mut buf = Vec::new();
+        let r = rt.block_on(write_frame(&mut buf, frame));
+        (r, buf)
+    }
+
+    /// Bytes that are mostly well-formed frames, with their lengths and
+    /// headers changed at random.
+    fn framed_noise() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::prelude::*;
+        (
+            any::<u32>(),
+            any::<u32>(),
+            prop::collection::vec(any::<u8>(), 0..64),
+        )
+            .prop_map(|(total, header, rest)| {
+                let mut v = (total % 4096).to_be_bytes().to_vec();
+                v.extend_from_slice(&(header % 4096).to_be_bytes());
+                v.extend_from_slice(&rest);
+                v
+            })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
+
+        /// Whatever comes over the socket, reading answers frames or an
+        /// error; it never panics.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)) {
+            let _ = read_all(&bytes);
+        }
+
+        #[test]
+        fn mangled_frames_never_panic(bytes in framed_noise()) {
+            let _ = read_all(&bytes);
+        }
+
+        /// Any header and body within the limits comes back unchanged,
+        /// also when several frames follow each other.
+        #[test]
+        fn frames_round_trip(
+            frames in proptest::collection::vec(
+                (proptest::prelude::any::<u64>(), "\\PC{0,40}|[\\x00-\\x7f]{0,40}", proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)),
+                1..4,
+            )
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let frames: Vec<Frame<(u64, String)>> = frames
+                .into_iter()
+                .map(|(id, text, body)| Frame::with_body((id, text), body))
+                .collect();
+            let mut buf = Vec::new();
+            for f in &frames {
+                rt.block_on(write_frame(&mut buf, f)).unwrap();
+            }
+            let back = rt.block_on(async {
+                let mut rd = &buf[..];
+                let mut out = Vec::new();
+                while let Some(f) = read_frame::<(u64, String), _>(&mut rd).await.unwrap() {
+                    out.push(f);
+                }
+                out
+            });
+            proptest::prop_assert_eq!(back, frames);
+        }
+    }
+
+    /// A frame over the limits is refused before anything is written, so
+    /// the connection stays usable.
+    #[test]
+    fn oversized_frames_write_nothing() {
+        for frame in [
+            Frame::new((1, "x".repeat(MAX_HEADER))),
+            Frame::new((1, "\u{1}".repeat(MAX_HEADER / 6 + 1))),
+            Frame::with_body((1, String::new()), vec![0; MAX_BODY + 1]),
+        ] {
+            let (r, buf) = write(&frame);
+            assert!(matches!(r, Err(CodecError::TooLarge { .. })), "{r:?}");
+            assert!(buf.is_empty());
+        }
+        let (r, _) = write(&Frame::with_body((1, String::new()), vec![0; MAX_BODY]));
+        assert!(r.is_ok(), "{r:?}");
     }
 }

@@ -76,6 +76,14 @@ impl From<runcell_core::Error> for ApiError {
                 };
                 ApiError::new(status, message.clone())
             }
+            // Whatever a request carried that did not fit one protocol frame
+            // (the checks in routes/validate.rs should catch it first).
+            Error::Agent(ClientError::Codec(runcell_protocol::CodecError::TooLarge { .. })) => {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("The request is too large for the sandbox agent: {e}"),
+                )
+            }
             Error::Agent(ClientError::Closed) => {
                 ApiError::new(StatusCode::CONFLICT, "The sandbox is no longer running.")
             }

@@ -76,6 +76,10 @@ pub(crate) async fn create(
         .unwrap_or("python")
         .parse()
         .map_err(|e: runcell_protocol::UnknownLanguage| ApiError::bad_request(e.to_string()))?;
+    crate::routes::validate::env("envs", &req.envs)?;
+    if let Some(cwd) = &req.cwd {
+        runcell_core::limits::check_path("cwd", cwd)?;
+    }
     state.touch(&e).await;
     let mut env = e.record.lock().expect("record lock").env.clone();
     env.extend(req.envs);
@@ -156,14 +160,18 @@ pub(crate) async fn restart(
 pub(crate) struct RunReq {
     /// The cell's source code.
     code: String,
-    /// Timeout in milliseconds; the sandbox's default when absent or not positive.
-    timeout_ms: Option<i64>,
+    /// Timeout in milliseconds; the sandbox's default when absent or not
+    /// positive; at most the daemon's `--max-exec-timeout`.
+    #[schema(value_type = Option<i64>)]
+    timeout_ms: Option<f64>,
 }
 
-fn cell_timeout(state: &AppState, e: &Entry, req: &RunReq) -> Duration {
+fn cell_timeout(state: &AppState, e: &Entry, req: &RunReq) -> AppResult<Duration> {
     match req.timeout_ms {
-        Some(ms) if ms > 0 => Duration::from_millis(ms as u64).min(state.config.max_exec_timeout),
-        _ => e.sandbox.limits().timeout,
+        Some(ms) if ms > 0.0 || ms.is_nan() => {
+            Ok(crate::routes::validate::bounds(state).timeout_ms("timeout_ms", ms)?)
+        }
+        _ => Ok(e.sandbox.limits().timeout),
     }
 }
 
@@ -179,7 +187,8 @@ pub(crate) async fn run(
     if req.code.trim().is_empty() {
         return Err(ApiError::bad_request("code required"));
     }
-    let timeout = cell_timeout(&state, &e, &req);
+    crate::routes::validate::code(&req.code)?;
+    let timeout = cell_timeout(&state, &e, &req)?;
     state.touch(&e).await;
     let started = std::time::Instant::now();
     let (mut stdout, mut stderr, mut results) = (Vec::new(), Vec::new(), Vec::new());

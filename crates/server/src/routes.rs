@@ -30,6 +30,8 @@ use crate::repl;
 use crate::state::{now_ms, AppState, Entry};
 use crate::views::*;
 
+pub(crate) mod validate;
+
 pub(crate) type AppResult<T> = Result<T, ApiError>;
 pub(crate) type St = State<Arc<AppState>>;
 
@@ -178,6 +180,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .nest("/v1", v1)
         .nest("/mcp", mcp)
+        .layer(validate::catch_panics())
         .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
         .fallback(no_route)
         .layer(axum::extract::DefaultBodyLimit::disable())
@@ -379,18 +382,26 @@ async fn me(Extension(ws): Extension<Workspace>) -> Json<MeView> {
 #[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct LimitsReq {
-    memory_mb: Option<u64>,
+    // Numbers are read as sent and checked against their ranges in
+    // `validate` (runcell_core::limits), so that a refusal names the field
+    // and its range.
+    #[schema(value_type = Option<u64>)]
+    memory_mb: Option<f64>,
     cpu: Option<f64>,
-    pids: Option<u64>,
-    disk_mb: Option<u64>,
+    #[schema(value_type = Option<u64>)]
+    pids: Option<f64>,
+    #[schema(value_type = Option<u64>)]
+    disk_mb: Option<f64>,
     timeout_seconds: Option<f64>,
-    output_bytes: Option<u64>,
+    #[schema(value_type = Option<u64>)]
+    output_bytes: Option<f64>,
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 struct CreateReq {
     template: Option<String>,
-    ttl_seconds: Option<i64>,
+    #[schema(value_type = Option<i64>)]
+    ttl_seconds: Option<f64>,
     persistent: Option<bool>,
     #[serde(default)]
     metadata: BTreeMap<String, String>,
@@ -492,16 +503,19 @@ async fn create(
         ));
     }
     let ttl = match req.ttl_seconds {
-        Some(t) if t < 0 => return Err(ApiError::bad_request("ttl_seconds must be non-negative")),
-        Some(t) => t as u64,
+        Some(t) => validate::ttl(&state, t)?,
         None => state.config.default_ttl_seconds,
     };
+    validate::env("env", &req.env)?;
     let requested = req.template.clone().unwrap_or_else(|| "host".into());
     let resolved = resolve_alias(&state, &requested);
     let template = state.runtime.template(&resolved).map_err(|_| {
         let mut installed =
             runcell_core::Template::installed(state.config.templates_dir.as_deref());
         installed.extend(state.config.aliases.keys().cloned());
+        // An installed template can share its name with an alias: name it once.
+        let mut seen = std::collections::HashSet::new();
+        installed.retain(|n| seen.insert(n.clone()));
         ApiError::bad_request(format!(
             "unknown template \"{requested}\"; installed templates: {}",
             installed.join(", ")
@@ -509,6 +523,7 @@ async fn create(
     })?;
     // The template's declared defaults, then what the request asks for.
     let limits = apply_limits(
+        &state,
         template.defaults.apply(state.config.default_limits),
         req.limits.unwrap_or_default(),
     )?;
@@ -625,47 +640,16 @@ fn retry_later(status: StatusCode, message: String, after_secs: u64) -> ApiError
     e
 }
 
-fn apply_limits(mut l: SandboxLimits, req: LimitsReq) -> AppResult<SandboxLimits> {
-    if let Some(m) = req.memory_mb {
-        if m < 16 {
-            return Err(ApiError::bad_request(
-                "limits.memory_mb must be at least 16.",
-            ));
-        }
-        l.memory_bytes = m << 20;
-    }
-    if let Some(c) = req.cpu {
-        if !(c > 0.0 && c <= 64.0) {
-            return Err(ApiError::bad_request(
-                "limits.cpu must be between 0 and 64 cores.",
-            ));
-        }
-        l.cpu_millis = (c * 1000.0).round() as u64;
-    }
-    if let Some(p) = req.pids {
-        if p < 8 {
-            return Err(ApiError::bad_request("limits.pids must be at least 8."));
-        }
-        l.pids = p;
-    }
-    if let Some(d) = req.disk_mb {
-        if d < 1 {
-            return Err(ApiError::bad_request("limits.disk_mb must be at least 1."));
-        }
-        l.disk_bytes = d << 20;
-    }
-    if let Some(t) = req.timeout_seconds {
-        if !(t > 0.0 && t.is_finite()) {
-            return Err(ApiError::bad_request(
-                "limits.timeout_seconds must be positive.",
-            ));
-        }
-        l.timeout = Duration::from_secs_f64(t);
-    }
-    if let Some(o) = req.output_bytes {
-        l.output_bytes = o;
-    }
-    Ok(l)
+fn apply_limits(state: &AppState, l: SandboxLimits, req: LimitsReq) -> AppResult<SandboxLimits> {
+    let asked = runcell_core::limits::LimitsRequest {
+        memory_mb: req.memory_mb,
+        cpu: req.cpu,
+        pids: req.pids,
+        disk_mb: req.disk_mb,
+        timeout_seconds: req.timeout_seconds,
+        output_bytes: req.output_bytes,
+    };
+    Ok(validate::bounds(state).apply(l, &asked)?)
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", operation_id = "listSandboxes", params(("metadata.KEY" = Option<String>, Query, description = "Only sandboxes whose metadata KEY equals the value; several are ANDed")),
@@ -803,14 +787,12 @@ fn run_options(state: &AppState, e: &Entry, req: &ExecReq) -> AppResult<RunOptio
         return Err(ApiError::bad_request("cmd required"));
     }
     let timeout = match req.timeout_seconds {
-        Some(t) if !(t > 0.0 && t.is_finite()) => {
-            return Err(ApiError::bad_request("timeout_seconds must be positive."))
-        }
-        Some(t) => Duration::from_secs_f64(t).min(state.config.max_exec_timeout),
+        Some(t) => validate::bounds(state).timeout("timeout_seconds", t)?,
         None => e.sandbox.limits().timeout,
     };
     let mut env = e.record.lock().expect("record lock").env.clone();
     env.extend(req.env.clone());
+    validate::run(&req.cmd, &req.env, &env, req.cwd.as_deref())?;
     Ok(RunOptions {
         env,
         cwd: req.cwd.clone(),
@@ -1013,6 +995,7 @@ fn need_path(q: &PathQuery) -> AppResult<&str> {
 }
 
 fn absolute(p: &str) -> AppResult<&str> {
+    runcell_core::limits::check_path("path", p)?;
     if p.starts_with('/') {
         Ok(p)
     } else {
@@ -1213,7 +1196,8 @@ async fn lifecycle(
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct LifecycleReq {
-    ttl_seconds: Option<i64>,
+    #[schema(value_type = Option<i64>)]
+    ttl_seconds: Option<f64>,
     persistent: Option<bool>,
 }
 
@@ -1226,13 +1210,14 @@ async fn set_lifecycle(
     JsonBody(req): JsonBody<LifecycleReq>,
 ) -> AppResult<Json<Value>> {
     let e = find(&state, &ws, &id)?;
-    if matches!(req.ttl_seconds, Some(t) if t < 0) {
-        return Err(ApiError::bad_request("ttl_seconds must be non-negative"));
-    }
+    let ttl = req
+        .ttl_seconds
+        .map(|t| validate::ttl(&state, t))
+        .transpose()?;
     let (record, deadline) = {
         let mut r = e.record.lock().expect("record lock");
-        if let Some(t) = req.ttl_seconds {
-            r.ttl_seconds = t as u64;
+        if let Some(t) = ttl {
+            r.ttl_seconds = t;
         }
         if let Some(p) = req.persistent {
             r.persistent = p;

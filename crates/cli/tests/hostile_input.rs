@@ -1,0 +1,423 @@
+//! `runcell serve` under hostile request input (issue 10): every number, name
+//! and size a request carries is checked at the edge into a 4xx that names
+//! the field and its range, and nothing a request carries takes the daemon
+//! down. Needs root.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+/// The daemon still answers, and still runs code.
+async fn still_serving(d: &Daemon) {
+    let r = reqwest::get(format!("{}/healthz", d.url))
+        .await
+        .expect("the daemon must still be listening");
+    assert_eq!(r.status(), 200);
+}
+
+async fn sandboxes(d: &Daemon) -> Vec<Value> {
+    d.req(Method::GET, "/v1/sandboxes")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Asserts that a create with `body` is refused with `status` and an error
+/// naming every one of `words`, that nothing was made, and that the daemon
+/// is still up.
+async fn refused_create(d: &Daemon, body: Value, status: u16, words: &[&str]) {
+    let r = d
+        .req(Method::POST, "/v1/sandboxes")
+        .json(&body)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{body}: the daemon did not answer: {e}"));
+    let got = r.status().as_u16();
+    let answer: Value = r.json().await.unwrap_or(Value::Null);
+    if got == 201 {
+        // Do not leave it behind.
+        let id = answer["id"].as_str().unwrap_or_default();
+        let _ = d
+            .req(Method::DELETE, &format!("/v1/sandboxes/{id}"))
+            .send()
+            .await;
+    }
+    assert_eq!(got, status, "{body} was answered {got} {answer}");
+    let msg = answer["error"].as_str().unwrap_or_default();
+    for w in words {
+        assert!(
+            msg.contains(w),
+            "{body}: the error {msg:?} does not name {w:?}"
+        );
+    }
+    still_serving(d).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn out_of_range_create_numbers_are_a_400_naming_field_and_range() {
+    let data = data_dir("hostile-create");
+    let d = Daemon::start(
+        &data,
+        free_port(),
+        &["--max-exec-timeout", "120s", "--max-lifetime", "2h"],
+    );
+    let cases: Vec<(Value, &[&str])> = vec![
+        // Defect 1: this aborted the daemon.
+        (
+            json!({"limits": {"timeout_seconds": 1e20}}),
+            &["limits.timeout_seconds", "120"],
+        ),
+        // 12: this bypassed --max-exec-timeout.
+        (
+            json!({"limits": {"timeout_seconds": 1e19}}),
+            &["limits.timeout_seconds", "120"],
+        ),
+        (
+            json!({"limits": {"timeout_seconds": 121}}),
+            &["limits.timeout_seconds", "120"],
+        ),
+        (
+            json!({"limits": {"timeout_seconds": 0}}),
+            &["limits.timeout_seconds"],
+        ),
+        (
+            json!({"limits": {"timeout_seconds": -5}}),
+            &["limits.timeout_seconds"],
+        ),
+        // Defect 9.
+        (
+            json!({"limits": {"pids": 1_099_511_627_776u64}}),
+            &["limits.pids", "32768"],
+        ),
+        (json!({"limits": {"pids": 2}}), &["limits.pids", "8"]),
+        (json!({"limits": {"pids": 8.5}}), &["limits.pids"]),
+        (
+            json!({"limits": {"memory_mb": u64::MAX}}),
+            &["limits.memory_mb", "16"],
+        ),
+        (
+            json!({"limits": {"memory_mb": 1e20}}),
+            &["limits.memory_mb"],
+        ),
+        (
+            json!({"limits": {"memory_mb": 17_592_186_044_416u64}}),
+            &["limits.memory_mb"],
+        ),
+        (
+            json!({"limits": {"disk_mb": 17_592_186_044_416u64}}),
+            &["limits.disk_mb"],
+        ),
+        (json!({"limits": {"disk_mb": 0}}), &["limits.disk_mb"]),
+        (json!({"limits": {"cpu": 0.0001}}), &["limits.cpu", "0.01"]),
+        (json!({"limits": {"cpu": 1e300}}), &["limits.cpu"]),
+        (json!({"limits": {"cpu": -1}}), &["limits.cpu"]),
+        (
+            json!({"limits": {"output_bytes": 4_000_000_000u64}}),
+            &["limits.output_bytes"],
+        ),
+        (
+            json!({"limits": {"output_bytes": -1}}),
+            &["limits.output_bytes"],
+        ),
+        // Defect 5: this was accepted and the sandbox reaped within 0.5 s.
+        (
+            json!({"ttl_seconds": 9_223_372_036_854_776u64}),
+            &["ttl_seconds", "7200"],
+        ),
+        (json!({"ttl_seconds": 7201}), &["ttl_seconds", "7200"]),
+        (json!({"ttl_seconds": -1}), &["ttl_seconds"]),
+        (json!({"ttl_seconds": 1e30}), &["ttl_seconds"]),
+    ];
+    for (body, words) in cases {
+        refused_create(&d, body, 400, words).await;
+    }
+    assert!(
+        sandboxes(&d).await.is_empty(),
+        "a refused create made a sandbox"
+    );
+    // The edges of the ranges are accepted.
+    let ok = d
+        .create(json!({"ttl_seconds": 7200, "limits": {"timeout_seconds": 120, "cpu": 0.01, "pids": 8, "memory_mb": 64, "disk_mb": 1}}))
+        .await;
+    let got: Value = d
+        .req(Method::GET, &format!("/v1/sandboxes/{ok}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got["limits"]["timeout_seconds"], json!(120.0), "{got}");
+    assert_eq!(got["limits"]["cpu"], json!(0.01), "{got}");
+    assert_eq!(got["limits"]["pids"], json!(8), "{got}");
+    let (s, out) = d.exec(&ok, "echo alive").await;
+    assert_eq!((s, out["stdout"].as_str()), (200, Some("alive\n")), "{out}");
+    d.delete_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn out_of_range_exec_and_cell_timeouts_are_a_400_and_the_daemon_lives() {
+    let data = data_dir("hostile-exec");
+    let d = Daemon::start(&data, free_port(), &["--max-exec-timeout", "120s"]);
+    let id = d.create(json!({})).await;
+    for path in ["exec", "exec/stream"] {
+        for t in [json!(1e20), json!(1e19), json!(121), json!(0), json!(-1)] {
+            let body = json!({"cmd": "echo hi", "timeout_seconds": t});
+            expect_error(
+                d.req(Method::POST, &format!("/v1/sandboxes/{id}/{path}"))
+                    .json(&body),
+                400,
+                "timeout_seconds",
+            )
+            .await;
+            still_serving(&d).await;
+        }
+    }
+    // A cell's timeout in milliseconds, the same promise.
+    let r = d
+        .req(Method::POST, &format!("/v1/sandboxes/{id}/repl/sessions"))
+        .json(&json!({"language": "bash"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let sid = r.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for ms in [
+        json!(9_000_000_000_000_000_000u64),
+        json!(120_001),
+        json!(1e300),
+    ] {
+        expect_error(
+            d.req(
+                Method::POST,
+                &format!("/v1/sandboxes/{id}/repl/sessions/{sid}/run"),
+            )
+            .json(&json!({"code": "echo hi", "timeout_ms": ms})),
+            400,
+            "timeout_ms",
+        )
+        .await;
+    }
+    // Valid values at the edge still run.
+    let r = d
+        .req(Method::POST, &format!("/v1/sandboxes/{id}/exec"))
+        .json(&json!({"cmd": "echo ok", "timeout_seconds": 120}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["stdout"], "ok\n");
+    d.delete_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lifecycle_ttl_out_of_range_is_a_400_and_the_sandbox_is_not_reaped() {
+    let data = data_dir("hostile-ttl");
+    let d = Daemon::start(&data, free_port(), &["--max-lifetime", "2h"]);
+    let id = d.create(json!({"ttl_seconds": 600})).await;
+    let patch = |body: Value| {
+        d.req(Method::PATCH, &format!("/v1/sandboxes/{id}/lifecycle"))
+            .json(&body)
+    };
+    for t in [
+        json!(9_223_372_036_854_776u64),
+        json!(9_223_372_036_854_775_807i64),
+        json!(7201),
+        json!(-1),
+        json!(1e30),
+    ] {
+        expect_error(patch(json!({"ttl_seconds": t})), 400, "ttl_seconds").await;
+    }
+    // The wrapped deadline reaped it within half a second: wait longer.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let r = d
+        .req(Method::GET, &format!("/v1/sandboxes/{id}/lifecycle"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "the sandbox was reaped");
+    assert_eq!(r.json::<Value>().await.unwrap()["ttl_seconds"], 600);
+    let (s, _) = d.exec(&id, "true").await;
+    assert_eq!(s, 200);
+    // The largest allowed value is taken.
+    let r = patch(json!({"ttl_seconds": 7200})).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    d.delete_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn invalid_environment_is_refused_at_create_and_exec_naming_the_variable() {
+    let data = data_dir("hostile-env");
+    let d = Daemon::start(&data, free_port(), &[]);
+    for (env, words) in [
+        (json!({"SECRET": "a\u{0}b"}), &["env", "SECRET"][..]),
+        (json!({"BAD\u{0}KEY": "x"}), &["env", "BAD"][..]),
+        (json!({"A=B": "x"}), &["env", "A=B"][..]),
+        (json!({"": "x"}), &["env", "empty"][..]),
+    ] {
+        refused_create(&d, json!({"env": env}), 400, words).await;
+    }
+    assert!(sandboxes(&d).await.is_empty());
+    let id = d.create(json!({"env": {"GOOD": "1"}})).await;
+    for path in ["exec", "exec/stream"] {
+        expect_error(
+            d.req(Method::POST, &format!("/v1/sandboxes/{id}/{path}"))
+                .json(&json!({"cmd": "true", "env": {"X": "1\u{0}"}})),
+            400,
+            "X",
+        )
+        .await;
+    }
+    expect_error(
+        d.req(Method::POST, &format!("/v1/sandboxes/{id}/repl/sessions"))
+            .json(&json!({"language": "bash", "envs": {"K=V": "1"}})),
+        400,
+        "K=V",
+    )
+    .await;
+    // The sandbox is untouched and usable.
+    let (s, out) = d.exec(&id, "echo $GOOD").await;
+    assert_eq!((s, out["stdout"].as_str()), (200, Some("1\n")), "{out}");
+    d.delete_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn oversized_request_fields_are_a_413_naming_the_limit() {
+    let data = data_dir("hostile-size");
+    let d = Daemon::start(&data, free_port(), &[]);
+    let id = d.create(json!({})).await;
+    let exec = |body: Value| {
+        d.req(Method::POST, &format!("/v1/sandboxes/{id}/exec"))
+            .json(&body)
+    };
+    // A 10 MB command answered 500 with a protocol-frame message.
+    let big = "x".repeat(10 << 20);
+    expect_error(exec(json!({"cmd": big})), 413, "cmd").await;
+    expect_error(exec(json!({"cmd": big})), 413, "128 KiB").await;
+    // Control characters grow sixfold when encoded for the agent: fields
+    // each under their own limit can still not fit one protocol frame.
+    let ctl = "\u{1}".repeat(100 << 10);
+    expect_error(
+        exec(json!({"cmd": format!("true {ctl}"), "env": {"C": ctl}})),
+        413,
+        "encoded",
+    )
+    .await;
+    // Other header fields: environment and working directory.
+    expect_error(
+        exec(json!({"cmd": "true", "env": {"BIG": "y".repeat(2 << 20)}})),
+        413,
+        "env",
+    )
+    .await;
+    let many: serde_json::Map<String, Value> = (0..40)
+        .map(|i| (format!("V{i}"), Value::from("z".repeat(100 << 10))))
+        .collect();
+    expect_error(exec(json!({"cmd": "true", "env": many})), 413, "env").await;
+    expect_error(
+        exec(json!({"cmd": "true", "cwd": format!("/{}", "d".repeat(8192))})),
+        400,
+        "cwd",
+    )
+    .await;
+    // An environment that would not fit any later exec is refused at create.
+    expect_error(
+        d.req(Method::POST, "/v1/sandboxes").json(
+            &json!({"env": {"A": "\u{1}".repeat(100 << 10), "B": "\u{1}".repeat(100 << 10)}}),
+        ),
+        413,
+        "env take",
+    )
+    .await;
+    // Paths longer than PATH_MAX answered 500 ("File name too long").
+    let long = format!("/{}", "p".repeat(10_000));
+    for route in ["fs", "fs/stat", "fs/dir"] {
+        expect_error(
+            d.req(
+                Method::GET,
+                &format!("/v1/sandboxes/{id}/{route}?path={long}"),
+            ),
+            400,
+            "path must be a path between 1 and 4095 bytes",
+        )
+        .await;
+    }
+    expect_error(
+        d.req(Method::PUT, &format!("/v1/sandboxes/{id}/fs?path={long}"))
+            .body("x"),
+        400,
+        "path",
+    )
+    .await;
+    expect_error(
+        d.req(Method::POST, "/v1/sandboxes")
+            .json(&json!({"env": {"BIG": "y".repeat(2 << 20)}})),
+        413,
+        "env",
+    )
+    .await;
+    // A cell's code goes in a frame body (8 MiB at most).
+    let r = d
+        .req(Method::POST, &format!("/v1/sandboxes/{id}/repl/sessions"))
+        .json(&json!({"language": "bash"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let sid = r.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    expect_error(
+        d.req(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/repl/sessions/{sid}/run"),
+        )
+        .json(&json!({"code": format!("# {}", "c".repeat(9 << 20))})),
+        413,
+        "code",
+    )
+    .await;
+    still_serving(&d).await;
+    let (s, out) = d.exec(&id, "echo fine").await;
+    assert_eq!((s, out["stdout"].as_str()), (200, Some("fine\n")), "{out}");
+    d.delete_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_template_error_lists_each_template_once() {
+    let data = data_dir("hostile-template");
+    // An installed template named like the built-in alias.
+    let t = data.join("templates/code-interpreter");
+    std::fs::create_dir_all(&t).unwrap();
+    std::fs::write(t.join("template.json"), "{}").unwrap();
+    let d = Daemon::start(&data, free_port(), &[]);
+    let r = d
+        .req(Method::POST, "/v1/sandboxes")
+        .json(&json!({"template": "no-such-template"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let msg = r.json::<Value>().await.unwrap()["error"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let list = msg.split("installed templates: ").nth(1).unwrap();
+    let names: Vec<&str> = list.split(", ").collect();
+    let mut unique = names.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(names.len(), unique.len(), "{msg}");
+    assert!(names.contains(&"code-interpreter"), "{msg}");
+}
