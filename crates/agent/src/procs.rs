@@ -79,6 +79,20 @@ pub async fn kill_tree(root: i32) {
     }
 }
 
+/// The first child listed for `pid` (its oldest live child).
+pub fn first_child(pid: i32) -> Option<i32> {
+    let list = fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+    list.split_whitespace().next()?.parse().ok()
+}
+
+/// Whether `pid` has exited and waits to be reaped.
+pub fn is_zombie(pid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| Some(s[s.rfind(')')? + 2..].starts_with('Z')))
+        .unwrap_or(true)
+}
+
 /// Sends `signal` to the process group of `root`.
 pub fn signal_group(root: i32, signal: Signal) {
     let _ = kill(Pid::from_raw(-root), signal);

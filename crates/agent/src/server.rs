@@ -41,8 +41,8 @@ pub struct Agent {
     pub reaper: Reaper,
     started: Instant,
     deadline: watch::Sender<Option<u64>>,
-    /// Pids of running execs, by (connection, request id).
-    pub running: Mutex<HashMap<(u64, u64), i32>>,
+    /// Running execs, by (connection, request id).
+    pub running: Mutex<HashMap<(u64, u64), exec::Running>>,
     /// Code contexts.
     pub contexts: context::Contexts,
     /// The egress proxy listener.
@@ -214,18 +214,18 @@ async fn handle(
             exec::exec(&agent, conn, id, exec::What::Code(req), body, &out).await
         }
         Request::Signal { exec_id, signal } => {
-            let pid = agent
+            let running = agent
                 .running
                 .lock()
                 .expect("running lock")
                 .get(&(conn, exec_id))
                 .copied();
-            match (pid, nix::sys::signal::Signal::try_from(signal)) {
-                (Some(pid), Ok(sig)) => {
+            match (running, nix::sys::signal::Signal::try_from(signal)) {
+                (Some(r), Ok(sig)) => {
                     if sig == nix::sys::signal::Signal::SIGKILL {
-                        procs::kill_tree(pid).await;
+                        exec::kill_exec(r.supervisor).await;
                     } else {
-                        procs::signal_group(pid, sig);
+                        procs::signal_group(r.command, sig);
                     }
                     send(&out, id, Event::Done, Vec::new()).await;
                 }

@@ -252,6 +252,7 @@ pub async fn exec(args: ExecArgs) -> u8 {
         timeout: args.timeout,
         env: args.env.into_iter().collect(),
         cwd: args.cwd,
+        background: false,
     };
     let json = args.conn.json;
     outcome(async move {

@@ -34,6 +34,9 @@ pub struct RunOptions {
     /// Run as this user instead of the sandbox user (exec only). Only the
     /// template builder sets it; no API request can.
     pub user: Option<ExecUser>,
+    /// Keep the processes the command leaves behind running after it returns
+    /// (exec only). By default they are all killed when the command exits.
+    pub background: bool,
 }
 
 /// How a run ended, with the limits it hit.
@@ -240,6 +243,7 @@ impl Sandbox {
             timeout_ms: Some(timeout.as_millis() as u64),
             output_limit: self.limits.output_bytes,
             user: opts.user.clone(),
+            background: opts.background,
         });
         self.stream(req, opts.stdin.clone(), timeout, on_output)
             .await

@@ -706,3 +706,187 @@ pub fn place_fds(fds: &[std::os::fd::RawFd]) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Signals the exec supervisor waits for: its children's exits, and SIGTERM
+/// from the agent, which means "kill everything this exec started now".
+fn supervisor_signals() -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset only write to the local set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        set
+    }
+}
+
+/// Turns a freshly forked child (in `pre_exec`) into the supervisor of one
+/// exec, and returns `Ok` only in the process that goes on to exec the
+/// user's command (after [`drop_privileges`]).
+///
+/// The supervisor stays root of the sandbox (so the sandbox user cannot
+/// signal it), marks itself a child subreaper and forks the command. Every
+/// process the command starts is therefore its descendant until it exits,
+/// whatever it does to detach: orphans (`cmd &` of an exited shell,
+/// `nohup`, `setsid`, double forks) are re-parented to the supervisor, not
+/// to the agent. When the command exits, the supervisor kills every process
+/// left (unless `keep_background`), reaps them, and exits with the
+/// command's status: the same code, or killed by the same signal. SIGTERM
+/// from the agent (a timeout or a kill request) makes it kill everything at
+/// once. It closes every descriptor it inherited, so it holds none of the
+/// command's pipes and none of the agent's sockets.
+///
+/// Only async-signal-safe calls are made (it runs between fork and exec of
+/// a possibly multi-threaded agent); it never allocates.
+pub fn supervise_exec(uid: u32, gid: u32, keep_background: bool) -> io::Result<()> {
+    let set = supervisor_signals();
+    // SAFETY: plain syscalls on scalars and the local signal sets; no memory
+    // is allocated. fork(2) in this (single-threaded) child is safe.
+    unsafe {
+        if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // Blocked before fork so no exit is missed; the command gets the
+        // empty mask std set up for it back.
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        if libc::sigprocmask(libc::SIG_BLOCK, &set, &mut old) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let main = libc::fork();
+        if main < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if main == 0 {
+            libc::sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+            return drop_privileges(uid, gid);
+        }
+        // Hold nothing of the agent's or of the command's stdio: the command's
+        // pipes must close when the last process of the exec is gone, and
+        // std's exec-error pipe must close so the agent's spawn returns.
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        if null >= 0 {
+            for fd in 0..3 {
+                libc::dup2(null, fd);
+            }
+        }
+        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+        let status = supervise(main, &set, keep_background);
+        exit_like(status)
+    }
+}
+
+/// The supervisor's loop; returns the command's wait status.
+fn supervise(main: libc::pid_t, set: &libc::sigset_t, keep_background: bool) -> libc::c_int {
+    let mut main_status: Option<libc::c_int> = None;
+    let mut killing = false;
+    loop {
+        let mut no_children = false;
+        loop {
+            let mut st: libc::c_int = 0;
+            // SAFETY: waitpid writes only to the local status.
+            let r = unsafe { libc::waitpid(-1, &mut st, libc::WNOHANG) };
+            if r > 0 {
+                if r == main {
+                    main_status = Some(st);
+                }
+                continue;
+            }
+            if r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) {
+                no_children = true;
+            }
+            break;
+        }
+        if let Some(st) = main_status {
+            if no_children || (keep_background && !killing) {
+                return st;
+            }
+            killing = true;
+        } else if no_children {
+            // Cannot happen (the command is our child until reaped); exit 1.
+            return 1 << 8;
+        }
+        if killing {
+            kill_children();
+        }
+        let tick = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 2_000_000,
+        };
+        // SAFETY: waits for a blocked signal; writes nothing (null info).
+        let sig = unsafe {
+            if killing {
+                libc::sigtimedwait(set, std::ptr::null_mut(), &tick)
+            } else {
+                libc::sigwaitinfo(set, std::ptr::null_mut())
+            }
+        };
+        if sig == libc::SIGTERM {
+            killing = true;
+        }
+    }
+}
+
+/// SIGKILLs every direct child of the calling (single-threaded) process, as
+/// listed in /proc/thread-self/children. Their own children are re-parented
+/// to us when they die, and killed on the next round.
+fn kill_children() {
+    // SAFETY: open/read/close on a local buffer, kill(2) on parsed pids.
+    unsafe {
+        let fd = libc::open(
+            c"/proc/thread-self/children".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        );
+        if fd < 0 {
+            return;
+        }
+        let mut buf = [0u8; 4096];
+        let mut pid: libc::pid_t = 0;
+        loop {
+            let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+            if n <= 0 {
+                break;
+            }
+            for &b in &buf[..n as usize] {
+                if b.is_ascii_digit() {
+                    pid = pid
+                        .saturating_mul(10)
+                        .saturating_add((b - b'0') as libc::pid_t);
+                } else {
+                    if pid > 0 {
+                        libc::kill(pid, libc::SIGKILL);
+                    }
+                    pid = 0;
+                }
+            }
+        }
+        if pid > 0 {
+            libc::kill(pid, libc::SIGKILL);
+        }
+        libc::close(fd);
+    }
+}
+
+/// Exits with the same wait status as `status`: the same code, or killed by
+/// the same signal (the supervisor is non-dumpable, so that dumps no core).
+fn exit_like(status: libc::c_int) -> ! {
+    if libc::WIFSIGNALED(status) {
+        let sig = libc::WTERMSIG(status);
+        // SAFETY: resets one disposition, unblocks every signal and sends
+        // `sig` to ourselves; nothing touches memory but the local set.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+            libc::kill(libc::getpid(), sig);
+            libc::_exit(128 + sig)
+        }
+    }
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        1
+    };
+    // SAFETY: _exit(2) ends the process without running any Rust code.
+    unsafe { libc::_exit(code) }
+}

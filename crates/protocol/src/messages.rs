@@ -60,6 +60,12 @@ pub struct ExecRequest {
     /// as the recipe's `USER`); the API never does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<ExecUser>,
+    /// Keep the processes the command leaves behind (`cmd &`, daemons)
+    /// running after it returns. By default every process the exec started,
+    /// however it detached (background jobs, `nohup`, `setsid`, double
+    /// forks), is killed when the command itself exits.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub background: bool,
 }
 
 /// A user other than the sandbox user, for [`ExecRequest::user`].
