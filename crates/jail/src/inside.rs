@@ -6,6 +6,7 @@
 //!
 //! * a tmpfs of `disk_bytes` holds everything writable: the root directory
 //!   itself (host template) or the overlay's upper layer (directory template);
+//!   its number of files is capped too ([`inode_limit`]);
 //! * template directories are overlaid read-only below it, so writes go to
 //!   the tmpfs and never reach the template or the host;
 //! * fresh `/proc` (with sensitive files masked), a minimal `/dev` of bind-mounted
@@ -132,7 +133,14 @@ fn build(spec: &InitSpec) -> Result<(), SetupError> {
         stage,
         Some("tmpfs"),
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some(format!("size={},mode=0755", spec.disk_bytes.max(1 << 20)).as_str()),
+        Some(
+            format!(
+                "size={},nr_inodes={},mode=0755",
+                spec.disk_bytes.max(1 << 20),
+                inode_limit(spec.disk_bytes)
+            )
+            .as_str(),
+        ),
     )
     .map_err(step("mounting the writable layer"))?;
     let root = stage.join("root");
@@ -195,6 +203,18 @@ fn build(spec: &InitSpec) -> Result<(), SetupError> {
         "sandbox filesystem built"
     );
     Ok(())
+}
+
+/// Bytes of disk per file the writable layer may hold (ext4's default
+/// ratio is one inode per 16 KiB; small files are common in sandboxes).
+const BYTES_PER_INODE: u64 = 4096;
+
+/// The number of files (inodes) the writable layer may hold. Every inode of
+/// a tmpfs lives in memory whatever its size, so without a cap a million
+/// empty files exhaust the sandbox's memory while `df` shows almost nothing
+/// used; proportional to the disk size, it keeps their memory well below it.
+pub fn inode_limit(disk_bytes: u64) -> u64 {
+    (disk_bytes / BYTES_PER_INODE).max(1024)
 }
 
 fn mkdir(path: &Path, mode: u32) -> Result<(), SetupError> {
