@@ -8,8 +8,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use runcell_jail::inside::Bootstrap;
 use runcell_jail::InitSpec;
 use runcell_protocol::{
-    read_frame, write_frame, AgentStats, ClientMessage, ErrorKind, Event, Frame, Request,
-    ServerMessage, PROTOCOL_VERSION,
+    read_frame, write_frame, AgentStats, ClientMessage, CodecError, ErrorKind, Event, Frame,
+    Request, ServerMessage, PROTOCOL_VERSION,
 };
 use tokio::io::AsyncReadExt;
 use tokio::net::{UnixListener, UnixStream};
@@ -160,9 +160,29 @@ async fn connection(agent: Arc<Agent>, conn: u64, stream: UnixStream) {
     let (tx, mut rx) = mpsc::channel::<Frame<ServerMessage>>(64);
     let writer = tokio::spawn(async move {
         while let Some(frame) = rx.recv().await {
-            if let Err(e) = write_frame(&mut wr, &frame).await {
-                tracing::debug!("connection {conn} write failed: {e}");
-                return;
+            match write_frame(&mut wr, &frame).await {
+                Ok(()) => {}
+                // Nothing was written: answer that request with an error and
+                // keep the connection (and every other request on it).
+                Err(e @ (CodecError::TooLarge { .. } | CodecError::Encode(_))) => {
+                    let reply = Frame::new(ServerMessage {
+                        id: frame.header.id,
+                        event: Event::Error {
+                            kind: ErrorKind::TooLarge,
+                            message: format!(
+                                "The reply is too large to send: {e} (a directory with too many entries?)"
+                            ),
+                        },
+                    });
+                    if let Err(e) = write_frame(&mut wr, &reply).await {
+                        tracing::debug!("connection {conn} write failed: {e}");
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!("connection {conn} write failed: {e}");
+                    return;
+                }
             }
         }
     });
@@ -253,7 +273,7 @@ async fn handle(
             files::read(&agent, id, &path, max_bytes, &out).await
         }
         Request::WriteFile { path, append, mode } => {
-            files::write(&agent, id, &path, append, mode, &body, &out).await
+            files::write(&agent, id, &path, append, mode, body, &out).await
         }
         Request::ListDir { path } => files::list(&agent, id, &path, &out).await,
         Request::Stat { path } => files::stat(&agent, id, &path, &out).await,
