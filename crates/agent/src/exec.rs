@@ -245,7 +245,7 @@ async fn run(agent: &Agent, conn: u64, id: u64, plan: Plan, out: &Outbox) {
     let pump_err = tokio::spawn(pump(stderr, limit, out.clone(), id, Event::Stderr, stop_rx));
 
     let timeout = plan.timeout_ms.map(Duration::from_millis);
-    let (exit, timed_out) = wait(supervisor, exited, timeout).await;
+    let (exit, timed_out) = wait(agent, supervisor, exited, timeout).await;
     // Let the pumps read what is buffered, then stop them even if a background
     // process keeps the pipes open.
     let stop = tokio::spawn(async move {
@@ -266,7 +266,13 @@ async fn run(agent: &Agent, conn: u64, id: u64, plan: Plan, out: &Outbox) {
         Some(Exit::Signal(s)) => (None, Some(s)),
         None => (None, None),
     };
+    let (disk_full, files_full) = match nix::sys::statvfs::statvfs("/") {
+        Ok(s) => (s.blocks_available() == 0, s.files_available() == 0),
+        Err(_) => (false, false),
+    };
     let info = ExitInfo {
+        disk_full,
+        files_full,
         exit_code,
         signal,
         timed_out,
@@ -280,6 +286,7 @@ async fn run(agent: &Agent, conn: u64, id: u64, plan: Plan, out: &Outbox) {
 }
 
 async fn wait(
+    agent: &Agent,
     supervisor: i32,
     mut exited: oneshot::Receiver<Exit>,
     timeout: Option<Duration>,
@@ -293,7 +300,7 @@ async fn wait(
     tokio::select! {
         e = &mut exited => (e.ok(), false),
         _ = sleep => {
-            kill_exec(supervisor).await;
+            kill_exec(agent, supervisor).await;
             (exited.await.ok(), true)
         }
     }
@@ -316,19 +323,22 @@ const KILL_GRACE: Duration = Duration::from_secs(5);
 /// Kills every process of an exec: SIGTERM asks its supervisor to SIGKILL
 /// them all and exit; should it not be gone after [`KILL_GRACE`], the agent
 /// kills what it can find of the tree.
-pub async fn kill_exec(supervisor: i32) {
+pub async fn kill_exec(agent: &Agent, supervisor: i32) {
     use nix::sys::signal::{kill, Signal};
+    // Only while it is unreaped does the number still name the supervisor.
+    if !agent.reaper.is_waiting(supervisor) {
+        return;
+    }
     let pid = nix::unistd::Pid::from_raw(supervisor);
     if kill(pid, Signal::SIGTERM).is_err() {
         return;
     }
     let deadline = Instant::now() + KILL_GRACE;
     while Instant::now() < deadline {
-        // Signal 0: is it still there (it is our child until reaped)?
-        if kill(pid, None).is_err() || procs::is_zombie(supervisor) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        if !agent.reaper.is_waiting(supervisor) || procs::is_zombie(supervisor) {
             return;
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     tracing::warn!("exec supervisor {supervisor} did not stop; killing its tree");
     procs::kill_tree(supervisor).await;

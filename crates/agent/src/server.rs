@@ -243,7 +243,7 @@ async fn handle(
             match (running, nix::sys::signal::Signal::try_from(signal)) {
                 (Some(r), Ok(sig)) => {
                     if sig == nix::sys::signal::Signal::SIGKILL {
-                        exec::kill_exec(r.supervisor).await;
+                        exec::kill_exec(&agent, r.supervisor).await;
                     } else {
                         procs::signal_group(r.command, sig);
                     }

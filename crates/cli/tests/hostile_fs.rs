@@ -251,6 +251,8 @@ async fn the_number_of_files_is_capped_and_the_sandbox_recovers() {
     let made: u64 = out.split_whitespace().next().unwrap().parse().unwrap();
     assert!((30_000..33_000).contains(&made), "{made} files made: {v}");
     assert_eq!(v["oom_killed"], false, "{v}");
+    let messages = v["messages"].to_string();
+    assert!(messages.contains("as many files as its disk allows"), "{v}");
     // The files API says so too, by status.
     let (status, body, _) = fs(&d, Method::PUT, "fs", &id, "/tmp/one-more").await;
     assert_eq!(status, 507, "{body}");

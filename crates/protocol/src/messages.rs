@@ -340,6 +340,13 @@ pub struct ExitInfo {
     pub stdout_truncated: bool,
     /// Stderr was cut at the output limit.
     pub stderr_truncated: bool,
+    /// When the run ended the writable layer had no free space left.
+    #[serde(default)]
+    pub disk_full: bool,
+    /// When the run ended the writable layer held as many files as its cap
+    /// allows (creating more fails with ENOSPC while `df` shows free space).
+    #[serde(default)]
+    pub files_full: bool,
 }
 
 impl ExitInfo {
