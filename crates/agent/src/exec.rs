@@ -317,12 +317,16 @@ pub struct Running {
 }
 
 /// How long the supervisor gets to kill an exec's processes before the
-/// agent kills its tree itself.
+/// agent helps.
 const KILL_GRACE: Duration = Duration::from_secs(5);
+/// How long the agent then helps before it kills the supervisor too.
+const KILL_HELP: Duration = Duration::from_secs(30);
 
 /// Kills every process of an exec: SIGTERM asks its supervisor to SIGKILL
-/// them all and exit; should it not be gone after [`KILL_GRACE`], the agent
-/// kills what it can find of the tree.
+/// them all and exit. Should it not be gone after [`KILL_GRACE`] (processes
+/// stuck in memory reclaim die slowly), the agent also kills the tree below
+/// it, leaving the supervisor alive so orphans keep going to it and not to
+/// the agent; only after [`KILL_HELP`] more is the supervisor killed too.
 pub async fn kill_exec(agent: &Agent, supervisor: i32) {
     use nix::sys::signal::{kill, Signal};
     // Only while it is unreaped does the number still name the supervisor.
@@ -333,15 +337,27 @@ pub async fn kill_exec(agent: &Agent, supervisor: i32) {
     if kill(pid, Signal::SIGTERM).is_err() {
         return;
     }
-    let deadline = Instant::now() + KILL_GRACE;
-    while Instant::now() < deadline {
+    let started = Instant::now();
+    let mut warned = false;
+    while started.elapsed() < KILL_GRACE + KILL_HELP {
         tokio::time::sleep(Duration::from_millis(5)).await;
         if !agent.reaper.is_waiting(supervisor) || procs::is_zombie(supervisor) {
             return;
         }
+        if started.elapsed() >= KILL_GRACE {
+            if !warned {
+                tracing::warn!(
+                    "exec supervisor {supervisor} is slow to stop; killing its tree too"
+                );
+                warned = true;
+            }
+            procs::kill_below(supervisor);
+        }
     }
-    tracing::warn!("exec supervisor {supervisor} did not stop; killing its tree");
-    procs::kill_tree(supervisor).await;
+    if agent.reaper.is_waiting(supervisor) {
+        tracing::warn!("exec supervisor {supervisor} did not stop; killing it");
+        procs::kill_tree(supervisor).await;
+    }
 }
 
 /// Forwards up to `limit` bytes of a pipe as events and counts the rest.

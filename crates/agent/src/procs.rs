@@ -64,6 +64,29 @@ fn tree(root: i32) -> Vec<i32> {
     set.into_iter().collect()
 }
 
+/// Sends SIGKILL once to every descendant of `root` (found by parentage
+/// through `/proc`), not to `root` itself.
+pub fn kill_below(root: i32) {
+    let procs = all();
+    let mut set: HashSet<i32> = HashSet::from([root]);
+    loop {
+        let before = set.len();
+        for p in &procs {
+            if set.contains(&p.ppid) {
+                set.insert(p.pid);
+            }
+        }
+        if set.len() == before {
+            break;
+        }
+    }
+    for pid in set {
+        if pid != root && pid != 1 {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+}
+
 /// Sends SIGKILL to the whole tree of `root`, repeating until it is gone (a
 /// process may fork between the scan and the kill).
 pub async fn kill_tree(root: i32) {

@@ -123,3 +123,34 @@ async fn a_fork_bomb_leaves_the_sandbox_usable() {
     assert_eq!((s, v["stdout"].as_str().unwrap()), (200, "ok\n"), "{v}");
     d.delete_all().await;
 }
+
+#[tokio::test]
+async fn a_fork_bomb_that_times_out_is_gone_too() {
+    let d = Daemon::start(&data_dir("lt-bomb-t"), free_port(), &[]);
+    // Default limits: 512 processes, enough to put memory under pressure.
+    let id = d.create(json!({})).await;
+    let count = "ls -d /proc/[0-9]* | wc -l";
+    let (_, v) = d.exec(&id, count).await;
+    let baseline: i64 = v["stdout"].as_str().unwrap().trim().parse().unwrap();
+    let started = Instant::now();
+    let r = d
+        .req(Method::POST, &format!("/v1/sandboxes/{id}/exec"))
+        .json(&json!({"cmd": "bomb() { bomb | bomb & }; bomb; sleep 60", "timeout_seconds": 3}))
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["timed_out"], true, "{}", v["messages"]);
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    let v = exec_body(&d, &id, json!({"cmd": count})).await;
+    let now: i64 = v["stdout"].as_str().unwrap().trim().parse().unwrap();
+    assert!(
+        now <= baseline + 2,
+        "{now} processes after the bomb, {baseline} before"
+    );
+    d.delete_all().await;
+}

@@ -846,21 +846,76 @@ fn supervise(main: libc::pid_t, set: &libc::sigset_t, keep_background: bool) -> 
     }
 }
 
-/// SIGKILLs every direct child of the calling (single-threaded) process, as
-/// listed in /proc/thread-self/children. Their own children are re-parented
-/// to us when they die, and killed on the next round.
+/// Most processes one kill round walks; the rest are found on later rounds
+/// (the pids limit keeps a sandbox far below it).
+const KILL_WALK: usize = 8192;
+
+/// SIGKILLs every descendant of the calling (single-threaded) process: its
+/// children as listed in /proc/thread-self/children, then theirs through
+/// `/proc/<pid>/task/<pid>/children`, depth first. Each is killed before its
+/// children are read, so it cannot fork more (a pending SIGKILL fails
+/// fork). What a round misses (children of other threads, forks racing the
+/// walk) is re-parented to us when its parent dies and killed next round.
 fn kill_children() {
-    // SAFETY: open/read/close on a local buffer, kill(2) on parsed pids.
+    let mut stack = [0 as libc::pid_t; KILL_WALK];
+    let mut len = read_children(c"/proc/thread-self/children", &mut stack, 0);
+    let mut path = [0u8; 64];
+    while len > 0 {
+        len -= 1;
+        let pid = stack[len];
+        // SAFETY: kill(2) on a pid; no memory is touched.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        if let Some(p) = children_path(pid, &mut path) {
+            len = read_children(p, &mut stack, len);
+        }
+    }
+}
+
+/// Writes `/proc/<pid>/task/<pid>/children` into `buf`, NUL-terminated.
+fn children_path(pid: libc::pid_t, buf: &mut [u8; 64]) -> Option<&std::ffi::CStr> {
+    let mut digits = [0u8; 12];
+    let mut n = pid.unsigned_abs();
+    let mut d = digits.len();
+    loop {
+        d -= 1;
+        digits[d] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let digits = &digits[d..];
+    let mut at = 0;
+    for part in [
+        b"/proc/".as_slice(),
+        digits,
+        b"/task/",
+        digits,
+        b"/children\0",
+    ] {
+        buf.get_mut(at..at + part.len())?.copy_from_slice(part);
+        at += part.len();
+    }
+    std::ffi::CStr::from_bytes_with_nul(&buf[..at]).ok()
+}
+
+/// Appends the pids listed in a `children` file to `stack[len..]`; returns
+/// the new length.
+fn read_children(path: &std::ffi::CStr, stack: &mut [libc::pid_t], mut len: usize) -> usize {
+    // SAFETY: open/read/close on a local buffer; nothing is allocated.
     unsafe {
-        let fd = libc::open(
-            c"/proc/thread-self/children".as_ptr(),
-            libc::O_RDONLY | libc::O_CLOEXEC,
-        );
+        let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
         if fd < 0 {
-            return;
+            return len;
         }
         let mut buf = [0u8; 4096];
         let mut pid: libc::pid_t = 0;
+        let mut push = |pid: libc::pid_t, len: &mut usize| {
+            if pid > 0 && *len < stack.len() {
+                stack[*len] = pid;
+                *len += 1;
+            }
+        };
         loop {
             let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
             if n <= 0 {
@@ -872,18 +927,15 @@ fn kill_children() {
                         .saturating_mul(10)
                         .saturating_add((b - b'0') as libc::pid_t);
                 } else {
-                    if pid > 0 {
-                        libc::kill(pid, libc::SIGKILL);
-                    }
+                    push(pid, &mut len);
                     pid = 0;
                 }
             }
         }
-        if pid > 0 {
-            libc::kill(pid, libc::SIGKILL);
-        }
+        push(pid, &mut len);
         libc::close(fd);
     }
+    len
 }
 
 /// Exits with the same wait status as `status`: the same code, or killed by
