@@ -70,6 +70,7 @@ struct Plan {
     output_limit: u64,
     stdin: Vec<u8>,
     code_file: Option<String>,
+    background: bool,
 }
 
 fn plan(agent: &Agent, what: What, body: Vec<u8>) -> Result<Plan, (ErrorKind, String)> {
@@ -91,6 +92,7 @@ fn plan(agent: &Agent, what: What, body: Vec<u8>) -> Result<Plan, (ErrorKind, St
                 output_limit: r.output_limit,
                 stdin: body,
                 code_file: None,
+                background: r.background,
             })
         }
         What::Code(r) => {
@@ -114,6 +116,7 @@ fn plan(agent: &Agent, what: What, body: Vec<u8>) -> Result<Plan, (ErrorKind, St
                 output_limit: r.output_limit,
                 stdin: Vec::new(),
                 code_file: Some(path),
+                background: false,
             })
         }
     }
@@ -180,10 +183,11 @@ async fn run(agent: &Agent, conn: u64, id: u64, plan: Plan, out: &Outbox) {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let (uid, gid) = (user.uid, user.gid);
-    // SAFETY: drop_privileges only makes async-signal-safe syscalls.
+    let (uid, gid, keep) = (user.uid, user.gid, plan.background);
+    // SAFETY: supervise_exec only makes async-signal-safe syscalls. The
+    // child std forks becomes the exec's supervisor; it forks the command.
     unsafe {
-        cmd.pre_exec(move || runcell_jail::inside::drop_privileges(uid, gid));
+        cmd.pre_exec(move || runcell_jail::inside::supervise_exec(uid, gid, keep));
     }
     let started = Instant::now();
     // PATH lookup happens in the parent with the child's PATH.
@@ -200,13 +204,18 @@ async fn run(agent: &Agent, conn: u64, id: u64, plan: Plan, out: &Outbox) {
             .await;
         }
     };
-    let pid = child.id() as i32;
-    let exited = agent.reaper.watch(pid);
-    agent
-        .running
-        .lock()
-        .expect("running lock")
-        .insert((conn, id), pid);
+    let supervisor = child.id() as i32;
+    let exited = agent.reaper.watch(supervisor);
+    // spawn returns once the supervisor has forked the command (it closes
+    // std's exec-error pipe only then), so the command is its first child.
+    let pid = procs::first_child(supervisor).unwrap_or(supervisor);
+    agent.running.lock().expect("running lock").insert(
+        (conn, id),
+        Running {
+            supervisor,
+            command: pid,
+        },
+    );
 
     let stdin = child.stdin.take().map(OwnedFd::from);
     let stdout = child.stdout.take().map(OwnedFd::from);
@@ -236,7 +245,7 @@ async fn run(agent: &Agent, conn: u64, id: u64, plan: Plan, out: &Outbox) {
     let pump_err = tokio::spawn(pump(stderr, limit, out.clone(), id, Event::Stderr, stop_rx));
 
     let timeout = plan.timeout_ms.map(Duration::from_millis);
-    let (exit, timed_out) = wait(pid, exited, timeout).await;
+    let (exit, timed_out) = wait(agent, supervisor, exited, timeout).await;
     // Let the pumps read what is buffered, then stop them even if a background
     // process keeps the pipes open.
     let stop = tokio::spawn(async move {
@@ -257,7 +266,13 @@ async fn run(agent: &Agent, conn: u64, id: u64, plan: Plan, out: &Outbox) {
         Some(Exit::Signal(s)) => (None, Some(s)),
         None => (None, None),
     };
+    let (disk_full, files_full) = match nix::sys::statvfs::statvfs("/") {
+        Ok(s) => (s.blocks_available() == 0, s.files_available() == 0),
+        Err(_) => (false, false),
+    };
     let info = ExitInfo {
+        disk_full,
+        files_full,
         exit_code,
         signal,
         timed_out,
@@ -271,7 +286,8 @@ async fn run(agent: &Agent, conn: u64, id: u64, plan: Plan, out: &Outbox) {
 }
 
 async fn wait(
-    pid: i32,
+    agent: &Agent,
+    supervisor: i32,
     mut exited: oneshot::Receiver<Exit>,
     timeout: Option<Duration>,
 ) -> (Option<Exit>, bool) {
@@ -284,9 +300,63 @@ async fn wait(
     tokio::select! {
         e = &mut exited => (e.ok(), false),
         _ = sleep => {
-            procs::kill_tree(pid).await;
+            kill_exec(agent, supervisor).await;
             (exited.await.ok(), true)
         }
+    }
+}
+
+/// A running exec: its supervisor (see
+/// [`runcell_jail::inside::supervise_exec`]) and the command itself.
+#[derive(Debug, Clone, Copy)]
+pub struct Running {
+    /// The supervisor, parent of every process of the exec.
+    pub supervisor: i32,
+    /// The command, leader of its own session and process group.
+    pub command: i32,
+}
+
+/// How long the supervisor gets to kill an exec's processes before the
+/// agent helps.
+const KILL_GRACE: Duration = Duration::from_secs(5);
+/// How long the agent then helps before it kills the supervisor too.
+const KILL_HELP: Duration = Duration::from_secs(30);
+
+/// Kills every process of an exec: SIGTERM asks its supervisor to SIGKILL
+/// them all and exit. Should it not be gone after [`KILL_GRACE`] (processes
+/// stuck in memory reclaim die slowly), the agent also kills the tree below
+/// it, leaving the supervisor alive so orphans keep going to it and not to
+/// the agent; only after [`KILL_HELP`] more is the supervisor killed too.
+pub async fn kill_exec(agent: &Agent, supervisor: i32) {
+    use nix::sys::signal::{kill, Signal};
+    // Only while it is unreaped does the number still name the supervisor.
+    if !agent.reaper.is_waiting(supervisor) {
+        return;
+    }
+    let pid = nix::unistd::Pid::from_raw(supervisor);
+    if kill(pid, Signal::SIGTERM).is_err() {
+        return;
+    }
+    let started = Instant::now();
+    let mut warned = false;
+    while started.elapsed() < KILL_GRACE + KILL_HELP {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        if !agent.reaper.is_waiting(supervisor) || procs::is_zombie(supervisor) {
+            return;
+        }
+        if started.elapsed() >= KILL_GRACE {
+            if !warned {
+                tracing::warn!(
+                    "exec supervisor {supervisor} is slow to stop; killing its tree too"
+                );
+                warned = true;
+            }
+            procs::kill_below(supervisor);
+        }
+    }
+    if agent.reaper.is_waiting(supervisor) {
+        tracing::warn!("exec supervisor {supervisor} did not stop; killing it");
+        procs::kill_tree(supervisor).await;
     }
 }
 

@@ -1,22 +1,51 @@
 //! File operations, performed with the sandbox user's file-system identity so
 //! permissions and ownership are exactly what code in the sandbox would get.
+//!
+//! Every operation runs on tokio's blocking pool (bounded in `main`), never
+//! on the runtime thread: one slow or stuck file (a FIFO, a huge tree to
+//! remove) must not hold up the sandbox's other requests. The fsuid switch
+//! is per thread, so it is made on the thread that does the I/O.
+//!
+//! Paths are resolved without following /proc magic links (`/proc/<pid>/fd/*`,
+//! `cwd`, `root`, `exe`), and nothing under the agent's own `/proc/<pid>` or
+//! that of a process the sandbox user does not own is served: those would
+//! show the agent's memory layout, its sockets and the host's paths.
+//! Reads and writes touch regular files only, opened without blocking.
 
-use std::fs::{self, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
+use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag, AT_FDCWD};
+use nix::sys::stat::Mode;
 use nix::unistd::{setfsgid, setfsuid, Gid, Uid};
-use runcell_protocol::{ErrorKind, Event, FileStat};
+use runcell_protocol::{ErrorKind, Event, FileStat, Frame, ServerMessage};
 
 use crate::server::{send, send_error, Agent, Outbox};
 
 const CHUNK: usize = 1 << 20;
 
-/// Runs `f` with the sandbox user's fsuid/fsgid. `f` must not `.await`
-/// (the identity belongs to the thread, and the runtime is single-threaded).
-fn as_user<T>(agent: &Agent, f: impl FnOnce() -> T) -> T {
-    let u = &agent.spec.user;
+/// Why an operation failed: the kind the host maps to a status, and a sentence.
+type Failure = (ErrorKind, String);
+
+/// The sandbox user's ids, for the worker thread.
+#[derive(Debug, Clone, Copy)]
+struct User {
+    uid: u32,
+    gid: u32,
+}
+
+fn user(agent: &Agent) -> User {
+    User {
+        uid: agent.spec.user.uid,
+        gid: agent.spec.user.gid,
+    }
+}
+
+/// Runs `f` with the user's fsuid/fsgid on the current thread, then back.
+fn as_user<T>(u: User, f: impl FnOnce() -> T) -> T {
     setfsgid(Gid::from_raw(u.gid));
     setfsuid(Uid::from_raw(u.uid));
     let r = f();
@@ -25,7 +54,20 @@ fn as_user<T>(agent: &Agent, f: impl FnOnce() -> T) -> T {
     r
 }
 
-fn check_path(path: &str) -> Result<&Path, (ErrorKind, String)> {
+/// Runs blocking file work on the blocking pool.
+async fn off_thread<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Failure> + Send + 'static,
+) -> Result<T, Failure> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r,
+        Err(e) => Err((
+            ErrorKind::Other,
+            format!("The file operation failed inside the agent: {e}."),
+        )),
+    }
+}
+
+fn check_path(path: &str) -> Result<&Path, Failure> {
     if !path.starts_with('/') {
         return Err((
             ErrorKind::InvalidInput,
@@ -41,18 +83,138 @@ fn check_path(path: &str) -> Result<&Path, (ErrorKind, String)> {
     Ok(Path::new(path))
 }
 
-fn classify(what: &str, path: &str, e: io::Error) -> (ErrorKind, String) {
-    let kind = match e.kind() {
-        io::ErrorKind::NotFound => ErrorKind::NotFound,
-        io::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
-        io::ErrorKind::InvalidInput => ErrorKind::InvalidInput,
-        _ if e.raw_os_error() == Some(libc::ENOSPC) => ErrorKind::NoSpace,
-        _ if e.raw_os_error() == Some(libc::ENOTDIR) || e.raw_os_error() == Some(libc::EISDIR) => {
-            ErrorKind::InvalidInput
-        }
-        _ => ErrorKind::Other,
+/// Maps every errno to the kind of answer it deserves: the caller's mistake
+/// (400, 403, 404, 413, 507) or, for genuine failures of the sandbox (out
+/// of memory or descriptors, I/O errors), `Other`.
+fn classify(what: &str, path: &str, e: io::Error) -> Failure {
+    let kind = match e.raw_os_error() {
+        Some(libc::ENOENT) => ErrorKind::NotFound,
+        Some(
+            libc::EACCES
+            | libc::EPERM
+            | libc::EROFS
+            | libc::ETXTBSY
+            | libc::EBUSY
+            | libc::EXDEV
+            | libc::ELOOP,
+        ) => ErrorKind::PermissionDenied,
+        Some(libc::ENOSPC | libc::EDQUOT) => ErrorKind::NoSpace,
+        Some(libc::EFBIG) => ErrorKind::TooLarge,
+        Some(
+            libc::EISDIR
+            | libc::ENOTDIR
+            | libc::EEXIST
+            | libc::ENOTEMPTY
+            | libc::ENAMETOOLONG
+            | libc::EINVAL
+            | libc::ENXIO
+            | libc::ENODEV
+            | libc::EOPNOTSUPP
+            | libc::EMLINK
+            | libc::EOVERFLOW,
+        ) => ErrorKind::InvalidInput,
+        _ => match e.kind() {
+            io::ErrorKind::NotFound => ErrorKind::NotFound,
+            io::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
+            io::ErrorKind::InvalidInput => ErrorKind::InvalidInput,
+            _ => ErrorKind::Other,
+        },
     };
-    (kind, format!("Could not {what} {path}: {e}."))
+    let mut message = format!("Could not {what} {path}: {e}.");
+    match e.raw_os_error() {
+        Some(libc::EROFS) => message.push_str(" That part of the sandbox is read-only."),
+        Some(libc::ELOOP) => message.push_str(
+            " The files API does not follow symbolic-link loops or the magic links under /proc/<pid>.",
+        ),
+        Some(libc::ENOSPC) => message.push_str(
+            " The sandbox's disk (bytes or its number of files) is full; delete files or create the sandbox with a larger disk_mb.",
+        ),
+        _ => {}
+    }
+    (kind, message)
+}
+
+fn errno(e: nix::errno::Errno) -> io::Error {
+    io::Error::from_raw_os_error(e as i32)
+}
+
+/// Opens `path` (as the calling thread's fsuid) without following magic
+/// links, then refuses it if it is private to the agent.
+fn open_checked(
+    what: &str,
+    path: &str,
+    flags: OFlag,
+    mode: Mode,
+    owner: u32,
+) -> Result<File, Failure> {
+    let how = OpenHow::new()
+        .flags(flags | OFlag::O_CLOEXEC)
+        .mode(mode)
+        .resolve(ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    let fd: OwnedFd = openat2(AT_FDCWD, path, how).map_err(|e| classify(what, path, errno(e)))?;
+    refuse_private(&fd, what, path, owner)?;
+    Ok(File::from(fd))
+}
+
+/// Refuses an open file that lies in the agent's `/proc/<pid>` or in that of
+/// a process `owner` does not own.
+fn refuse_private(fd: &OwnedFd, what: &str, path: &str, owner: u32) -> Result<(), Failure> {
+    let denied = || {
+        (
+            ErrorKind::PermissionDenied,
+            format!(
+                "Could not {what} {path}: it belongs to a process the sandbox user does not own, which the files API does not show."
+            ),
+        )
+    };
+    let real = fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map_err(|e| classify(what, path, e))?;
+    let real = real.to_string_lossy();
+    if !real.starts_with('/') {
+        return Err(denied());
+    }
+    let Some(rest) = real.strip_prefix("/proc/") else {
+        return Ok(());
+    };
+    let Ok(pid) = rest.split('/').next().unwrap_or("").parse::<u32>() else {
+        return Ok(());
+    };
+    if pid == std::process::id() {
+        return Err(denied());
+    }
+    match fs::metadata(format!("/proc/{pid}")) {
+        Ok(m) if m.uid() == owner => Ok(()),
+        _ => Err(denied()),
+    }
+}
+
+/// What kind of file a non-regular file is, for messages.
+fn type_name(t: fs::FileType) -> &'static str {
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_symlink() {
+        "a symbolic link"
+    } else {
+        "not a regular file"
+    }
+}
+
+fn not_regular(path: &str, t: fs::FileType, verb: &str) -> Failure {
+    (
+        ErrorKind::InvalidInput,
+        format!(
+            "{path} is {}; only regular files can be {verb} through the files API.",
+            type_name(t)
+        ),
+    )
 }
 
 fn to_stat(name: String, meta: &fs::Metadata, is_symlink: bool) -> FileStat {
@@ -66,59 +228,76 @@ fn to_stat(name: String, meta: &fs::Metadata, is_symlink: bool) -> FileStat {
     }
 }
 
+fn frame(id: u64, event: Event, body: Vec<u8>) -> Frame<ServerMessage> {
+    Frame::with_body(ServerMessage { id, event }, body)
+}
+
 /// Reads a file and streams it as `Data` chunks.
 pub async fn read(agent: &Agent, id: u64, path: &str, max_bytes: u64, out: &Outbox) {
-    let p = match check_path(path) {
-        Ok(p) => p,
-        Err((k, m)) => return send_error(out, id, k, m).await,
-    };
-    let opened = as_user(agent, || fs::File::open(p));
-    let mut file = match opened.and_then(|f| f.metadata().map(|m| (f, m))) {
-        Ok((_, m)) if m.is_dir() => {
-            return send_error(
-                out,
-                id,
-                ErrorKind::InvalidInput,
-                format!("{path} is a directory."),
-            )
-            .await
+    if let Err((k, m)) = check_path(path) {
+        return send_error(out, id, k, m).await;
+    }
+    let (u, path, tx) = (user(agent), path.to_string(), out.clone());
+    let result = off_thread(move || {
+        // O_PATH first: nothing but a regular file is ever opened for reading
+        // (opening a FIFO or a device can block or have effects).
+        let located = as_user(u, || {
+            open_checked("read", &path, OFlag::O_PATH, Mode::empty(), u.uid)
+        })?;
+        let meta = located.metadata().map_err(|e| classify("read", &path, e))?;
+        if !meta.is_file() {
+            return Err(not_regular(&path, meta.file_type(), "read"));
         }
-        Ok((_, m)) if m.len() > max_bytes => {
+        if meta.len() > max_bytes {
             let msg = format!(
                 "{path} is {} bytes, more than the {max_bytes} allowed.",
-                m.len()
+                meta.len()
             );
-            return send_error(out, id, ErrorKind::TooLarge, msg).await;
+            return Err((ErrorKind::TooLarge, msg));
         }
-        Ok((f, _)) => f,
-        Err(e) => {
-            let (k, m) = classify("read", path, e);
-            return send_error(out, id, k, m).await;
-        }
-    };
-    let mut size = 0u64;
-    let mut buf = vec![0u8; CHUNK];
-    loop {
-        match file.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                size += n as u64;
-                if size > max_bytes {
-                    let msg =
-                        format!("{path} grew past the {max_bytes} bytes allowed while being read.");
-                    return send_error(out, id, ErrorKind::TooLarge, msg).await;
+        let reopen = format!("/proc/self/fd/{}", located.as_raw_fd());
+        let mut file = as_user(u, || {
+            fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+                .open(&reopen)
+        })
+        .map_err(|e| classify("read", &path, e))?;
+        drop(located);
+        let mut size = 0u64;
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            match file.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    size += n as u64;
+                    if size > max_bytes {
+                        let msg = format!(
+                            "{path} grew past the {max_bytes} bytes allowed while being read."
+                        );
+                        return Err((ErrorKind::TooLarge, msg));
+                    }
+                    if tx
+                        .blocking_send(frame(id, Event::Data, buf[..n].to_vec()))
+                        .is_err()
+                    {
+                        return Ok(None);
+                    }
                 }
-                if !send(out, id, Event::Data, buf[..n].to_vec()).await {
-                    return;
-                }
-            }
-            Err(e) => {
-                let (k, m) = classify("read", path, e);
-                return send_error(out, id, k, m).await;
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(classify("read", &path, e)),
             }
         }
+        Ok(Some(size))
+    })
+    .await;
+    match result {
+        Ok(Some(size)) => {
+            send(out, id, Event::FileEnd { size }, Vec::new()).await;
+        }
+        Ok(None) => {}
+        Err((k, m)) => send_error(out, id, k, m).await,
     }
-    send(out, id, Event::FileEnd { size }, Vec::new()).await;
 }
 
 /// Writes `data` to a file, creating parent directories.
@@ -128,146 +307,178 @@ pub async fn write(
     path: &str,
     append: bool,
     mode: Option<u32>,
-    data: &[u8],
+    data: Vec<u8>,
     out: &Outbox,
 ) {
     let p = match check_path(path) {
-        Ok(p) => p,
+        Ok(p) => p.to_path_buf(),
         Err((k, m)) => return send_error(out, id, k, m).await,
     };
-    let result = as_user(agent, || -> io::Result<()> {
-        if let Some(parent) = p.parent() {
-            fs::create_dir_all(parent)?;
+    let (u, path_s) = (user(agent), path.to_string());
+    let len = data.len() as u64;
+    let result = off_thread(move || {
+        let path = path_s.as_str();
+        let mut f = as_user(u, || {
+            if let Some(parent) = p.parent() {
+                fs::create_dir_all(parent).map_err(|e| classify("write", path, e))?;
+            }
+            let mut flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NONBLOCK | OFlag::O_NOCTTY;
+            if append {
+                flags |= OFlag::O_APPEND;
+            }
+            let mode = Mode::from_bits_truncate(mode.unwrap_or(0o644) & 0o7777);
+            open_checked("write", path, flags, mode, u.uid).map_err(|(k, m)| {
+                // ENXIO: a FIFO with no reader, a socket or a device; say which.
+                match fs::metadata(path) {
+                    Ok(meta) if !meta.is_file() => not_regular(path, meta.file_type(), "written"),
+                    _ => (k, m),
+                }
+            })
+        })?;
+        let meta = f.metadata().map_err(|e| classify("write", path, e))?;
+        if !meta.is_file() {
+            return Err(not_regular(path, meta.file_type(), "written"));
         }
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .append(append)
-            .truncate(!append)
-            .mode(mode.unwrap_or(0o644))
-            .open(p)?;
-        f.write_all(data)
-    });
+        if !append {
+            f.set_len(0).map_err(|e| classify("write", path, e))?;
+        }
+        f.write_all(&data).map_err(|e| classify("write", path, e))
+    })
+    .await;
     match result {
         Ok(()) => {
-            send(
-                out,
-                id,
-                Event::Written {
-                    bytes: data.len() as u64,
-                },
-                Vec::new(),
-            )
-            .await;
+            send(out, id, Event::Written { bytes: len }, Vec::new()).await;
         }
-        Err(e) => {
-            let (k, m) = classify("write", path, e);
-            send_error(out, id, k, m).await
-        }
+        Err((k, m)) => send_error(out, id, k, m).await,
     }
 }
 
 /// Lists a directory.
 pub async fn list(agent: &Agent, id: u64, path: &str, out: &Outbox) {
-    let p = match check_path(path) {
-        Ok(p) => p,
-        Err((k, m)) => return send_error(out, id, k, m).await,
-    };
-    let result = as_user(agent, || -> io::Result<Vec<FileStat>> {
-        let mut entries = Vec::new();
-        for entry in fs::read_dir(p)? {
-            let entry = entry?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let Ok(lmeta) = entry.metadata() else {
-                continue;
-            };
-            let is_link = lmeta.file_type().is_symlink();
-            let meta = if is_link {
-                fs::metadata(entry.path()).unwrap_or(lmeta)
-            } else {
-                lmeta
-            };
-            entries.push(to_stat(name, &meta, is_link));
-        }
-        Ok(entries)
-    });
+    if let Err((k, m)) = check_path(path) {
+        return send_error(out, id, k, m).await;
+    }
+    let (u, path) = (user(agent), path.to_string());
+    let result = off_thread(move || {
+        as_user(u, || {
+            let dir = open_checked(
+                "list",
+                &path,
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+                Mode::empty(),
+                u.uid,
+            )?;
+            let at = format!("/proc/self/fd/{}", dir.as_raw_fd());
+            let mut entries = Vec::new();
+            for entry in fs::read_dir(&at).map_err(|e| classify("list", &path, e))? {
+                let entry = entry.map_err(|e| classify("list", &path, e))?;
+                let name = entry.file_name().to_string_lossy().into_owned();
+                // lstat and stat only: nothing in the directory is opened.
+                let Ok(lmeta) = entry.metadata() else {
+                    continue;
+                };
+                let is_link = lmeta.file_type().is_symlink();
+                let meta = if is_link {
+                    fs::metadata(entry.path()).unwrap_or(lmeta)
+                } else {
+                    lmeta
+                };
+                entries.push(to_stat(name, &meta, is_link));
+            }
+            Ok(entries)
+        })
+    })
+    .await;
     match result {
         Ok(entries) => {
             send(out, id, Event::Dir { entries }, Vec::new()).await;
         }
-        Err(e) => {
-            let (k, m) = classify("list", path, e);
-            send_error(out, id, k, m).await
-        }
+        Err((k, m)) => send_error(out, id, k, m).await,
     }
 }
 
 /// Stats a path (following a final symlink, and saying it was one).
 pub async fn stat(agent: &Agent, id: u64, path: &str, out: &Outbox) {
-    let p = match check_path(path) {
-        Ok(p) => p,
-        Err((k, m)) => return send_error(out, id, k, m).await,
-    };
-    let result = as_user(agent, || -> io::Result<FileStat> {
-        let lmeta = fs::symlink_metadata(p)?;
-        let is_link = lmeta.file_type().is_symlink();
-        let meta = if is_link {
-            fs::metadata(p).unwrap_or(lmeta)
-        } else {
-            lmeta
-        };
-        let name = p
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "/".into());
-        Ok(to_stat(name, &meta, is_link))
-    });
+    if let Err((k, m)) = check_path(path) {
+        return send_error(out, id, k, m).await;
+    }
+    let (u, path) = (user(agent), path.to_string());
+    let result = off_thread(move || {
+        as_user(u, || {
+            let link = open_checked(
+                "stat",
+                &path,
+                OFlag::O_PATH | OFlag::O_NOFOLLOW,
+                Mode::empty(),
+                u.uid,
+            )?;
+            let lmeta = link.metadata().map_err(|e| classify("stat", &path, e))?;
+            let is_link = lmeta.file_type().is_symlink();
+            let meta = if is_link {
+                match open_checked("stat", &path, OFlag::O_PATH, Mode::empty(), u.uid) {
+                    Ok(target) => target.metadata().unwrap_or(lmeta),
+                    Err((ErrorKind::PermissionDenied, m)) => {
+                        return Err((ErrorKind::PermissionDenied, m))
+                    }
+                    // A dangling link: describe the link itself.
+                    Err(_) => lmeta,
+                }
+            } else {
+                lmeta
+            };
+            let name = Path::new(&path)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "/".into());
+            Ok(to_stat(name, &meta, is_link))
+        })
+    })
+    .await;
     match result {
         Ok(s) => {
             send(out, id, Event::Stat(s), Vec::new()).await;
         }
-        Err(e) => {
-            let (k, m) = classify("stat", path, e);
-            send_error(out, id, k, m).await
-        }
+        Err((k, m)) => send_error(out, id, k, m).await,
     }
 }
 
 /// Creates a directory and its parents.
 pub async fn make_dir(agent: &Agent, id: u64, path: &str, out: &Outbox) {
-    let p = match check_path(path) {
-        Ok(p) => p,
-        Err((k, m)) => return send_error(out, id, k, m).await,
-    };
-    match as_user(agent, || fs::create_dir_all(p)) {
+    if let Err((k, m)) = check_path(path) {
+        return send_error(out, id, k, m).await;
+    }
+    let (u, path) = (user(agent), path.to_string());
+    let result = off_thread(move || {
+        as_user(u, || fs::create_dir_all(&path)).map_err(|e| classify("create", &path, e))
+    })
+    .await;
+    match result {
         Ok(()) => {
             send(out, id, Event::Done, Vec::new()).await;
         }
-        Err(e) => {
-            let (k, m) = classify("create", path, e);
-            send_error(out, id, k, m).await
-        }
+        Err((k, m)) => send_error(out, id, k, m).await,
     }
 }
 
 /// Removes a file or a directory tree.
 pub async fn remove(agent: &Agent, id: u64, path: &str, out: &Outbox) {
-    let p = match check_path(path) {
-        Ok(p) => p,
-        Err((k, m)) => return send_error(out, id, k, m).await,
-    };
-    let result = as_user(agent, || match fs::symlink_metadata(p) {
-        Ok(m) if m.is_dir() => fs::remove_dir_all(p),
-        Ok(_) => fs::remove_file(p),
-        Err(e) => Err(e),
-    });
+    if let Err((k, m)) = check_path(path) {
+        return send_error(out, id, k, m).await;
+    }
+    let (u, path) = (user(agent), path.to_string());
+    let result = off_thread(move || {
+        as_user(u, || match fs::symlink_metadata(&path) {
+            Ok(m) if m.is_dir() => fs::remove_dir_all(&path),
+            Ok(_) => fs::remove_file(&path),
+            Err(e) => Err(e),
+        })
+        .map_err(|e| classify("remove", &path, e))
+    })
+    .await;
     match result {
         Ok(()) => {
             send(out, id, Event::Done, Vec::new()).await;
         }
-        Err(e) => {
-            let (k, m) = classify("remove", path, e);
-            send_error(out, id, k, m).await
-        }
+        Err((k, m)) => send_error(out, id, k, m).await,
     }
 }

@@ -17,6 +17,9 @@ mod server;
 
 use std::process::ExitCode;
 
+/// At most this many file operations run at once; more wait their turn.
+const FILE_THREADS: usize = 8;
+
 fn main() -> ExitCode {
     let started = std::time::Instant::now();
     match std::env::args().nth(1).as_deref() {
@@ -68,7 +71,11 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     tracing::debug!(us = started.elapsed().as_micros() as u64, "agent set up");
+    // One thread runs the protocol and the processes (the reaper relies on
+    // it); file operations go to a small blocking pool, so a slow one never
+    // holds up the rest.
     let runtime = match tokio::runtime::Builder::new_current_thread()
+        .max_blocking_threads(FILE_THREADS)
         .enable_all()
         .build()
     {

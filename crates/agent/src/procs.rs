@@ -64,6 +64,29 @@ fn tree(root: i32) -> Vec<i32> {
     set.into_iter().collect()
 }
 
+/// Sends SIGKILL once to every descendant of `root` (found by parentage
+/// through `/proc`), not to `root` itself.
+pub fn kill_below(root: i32) {
+    let procs = all();
+    let mut set: HashSet<i32> = HashSet::from([root]);
+    loop {
+        let before = set.len();
+        for p in &procs {
+            if set.contains(&p.ppid) {
+                set.insert(p.pid);
+            }
+        }
+        if set.len() == before {
+            break;
+        }
+    }
+    for pid in set {
+        if pid != root && pid != 1 {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+}
+
 /// Sends SIGKILL to the whole tree of `root`, repeating until it is gone (a
 /// process may fork between the scan and the kill).
 pub async fn kill_tree(root: i32) {
@@ -77,6 +100,20 @@ pub async fn kill_tree(root: i32) {
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
+}
+
+/// The first child listed for `pid` (its oldest live child).
+pub fn first_child(pid: i32) -> Option<i32> {
+    let list = fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+    list.split_whitespace().next()?.parse().ok()
+}
+
+/// Whether `pid` has exited and waits to be reaped.
+pub fn is_zombie(pid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| Some(s[s.rfind(')')? + 2..].starts_with('Z')))
+        .unwrap_or(true)
 }
 
 /// Sends `signal` to the process group of `root`.

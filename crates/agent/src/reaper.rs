@@ -59,6 +59,17 @@ impl Reaper {
         rx
     }
 
+    /// Whether `pid` is watched and has not been reaped yet, so its number
+    /// still names it (reaping happens on the runtime thread, so this holds
+    /// until the caller's next `.await`).
+    pub fn is_waiting(&self, pid: i32) -> bool {
+        self.state
+            .lock()
+            .expect("reaper lock")
+            .waiting
+            .contains_key(&pid)
+    }
+
     fn reap_all(&self) {
         loop {
             match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {

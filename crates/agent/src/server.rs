@@ -8,8 +8,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use runcell_jail::inside::Bootstrap;
 use runcell_jail::InitSpec;
 use runcell_protocol::{
-    read_frame, write_frame, AgentStats, ClientMessage, ErrorKind, Event, Frame, Request,
-    ServerMessage, PROTOCOL_VERSION,
+    read_frame, write_frame, AgentStats, ClientMessage, CodecError, ErrorKind, Event, Frame,
+    Request, ServerMessage, PROTOCOL_VERSION,
 };
 use tokio::io::AsyncReadExt;
 use tokio::net::{UnixListener, UnixStream};
@@ -41,8 +41,8 @@ pub struct Agent {
     pub reaper: Reaper,
     started: Instant,
     deadline: watch::Sender<Option<u64>>,
-    /// Pids of running execs, by (connection, request id).
-    pub running: Mutex<HashMap<(u64, u64), i32>>,
+    /// Running execs, by (connection, request id).
+    pub running: Mutex<HashMap<(u64, u64), exec::Running>>,
     /// Code contexts.
     pub contexts: context::Contexts,
     /// The egress proxy listener.
@@ -160,9 +160,29 @@ async fn connection(agent: Arc<Agent>, conn: u64, stream: UnixStream) {
     let (tx, mut rx) = mpsc::channel::<Frame<ServerMessage>>(64);
     let writer = tokio::spawn(async move {
         while let Some(frame) = rx.recv().await {
-            if let Err(e) = write_frame(&mut wr, &frame).await {
-                tracing::debug!("connection {conn} write failed: {e}");
-                return;
+            match write_frame(&mut wr, &frame).await {
+                Ok(()) => {}
+                // Nothing was written: answer that request with an error and
+                // keep the connection (and every other request on it).
+                Err(e @ (CodecError::TooLarge { .. } | CodecError::Encode(_))) => {
+                    let reply = Frame::new(ServerMessage {
+                        id: frame.header.id,
+                        event: Event::Error {
+                            kind: ErrorKind::TooLarge,
+                            message: format!(
+                                "The reply is too large to send: {e} (a directory with too many entries?)"
+                            ),
+                        },
+                    });
+                    if let Err(e) = write_frame(&mut wr, &reply).await {
+                        tracing::debug!("connection {conn} write failed: {e}");
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!("connection {conn} write failed: {e}");
+                    return;
+                }
             }
         }
     });
@@ -214,18 +234,18 @@ async fn handle(
             exec::exec(&agent, conn, id, exec::What::Code(req), body, &out).await
         }
         Request::Signal { exec_id, signal } => {
-            let pid = agent
+            let running = agent
                 .running
                 .lock()
                 .expect("running lock")
                 .get(&(conn, exec_id))
                 .copied();
-            match (pid, nix::sys::signal::Signal::try_from(signal)) {
-                (Some(pid), Ok(sig)) => {
+            match (running, nix::sys::signal::Signal::try_from(signal)) {
+                (Some(r), Ok(sig)) => {
                     if sig == nix::sys::signal::Signal::SIGKILL {
-                        procs::kill_tree(pid).await;
+                        exec::kill_exec(&agent, r.supervisor).await;
                     } else {
-                        procs::signal_group(pid, sig);
+                        procs::signal_group(r.command, sig);
                     }
                     send(&out, id, Event::Done, Vec::new()).await;
                 }
@@ -253,7 +273,7 @@ async fn handle(
             files::read(&agent, id, &path, max_bytes, &out).await
         }
         Request::WriteFile { path, append, mode } => {
-            files::write(&agent, id, &path, append, mode, &body, &out).await
+            files::write(&agent, id, &path, append, mode, body, &out).await
         }
         Request::ListDir { path } => files::list(&agent, id, &path, &out).await,
         Request::Stat { path } => files::stat(&agent, id, &path, &out).await,

@@ -113,6 +113,16 @@ impl Daemon {
         r.json().await.unwrap()
     }
 
+    async fn exec_background(&self, id: &str, cmd: &str, timeout: u64) -> Value {
+        let r = self
+            .req(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/exec"))
+            .json(&json!({"cmd": cmd, "timeout": timeout, "background": true}))
+            .send()
+            .await
+            .unwrap();
+        r.json().await.unwrap()
+    }
+
     async fn patch_network(&self, id: &str, body: Value) -> (u16, Value) {
         let r = self
             .req(
@@ -545,8 +555,9 @@ async fn network_policy_changes_on_a_live_sandbox() {
     let (status, _) = d.patch_network(&id, json!("none")).await;
     assert_eq!(status, 200);
     // Sandboxed code that takes the proxy's port makes the switch fail, and
-    // the policy stays what it was.
-    d.exec(
+    // the policy stays what it was. (`background`: the holder must outlive
+    // the exec that starts it.)
+    d.exec_background(
         &id,
         "nohup python3 -c 'import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((\"127.0.0.1\", 3128)); s.listen(); print(\"ready\", flush=True); time.sleep(30)' >/tmp/holder.out 2>&1 & echo $! > /tmp/holder.pid; \
          for i in $(seq 200); do grep -q ready /tmp/holder.out && break; sleep 0.05; done",

@@ -204,6 +204,9 @@ pub struct ExecOptions {
     pub env: BTreeMap<String, String>,
     /// Working directory.
     pub cwd: Option<String>,
+    /// Keep the processes the command leaves behind (`cmd &`, daemons)
+    /// running after it returns; by default they are killed with it.
+    pub background: bool,
 }
 
 /// How an exec streamed with [`Client::exec_stream`] ended.
@@ -421,6 +424,9 @@ impl Client {
         }
         if let Some(c) = &opts.cwd {
             body["cwd"] = c.clone().into();
+        }
+        if opts.background {
+            body["background"] = true.into();
         }
         let path = format!("/v1/sandboxes/{}/exec", seg(id));
         let (status, value) = self.send(Method::POST, &path, Some(&body)).await?;

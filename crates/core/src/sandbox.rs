@@ -34,6 +34,9 @@ pub struct RunOptions {
     /// Run as this user instead of the sandbox user (exec only). Only the
     /// template builder sets it; no API request can.
     pub user: Option<ExecUser>,
+    /// Keep the processes the command leaves behind running after it returns
+    /// (exec only). By default they are all killed when the command exits.
+    pub background: bool,
 }
 
 /// How a run ended, with the limits it hit.
@@ -52,6 +55,8 @@ pub struct ExecOutcome {
     pub memory_limit: u64,
     /// The process limit, for messages.
     pub pids_max: u64,
+    /// The disk limit, for messages.
+    pub disk_limit: u64,
 }
 
 impl ExecOutcome {
@@ -78,6 +83,19 @@ impl ExecOutcome {
             out.push(format!(
                 "The sandbox ran out of memory (limit {}) and a process was killed.",
                 format_size(self.memory_limit)
+            ));
+        }
+        if self.exit.disk_full {
+            out.push(format!(
+                "The sandbox's disk is full (limit {}); writes fail with \"No space left on device\".",
+                format_size(self.disk_limit)
+            ));
+        }
+        if self.exit.files_full {
+            out.push(format!(
+                "The sandbox holds as many files as its disk allows ({} for {}); creating more fails with \"No space left on device\".",
+                runcell_jail::inside::inode_limit(self.disk_limit),
+                format_size(self.disk_limit)
             ));
         }
         if self.pids_limit {
@@ -250,6 +268,7 @@ impl Sandbox {
             timeout_ms: Some(timeout.as_millis() as u64),
             output_limit: self.limits.output_bytes,
             user: opts.user.clone(),
+            background: opts.background,
         });
         self.stream(req, opts.stdin.clone(), timeout, on_output)
             .await
@@ -333,6 +352,7 @@ impl Sandbox {
             pids_limit: after.pids_limit_hits > before.pids_limit_hits,
             memory_limit: self.limits.memory_bytes,
             pids_max: self.limits.pids,
+            disk_limit: self.limits.disk_bytes,
         })
     }
 

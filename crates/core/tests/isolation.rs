@@ -318,18 +318,28 @@ async fn double_forked_daemons_die_with_the_sandbox() {
     let rt = runtime("isolation");
     let marker = unique("runcell-escape");
     let sb = sandbox(&rt, limits()).await;
-    let r = sh(
-        &sb,
-        &format!(
-            "(setsid bash -c 'exec -a {marker}-a sleep 300' &) ; \
-             nohup bash -c 'exec -a {marker}-b sleep 301' >/dev/null 2>&1 & \
-             python3 -c \"import os,time\nif os.fork()==0:\n  os.setsid()\n  if os.fork()==0:\n    os.execvp('bash',['bash','-c','exec -a {marker}-c sleep 302'])\n\" ; \
-             sleep 0.3; echo started"
-        ),
-    )
-    .await;
+    let script = format!(
+        "(setsid bash -c 'exec -a {marker}-a sleep 300' &) ; \
+         nohup bash -c 'exec -a {marker}-b sleep 301' >/dev/null 2>&1 & \
+         python3 -c \"import os,time\nif os.fork()==0:\n  os.setsid()\n  if os.fork()==0:\n    os.execvp('bash',['bash','-c','exec -a {marker}-c sleep 302'])\n\" ; \
+         sleep 0.3; echo started"
+    );
+    // By default they die when the command returns...
+    let r = sh(&sb, &script).await;
     assert!(text(&r.stdout).contains("started"));
-    // They outlived the command: they are running on the host right now...
+    let alive = host_processes_with(&marker);
+    assert!(alive.is_empty(), "processes outlived their exec: {alive:?}");
+    // ...and with `background` they outlive it: they are running on the host
+    // right now...
+    let background = RunOptions {
+        background: true,
+        ..RunOptions::default()
+    };
+    let r = sb
+        .exec(runcell_protocol::Command::Shell(script), &background)
+        .await
+        .unwrap();
+    assert!(text(&r.stdout).contains("started"));
     let alive = host_processes_with(&marker);
     assert!(
         alive.len() >= 3,
@@ -639,7 +649,16 @@ async fn the_host_can_reconnect_to_a_running_sandbox() {
         .unwrap();
     let id = sb.id().to_string();
     let pid = sb.agent_pid();
-    sh(&sb, "echo kept > /home/user/state.txt; sleep 300 &").await;
+    let background = RunOptions {
+        background: true,
+        ..RunOptions::default()
+    };
+    sb.exec(
+        runcell_protocol::Command::Shell("echo kept > /home/user/state.txt; sleep 300 &".into()),
+        &background,
+    )
+    .await
+    .unwrap();
     // The host process lets go (as a daemon does when it restarts)...
     drop(sb);
     tokio::time::sleep(Duration::from_millis(100)).await;

@@ -6,6 +6,7 @@
 //!
 //! * a tmpfs of `disk_bytes` holds everything writable: the root directory
 //!   itself (host template) or the overlay's upper layer (directory template);
+//!   its number of files is capped too ([`inode_limit`]);
 //! * template directories are overlaid read-only below it, so writes go to
 //!   the tmpfs and never reach the template or the host;
 //! * fresh `/proc` (with sensitive files masked), a minimal `/dev` of bind-mounted
@@ -132,7 +133,14 @@ fn build(spec: &InitSpec) -> Result<(), SetupError> {
         stage,
         Some("tmpfs"),
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some(format!("size={},mode=0755", spec.disk_bytes.max(1 << 20)).as_str()),
+        Some(
+            format!(
+                "size={},nr_inodes={},mode=0755",
+                spec.disk_bytes.max(1 << 20),
+                inode_limit(spec.disk_bytes)
+            )
+            .as_str(),
+        ),
     )
     .map_err(step("mounting the writable layer"))?;
     let root = stage.join("root");
@@ -195,6 +203,18 @@ fn build(spec: &InitSpec) -> Result<(), SetupError> {
         "sandbox filesystem built"
     );
     Ok(())
+}
+
+/// Bytes of disk per file the writable layer may hold (ext4's default
+/// ratio is one inode per 16 KiB; small files are common in sandboxes).
+const BYTES_PER_INODE: u64 = 4096;
+
+/// The number of files (inodes) the writable layer may hold. Every inode of
+/// a tmpfs lives in memory whatever its size, so without a cap a million
+/// empty files exhaust the sandbox's memory while `df` shows almost nothing
+/// used; proportional to the disk size, it keeps their memory well below it.
+pub fn inode_limit(disk_bytes: u64) -> u64 {
+    (disk_bytes / BYTES_PER_INODE).max(1024)
 }
 
 fn mkdir(path: &Path, mode: u32) -> Result<(), SetupError> {
@@ -705,4 +725,245 @@ pub fn place_fds(fds: &[std::os::fd::RawFd]) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Signals the exec supervisor waits for: its children's exits, and SIGTERM
+/// from the agent, which means "kill everything this exec started now".
+fn supervisor_signals() -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset only write to the local set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        set
+    }
+}
+
+/// Turns a freshly forked child (in `pre_exec`) into the supervisor of one
+/// exec, and returns `Ok` only in the process that goes on to exec the
+/// user's command (after [`drop_privileges`]).
+///
+/// The supervisor stays root of the sandbox (so the sandbox user cannot
+/// signal it), marks itself a child subreaper and forks the command. Every
+/// process the command starts is therefore its descendant until it exits,
+/// whatever it does to detach: orphans (`cmd &` of an exited shell,
+/// `nohup`, `setsid`, double forks) are re-parented to the supervisor, not
+/// to the agent. When the command exits, the supervisor kills every process
+/// left (unless `keep_background`), reaps them, and exits with the
+/// command's status: the same code, or killed by the same signal. SIGTERM
+/// from the agent (a timeout or a kill request) makes it kill everything at
+/// once. It closes every descriptor it inherited, so it holds none of the
+/// command's pipes and none of the agent's sockets.
+///
+/// Only async-signal-safe calls are made (it runs between fork and exec of
+/// a possibly multi-threaded agent); it never allocates.
+pub fn supervise_exec(uid: u32, gid: u32, keep_background: bool) -> io::Result<()> {
+    let set = supervisor_signals();
+    // SAFETY: plain syscalls on scalars and the local signal sets; no memory
+    // is allocated. fork(2) in this (single-threaded) child is safe.
+    unsafe {
+        if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // Blocked before fork so no exit is missed; the command gets the
+        // empty mask std set up for it back.
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        if libc::sigprocmask(libc::SIG_BLOCK, &set, &mut old) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let main = libc::fork();
+        if main < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if main == 0 {
+            libc::sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+            return drop_privileges(uid, gid);
+        }
+        // Hold nothing of the agent's or of the command's stdio: the command's
+        // pipes must close when the last process of the exec is gone, and
+        // std's exec-error pipe must close so the agent's spawn returns.
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        if null >= 0 {
+            for fd in 0..3 {
+                libc::dup2(null, fd);
+            }
+        }
+        if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) < 0 {
+            // Kernels before 5.9: close what a process normally has open.
+            for fd in 3..4096 {
+                libc::close(fd);
+            }
+        }
+        let status = supervise(main, &set, keep_background);
+        exit_like(status)
+    }
+}
+
+/// The supervisor's loop; returns the command's wait status.
+fn supervise(main: libc::pid_t, set: &libc::sigset_t, keep_background: bool) -> libc::c_int {
+    let mut main_status: Option<libc::c_int> = None;
+    let mut killing = false;
+    loop {
+        let mut no_children = false;
+        loop {
+            let mut st: libc::c_int = 0;
+            // SAFETY: waitpid writes only to the local status.
+            let r = unsafe { libc::waitpid(-1, &mut st, libc::WNOHANG) };
+            if r > 0 {
+                if r == main {
+                    main_status = Some(st);
+                }
+                continue;
+            }
+            if r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) {
+                no_children = true;
+            }
+            break;
+        }
+        if let Some(st) = main_status {
+            if no_children || (keep_background && !killing) {
+                return st;
+            }
+            killing = true;
+        } else if no_children {
+            // Cannot happen (the command is our child until reaped); exit 1.
+            return 1 << 8;
+        }
+        if killing {
+            kill_children();
+        }
+        let tick = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 2_000_000,
+        };
+        // SAFETY: waits for a blocked signal; writes nothing (null info).
+        let sig = unsafe {
+            if killing {
+                libc::sigtimedwait(set, std::ptr::null_mut(), &tick)
+            } else {
+                libc::sigwaitinfo(set, std::ptr::null_mut())
+            }
+        };
+        if sig == libc::SIGTERM {
+            killing = true;
+        }
+    }
+}
+
+/// Most processes one kill round walks; the rest are found on later rounds
+/// (the pids limit keeps a sandbox far below it).
+const KILL_WALK: usize = 8192;
+
+/// SIGKILLs every descendant of the calling (single-threaded) process: its
+/// children as listed in /proc/thread-self/children, then theirs through
+/// `/proc/<pid>/task/<pid>/children`, depth first. Each is killed before its
+/// children are read, so it cannot fork more (a pending SIGKILL fails
+/// fork). What a round misses (children of other threads, forks racing the
+/// walk) is re-parented to us when its parent dies and killed next round.
+fn kill_children() {
+    let mut stack = [0 as libc::pid_t; KILL_WALK];
+    let mut len = read_children(c"/proc/thread-self/children", &mut stack, 0);
+    let mut path = [0u8; 64];
+    while len > 0 {
+        len -= 1;
+        let pid = stack[len];
+        // SAFETY: kill(2) on a pid; no memory is touched.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        if let Some(p) = children_path(pid, &mut path) {
+            len = read_children(p, &mut stack, len);
+        }
+    }
+}
+
+/// Writes `/proc/<pid>/task/<pid>/children` into `buf`, NUL-terminated.
+fn children_path(pid: libc::pid_t, buf: &mut [u8; 64]) -> Option<&std::ffi::CStr> {
+    let mut digits = [0u8; 12];
+    let mut n = pid.unsigned_abs();
+    let mut d = digits.len();
+    loop {
+        d -= 1;
+        digits[d] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let digits = &digits[d..];
+    let mut at = 0;
+    for part in [
+        b"/proc/".as_slice(),
+        digits,
+        b"/task/",
+        digits,
+        b"/children\0",
+    ] {
+        buf.get_mut(at..at + part.len())?.copy_from_slice(part);
+        at += part.len();
+    }
+    std::ffi::CStr::from_bytes_with_nul(&buf[..at]).ok()
+}
+
+/// Appends the pids listed in a `children` file to `stack[len..]`; returns
+/// the new length.
+fn read_children(path: &std::ffi::CStr, stack: &mut [libc::pid_t], mut len: usize) -> usize {
+    // SAFETY: open/read/close on a local buffer; nothing is allocated.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return len;
+        }
+        let mut buf = [0u8; 4096];
+        let mut pid: libc::pid_t = 0;
+        let mut push = |pid: libc::pid_t, len: &mut usize| {
+            if pid > 0 && *len < stack.len() {
+                stack[*len] = pid;
+                *len += 1;
+            }
+        };
+        loop {
+            let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+            if n <= 0 {
+                break;
+            }
+            for &b in &buf[..n as usize] {
+                if b.is_ascii_digit() {
+                    pid = pid
+                        .saturating_mul(10)
+                        .saturating_add((b - b'0') as libc::pid_t);
+                } else {
+                    push(pid, &mut len);
+                    pid = 0;
+                }
+            }
+        }
+        push(pid, &mut len);
+        libc::close(fd);
+    }
+    len
+}
+
+/// Exits with the same wait status as `status`: the same code, or killed by
+/// the same signal (the supervisor is non-dumpable, so that dumps no core).
+fn exit_like(status: libc::c_int) -> ! {
+    if libc::WIFSIGNALED(status) {
+        let sig = libc::WTERMSIG(status);
+        // SAFETY: resets one disposition, unblocks every signal and sends
+        // `sig` to ourselves; nothing touches memory but the local set.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+            libc::kill(libc::getpid(), sig);
+            libc::_exit(128 + sig)
+        }
+    }
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        1
+    };
+    // SAFETY: _exit(2) ends the process without running any Rust code.
+    unsafe { libc::_exit(code) }
 }

@@ -60,6 +60,12 @@ pub struct ExecRequest {
     /// as the recipe's `USER`); the API never does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<ExecUser>,
+    /// Keep the processes the command leaves behind (`cmd &`, daemons)
+    /// running after it returns. By default every process the exec started,
+    /// however it detached (background jobs, `nohup`, `setsid`, double
+    /// forks), is killed when the command itself exits.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub background: bool,
 }
 
 /// A user other than the sandbox user, for [`ExecRequest::user`].
@@ -334,6 +340,13 @@ pub struct ExitInfo {
     pub stdout_truncated: bool,
     /// Stderr was cut at the output limit.
     pub stderr_truncated: bool,
+    /// When the run ended the writable layer had no free space left.
+    #[serde(default)]
+    pub disk_full: bool,
+    /// When the run ended the writable layer held as many files as its cap
+    /// allows (creating more fails with ENOSPC while `df` shows free space).
+    #[serde(default)]
+    pub files_full: bool,
 }
 
 impl ExitInfo {

@@ -780,6 +780,9 @@ struct ExecReq {
     #[serde(default)]
     env: BTreeMap<String, String>,
     cwd: Option<String>,
+    /// Keep the processes the command leaves behind running after it returns.
+    #[serde(default)]
+    background: bool,
 }
 
 fn run_options(state: &AppState, e: &Entry, req: &ExecReq) -> AppResult<RunOptions> {
@@ -797,6 +800,7 @@ fn run_options(state: &AppState, e: &Entry, req: &ExecReq) -> AppResult<RunOptio
         env,
         cwd: req.cwd.clone(),
         timeout: Some(timeout),
+        background: req.background,
         ..RunOptions::default()
     })
 }
