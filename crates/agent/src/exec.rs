@@ -34,6 +34,9 @@ pub enum What {
 /// How long output is still read after the process exits, for pipes that its
 /// background children hold open.
 const DRAIN_GRACE: Duration = Duration::from_millis(200);
+/// Bytes still read after the grace while the pipe never runs empty (a
+/// process left behind keeps writing); the output is then reported as cut.
+const POST_EXIT_MAX: u64 = 1 << 20;
 /// Directory for code files (root-owned, readable by the sandbox user).
 const CODE_DIR: &str = "/run/runcell/code";
 
@@ -292,6 +295,12 @@ async fn wait(
 
 /// Forwards up to `limit` bytes of a pipe as events and counts the rest.
 /// Memory use is one buffer, whatever the process prints.
+///
+/// Returns the bytes read and whether the output was cut: beyond `limit`, or
+/// because a process the exec left behind was still writing when the pump
+/// stopped. Output the process wrote before it exited is always read and
+/// counted, however slowly the host takes it: `stop` only ends the pump
+/// while the pipe is empty (or after [`POST_EXIT_MAX`] more bytes).
 async fn pump(
     fd: Option<OwnedFd>,
     limit: u64,
@@ -307,12 +316,24 @@ async fn pump(
     let mut buf = vec![0u8; 64 * 1024];
     let mut total = 0u64;
     let mut forwarded = 0u64;
+    let mut after_stop = 0u64;
+    let mut cut = false;
     loop {
+        // Biased: while the pipe has data, reading wins over stopping (the
+        // pump may have been held back by the host for longer than the grace).
         let n = tokio::select! {
+            biased;
             r = rx.read(&mut buf) => match r { Ok(0) | Err(_) => break, Ok(n) => n },
             _ = stop.wait_for(|s| *s) => break,
         };
         total += n as u64;
+        if *stop.borrow() {
+            after_stop += n as u64;
+            if after_stop > POST_EXIT_MAX {
+                cut = true;
+                break;
+            }
+        }
         if forwarded < limit {
             let take = (limit - forwarded).min(n as u64) as usize;
             forwarded += take as u64;
@@ -322,5 +343,5 @@ async fn pump(
             }
         }
     }
-    (total, total > forwarded)
+    (total, cut || total > forwarded)
 }

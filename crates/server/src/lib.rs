@@ -11,6 +11,7 @@ mod registry;
 mod repl;
 mod routes;
 mod state;
+mod stream;
 pub mod views;
 
 use std::fs;

@@ -192,7 +192,7 @@ pub(crate) async fn run(
         .sandbox
         .run_cell_streaming(&sid, &req.code, Some(timeout), |ev| match ev {
             CellEvent::Output(s, b) => {
-                e.log.append(s, &String::from_utf8_lossy(b));
+                e.log.append(s, b);
                 match s {
                     Output::Stdout => stdout.extend_from_slice(b),
                     Output::Stderr => stderr.extend_from_slice(b),
@@ -240,13 +240,13 @@ pub(crate) async fn run(
     };
     let body = serde_json::to_value(CellView {
         stdout: with_marker(
-            String::from_utf8_lossy(&stdout).into_owned(),
+            crate::stream::into_text(stdout),
             o.stdout_truncated,
             "stdout",
             o.stdout_bytes,
         ),
         stderr: with_marker(
-            String::from_utf8_lossy(&stderr).into_owned(),
+            crate::stream::into_text(stderr),
             o.stderr_truncated,
             "stderr",
             o.stderr_bytes,
