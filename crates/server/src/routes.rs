@@ -820,7 +820,8 @@ async fn exec(
         messages: outcome.messages(),
     };
     if !x.timed_out {
-        return crate::stream::json_off_thread(view).await;
+        let len = view.stdout.len() + view.stderr.len();
+        return crate::stream::exec_answer(view, len).await;
     }
     // The PandaStack clients raise SandboxTimeout for a 5xx whose message
     // contains "timeout" (see the API contract, section 6).

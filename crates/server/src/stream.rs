@@ -172,16 +172,32 @@ fn incomplete_tail(b: &[u8]) -> usize {
     0
 }
 
-/// A JSON answer serialized on a blocking thread: a large output takes a
-/// while to escape (every newline of a short-line flood), and the async
-/// workers must stay free for everybody else's requests meanwhile.
-pub(crate) async fn json_off_thread<T: serde::Serialize + Send + 'static>(
+/// Answers this large are encoded on the big-answer lane.
+const BIG_ANSWER: usize = 64 << 10;
+
+/// A JSON exec answer. A large output takes a while to encode (every newline
+/// of a short-line flood is an escape), so large answers are encoded on a
+/// blocking thread, one at a time for the whole daemon: the async workers
+/// stay free for everybody's requests, and however many sandboxes flood at
+/// once, their encoding takes at most one core.
+pub(crate) async fn exec_answer<T: serde::Serialize + Send + 'static>(
     value: T,
+    output_len: usize,
 ) -> Result<Response, ApiError> {
-    let bytes = tokio::task::spawn_blocking(move || serde_json::to_vec(&value))
-        .await
-        .map_err(|e| ApiError::internal(format!("Could not encode the answer: {e}")))?
-        .map_err(|e| ApiError::internal(format!("Could not encode the answer: {e}")))?;
+    static LANE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+    let encode = move || serde_json::to_vec(&value);
+    let bytes = if output_len < BIG_ANSWER {
+        encode()
+    } else {
+        let _turn = LANE
+            .acquire()
+            .await
+            .map_err(|e| ApiError::internal(format!("Could not encode the answer: {e}")))?;
+        tokio::task::spawn_blocking(encode)
+            .await
+            .map_err(|e| ApiError::internal(format!("Could not encode the answer: {e}")))?
+    }
+    .map_err(|e| ApiError::internal(format!("Could not encode the answer: {e}")))?;
     Ok(([(header::CONTENT_TYPE, "application/json")], bytes).into_response())
 }
 
