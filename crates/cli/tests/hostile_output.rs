@@ -418,13 +418,14 @@ async fn concurrent_floods_do_not_slow_other_tenants() {
     );
     eprintln!("healthz {ih:?} idle, {bh:?} under {runs} floods; exec {ie:?} idle, {be:?} busy");
     assert!(runs >= 30, "the floods did not run ({runs} execs)");
-    // Within 2x of idle (with 5 ms of slack for sub-millisecond healthz).
+    // Within 2x of idle, with 10 ms of slack for the scheduling noise of a
+    // shared 2-core machine on requests that take a few milliseconds.
     assert!(
-        bh <= ih * 2 + Duration::from_millis(5),
+        bh <= ih * 2 + Duration::from_millis(10),
         "healthz {ih:?} -> {bh:?}"
     );
     assert!(
-        be <= ie * 2 + Duration::from_millis(5),
+        be <= ie * 2 + Duration::from_millis(10),
         "exec {ie:?} -> {be:?}"
     );
     d.delete_all().await;
