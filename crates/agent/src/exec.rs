@@ -34,6 +34,11 @@ pub enum What {
 /// How long output is still read after the process exits, for pipes that its
 /// background children hold open.
 const DRAIN_GRACE: Duration = Duration::from_millis(200);
+/// After the grace, how long the pipe must stay empty for the pump to stop.
+const EMPTY_WAIT: Duration = Duration::from_millis(20);
+/// Bytes still read after the grace while the pipe never runs empty (a
+/// process left behind keeps writing); the output is then reported as cut.
+const POST_EXIT_MAX: u64 = 1 << 20;
 /// Directory for code files (root-owned, readable by the sandbox user).
 const CODE_DIR: &str = "/run/runcell/code";
 
@@ -362,6 +367,13 @@ pub async fn kill_exec(agent: &Agent, supervisor: i32) {
 
 /// Forwards up to `limit` bytes of a pipe as events and counts the rest.
 /// Memory use is one buffer, whatever the process prints.
+///
+/// Returns the bytes read and whether the output was cut: beyond `limit`, or
+/// because a process the exec left behind was still writing when the pump
+/// stopped. Output the process wrote before it exited is always read and
+/// counted, however slowly the host takes it: after `stop` the pump ends
+/// only once the pipe stays empty for [`EMPTY_WAIT`] (or after
+/// [`POST_EXIT_MAX`] more bytes, reported as cut).
 async fn pump(
     fd: Option<OwnedFd>,
     limit: u64,
@@ -377,12 +389,31 @@ async fn pump(
     let mut buf = vec![0u8; 64 * 1024];
     let mut total = 0u64;
     let mut forwarded = 0u64;
+    let mut after_stop = 0u64;
+    let mut cut = false;
     loop {
-        let n = tokio::select! {
-            r = rx.read(&mut buf) => match r { Ok(0) | Err(_) => break, Ok(n) => n },
-            _ = stop.wait_for(|s| *s) => break,
+        let n = if *stop.borrow() {
+            // After the grace, read on while data keeps coming (the pump may
+            // have been held back by a slow host for longer than the grace,
+            // with the pipe still full); stop once it stays empty.
+            match tokio::time::timeout(EMPTY_WAIT, rx.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) | Err(_) => break,
+                Ok(Ok(n)) => n,
+            }
+        } else {
+            tokio::select! {
+                r = rx.read(&mut buf) => match r { Ok(0) | Err(_) => break, Ok(n) => n },
+                _ = stop.wait_for(|s| *s) => continue,
+            }
         };
         total += n as u64;
+        if *stop.borrow() {
+            after_stop += n as u64;
+            if after_stop > POST_EXIT_MAX {
+                cut = true;
+                break;
+            }
+        }
         if forwarded < limit {
             let take = (limit - forwarded).min(n as u64) as usize;
             forwarded += take as u64;
@@ -392,5 +423,87 @@ async fn pump(
             }
         }
     }
-    (total, total > forwarded)
+    (total, cut || total > forwarded)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use runcell_protocol::{Frame, ServerMessage};
+    use tokio::sync::mpsc;
+
+    /// A pipe whose writer (a thread standing for the process) writes `n`
+    /// bytes and then exits, or keeps writing forever when `n` is `None`;
+    /// `stop` is set as soon as it exits (the grace is over at once).
+    fn pipe_with(n: Option<usize>) -> (OwnedFd, tokio::sync::watch::Receiver<bool>) {
+        let (rd, wr) = nix::unistd::pipe().unwrap();
+        // A large pipe (as a program may make its stdout): much is still in
+        // it when the writer exits.
+        nix::fcntl::fcntl(&wr, nix::fcntl::FcntlArg::F_SETPIPE_SZ(1 << 20)).unwrap();
+        let (stop_tx, stop) = tokio::sync::watch::channel(false);
+        std::thread::spawn(move || {
+            let mut f = std::fs::File::from(wr);
+            let block = vec![b'y'; 4096];
+            let mut left = n.unwrap_or(usize::MAX);
+            let mut written = 0;
+            while left > 0 {
+                let k = left.min(block.len());
+                if f.write_all(&block[..k]).is_err() {
+                    return;
+                }
+                left -= k;
+                written += k;
+                if n.is_none() && written == 256 << 10 {
+                    // The exec's process is gone; this one was left behind.
+                    stop_tx.send_replace(true);
+                }
+            }
+            drop(f);
+            stop_tx.send_replace(true);
+        });
+        (rd, stop)
+    }
+
+    /// Takes frames slowly, as a busy host does, and counts their bytes.
+    fn slow_host(mut rx: mpsc::Receiver<Frame<ServerMessage>>) -> tokio::task::JoinHandle<usize> {
+        tokio::spawn(async move {
+            let mut got = 0;
+            while let Some(f) = rx.recv().await {
+                got += f.body.len();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            got
+        })
+    }
+
+    #[tokio::test]
+    async fn output_written_before_exit_is_never_dropped() {
+        // The process exits and the grace is over (stop is set) while a
+        // slow host still holds the pump back with the pipe full: everything
+        // the process wrote is read, forwarded and counted.
+        let n = 4 << 20;
+        let (tx, rx) = mpsc::channel(1);
+        let host = slow_host(rx);
+        let (fd, stop) = pipe_with(Some(n));
+        let (total, cut) = pump(Some(fd), u64::MAX, tx, 1, Event::Stdout, stop).await;
+        assert_eq!((total, cut), (n as u64, false));
+        assert_eq!(host.await.unwrap(), n);
+    }
+
+    #[tokio::test]
+    async fn a_writer_left_behind_is_cut_and_reported() {
+        let (tx, rx) = mpsc::channel(1);
+        let host = slow_host(rx);
+        let (fd, stop) = pipe_with(None);
+        let (total, cut) = pump(Some(fd), u64::MAX, tx, 1, Event::Stdout, stop).await;
+        assert!(
+            cut,
+            "output still being written when the pump stopped must be reported as cut ({total})"
+        );
+        assert!(
+            total > POST_EXIT_MAX && total < 4 * POST_EXIT_MAX,
+            "{total}"
+        );
+        host.await.unwrap();
+    }
 }

@@ -55,6 +55,10 @@ pub struct ServeArgs {
     /// Bytes of each of stdout and stderr kept per exec. [default: 1M]
     #[arg(long, env = "RUNCELL_OUTPUT_LIMIT", value_parser = parse_size_arg)]
     output_limit: Option<u64>,
+    /// Largest output limit (`limits.output_bytes`) a create request may ask
+    /// for; larger ones are refused with 400. [default: 64M]
+    #[arg(long, env = "RUNCELL_MAX_OUTPUT_BYTES", value_parser = parse_size_arg)]
+    max_output_bytes: Option<u64>,
     /// Largest request body (file uploads, code). [default: 32M]
     #[arg(long, env = "RUNCELL_MAX_BODY", value_parser = parse_size_arg)]
     max_body: Option<u64>,
@@ -117,6 +121,7 @@ struct FileConfig {
     pids: Option<u64>,
     disk: Option<String>,
     output_limit: Option<String>,
+    max_output_bytes: Option<String>,
     max_body: Option<String>,
     max_sandboxes: Option<usize>,
     standby: Option<usize>,
@@ -205,6 +210,23 @@ fn settings(
         return Err("cpus must be a positive number".into());
     }
     let data_dir = args.data_dir.or(file.data_dir).unwrap_or(d.data_dir);
+    let max_output_bytes = size(
+        args.max_output_bytes,
+        &file.max_output_bytes,
+        "max_output_bytes",
+        d.max_output_bytes,
+    )?;
+    let output_limit = size(
+        args.output_limit,
+        &file.output_limit,
+        "output_limit",
+        l.output_bytes,
+    )?;
+    if max_output_bytes == 0 || output_limit > max_output_bytes {
+        return Err(format!(
+            "max_output_bytes ({max_output_bytes}) must be positive and at least output_limit ({output_limit})"
+        ));
+    }
     let config = ServeConfig {
         listen: args.listen.or(file.listen).unwrap_or(d.listen),
         // Templates live in the data directory unless --templates-dir says
@@ -240,12 +262,7 @@ fn settings(
                 "exec_timeout",
                 l.timeout,
             )?,
-            output_bytes: size(
-                args.output_limit,
-                &file.output_limit,
-                "output_limit",
-                l.output_bytes,
-            )?,
+            output_bytes: output_limit,
         },
         max_exec_timeout: dur(
             args.max_exec_timeout,
@@ -259,6 +276,7 @@ fn settings(
             "max_body",
             d.max_body_bytes as u64,
         )? as usize,
+        max_output_bytes,
         standby: args.standby.or(file.standby).unwrap_or(d.standby),
         max_sandboxes: args
             .max_sandboxes

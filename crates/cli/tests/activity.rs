@@ -107,7 +107,7 @@ async fn work_does_not_extend_the_maximum_lifetime() {
         free_port(),
         &["--warm-pool", "code-interpreter=0", "--max-lifetime", "3s"],
     );
-    let id = d.create(json!({"ttl_seconds": 60})).await;
+    let id = d.create(json!({"ttl_seconds": 3})).await;
     let started = Instant::now();
     let (status, _) = d.exec(&id, "sleep 20").await;
     // The sandbox is removed at its maximum lifetime, mid-exec.

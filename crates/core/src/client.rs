@@ -2,7 +2,7 @@
 //! one unix socket, each answered by a stream of events.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -57,8 +57,10 @@ pub struct AgentClient {
     next_id: AtomicU64,
     reader: tokio::task::JoinHandle<()>,
     sandbox_id: String,
+    path: PathBuf,
     /// Requests that use the sandbox (execs, code, cells, files) whose
-    /// answer is still being read.
+    /// answer is still being read, on this connection or on connections of
+    /// their own.
     work: Arc<AtomicUsize>,
 }
 
@@ -68,6 +70,8 @@ pub struct Replies {
     rx: mpsc::Receiver<(Event, Vec<u8>)>,
     /// The request id (to signal a running exec).
     pub id: u64,
+    /// The connection of its own, for [`AgentClient::request_own`].
+    own: Option<Box<AgentClient>>,
     _work: Option<WorkGuard>,
 }
 
@@ -106,6 +110,20 @@ impl Replies {
     /// The next event, or `Closed` if the connection ended first.
     pub async fn next(&mut self) -> Result<(Event, Vec<u8>), ClientError> {
         self.rx.recv().await.ok_or(ClientError::Closed)
+    }
+
+    /// Sends SIGKILL to the exec this answers (its whole process tree)
+    /// without waiting for the agent's reply, which may be queued behind
+    /// output nobody reads. Only for [`AgentClient::request_own`] replies.
+    pub async fn kill(&self) -> Result<(), ClientError> {
+        let Some(conn) = &self.own else {
+            return Err(ClientError::Closed);
+        };
+        let signal = Request::Signal {
+            exec_id: self.id,
+            signal: 9,
+        };
+        conn.request(signal, Vec::new()).await.map(drop)
     }
 }
 
@@ -156,7 +174,10 @@ impl AgentClient {
                     }
                 };
                 if let Some(tx) = tx {
-                    // Awaiting here applies backpressure all the way to the process.
+                    // Awaiting here applies backpressure all the way to the
+                    // process, and stalls every request of this connection:
+                    // a request whose reader may be slow (exec output) gets
+                    // a connection of its own (`request_own`).
                     let _ = tx.send((event, frame.body)).await;
                 }
             }
@@ -168,8 +189,27 @@ impl AgentClient {
             next_id: AtomicU64::new(1),
             reader,
             sandbox_id,
+            path: path.to_path_buf(),
             work: Arc::default(),
         })
+    }
+
+    /// Sends a request on a new connection of its own, which lives as long
+    /// as the returned replies: a consumer that reads them slowly then holds
+    /// back only this request's producer (through the socket, up to the
+    /// process writing the output), never the other requests to the sandbox.
+    pub async fn request_own(
+        &self,
+        request: Request,
+        body: Vec<u8>,
+    ) -> Result<Replies, ClientError> {
+        // Counted as this sandbox's work, not the new connection's.
+        let work = is_work(&request).then(|| WorkGuard::new(&self.work));
+        let conn = Box::new(AgentClient::connect(&self.path).await?);
+        let mut replies = conn.request(request, body).await?;
+        replies.own = Some(conn);
+        replies._work = work;
+        Ok(replies)
     }
 
     /// The sandbox id the agent reported.
@@ -198,6 +238,7 @@ impl AgentClient {
         Ok(Replies {
             rx,
             id,
+            own: None,
             _work: work,
         })
     }

@@ -34,7 +34,9 @@ pub use client::{AgentClient, ClientError};
 pub use context::{CellEvent, CellReport, CellRun, ContextOptions, MimeBundle};
 pub use limits::{format_secs, format_size, parse_size, SandboxLimits, SizeError};
 pub use runtime::{Runtime, RuntimeConfig, SandboxOptions};
-pub use sandbox::{truncation_marker, ExecOutcome, ExecResult, Output, RunOptions, Sandbox};
+pub use sandbox::{
+    truncation_marker, ExecOutcome, ExecResult, ExecRun, Output, RunEvent, RunOptions, Sandbox,
+};
 pub use template::{layer_path, Manifest, Template, TemplateDefaults, TemplateError, LAYERS_DIR};
 pub use time::{civil, rfc3339};
 

@@ -253,13 +253,14 @@ impl Sandbox {
         self.agent.work_in_progress()
     }
 
-    /// Runs a command, calling `on_output` for each chunk as it arrives.
-    pub async fn exec_streaming(
+    /// Starts a command; its output and end are read from the returned run
+    /// at the caller's pace (a slow reader holds back the process, not the
+    /// daemon's memory nor the sandbox's other requests).
+    pub async fn exec_start(
         &self,
         command: Command,
         opts: &RunOptions,
-        on_output: impl FnMut(Output, &[u8]),
-    ) -> Result<ExecOutcome, Error> {
+    ) -> Result<ExecRun<'_>, Error> {
         let timeout = opts.timeout.unwrap_or(self.limits.timeout);
         let req = Request::Exec(ExecRequest {
             command,
@@ -270,18 +271,16 @@ impl Sandbox {
             user: opts.user.clone(),
             background: opts.background,
         });
-        self.stream(req, opts.stdin.clone(), timeout, on_output)
-            .await
+        self.start(req, opts.stdin.clone(), timeout).await
     }
 
-    /// Runs source code, calling `on_output` for each chunk as it arrives.
-    pub async fn run_code_streaming(
+    /// Starts source code, like [`Sandbox::exec_start`].
+    pub async fn run_code_start(
         &self,
         language: Language,
         code: &str,
         opts: &RunOptions,
-        on_output: impl FnMut(Output, &[u8]),
-    ) -> Result<ExecOutcome, Error> {
+    ) -> Result<ExecRun<'_>, Error> {
         let timeout = opts.timeout.unwrap_or(self.limits.timeout);
         let req = Request::RunCode(RunCodeRequest {
             language,
@@ -291,8 +290,46 @@ impl Sandbox {
             timeout_ms: Some(timeout.as_millis() as u64),
             output_limit: self.limits.output_bytes,
         });
-        self.stream(req, code.as_bytes().to_vec(), timeout, on_output)
-            .await
+        self.start(req, code.as_bytes().to_vec(), timeout).await
+    }
+
+    async fn start(
+        &self,
+        req: Request,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<ExecRun<'_>, Error> {
+        let before = self.counters();
+        let replies = self.agent.request_own(req, body).await?;
+        Ok(ExecRun {
+            sandbox: self,
+            replies,
+            timeout,
+            before,
+        })
+    }
+
+    /// Runs a command, calling `on_output` for each chunk as it arrives.
+    pub async fn exec_streaming(
+        &self,
+        command: Command,
+        opts: &RunOptions,
+        mut on_output: impl FnMut(Output, &[u8]),
+    ) -> Result<ExecOutcome, Error> {
+        let mut run = self.exec_start(command, opts).await?;
+        run.drive(&mut on_output).await
+    }
+
+    /// Runs source code, calling `on_output` for each chunk as it arrives.
+    pub async fn run_code_streaming(
+        &self,
+        language: Language,
+        code: &str,
+        opts: &RunOptions,
+        mut on_output: impl FnMut(Output, &[u8]),
+    ) -> Result<ExecOutcome, Error> {
+        let mut run = self.run_code_start(language, code, opts).await?;
+        run.drive(&mut on_output).await
     }
 
     /// Runs a command and collects its output.
@@ -327,32 +364,6 @@ impl Sandbox {
             outcome,
             stdout,
             stderr,
-        })
-    }
-
-    async fn stream(
-        &self,
-        req: Request,
-        body: Vec<u8>,
-        timeout: Duration,
-        mut on_output: impl FnMut(Output, &[u8]),
-    ) -> Result<ExecOutcome, Error> {
-        let before = self.counters();
-        let mut replies = self.agent.request(req, body).await?;
-        // The agent enforces the timeout; this is a backstop should it stall.
-        let backstop = timeout + Duration::from_secs(30);
-        let exit = tokio::time::timeout(backstop, read_run(&mut replies, &mut on_output))
-            .await
-            .map_err(|_| ClientError::Closed)??;
-        let after = self.counters();
-        Ok(ExecOutcome {
-            exit,
-            timeout,
-            oom_killed: after.oom_kills > before.oom_kills,
-            pids_limit: after.pids_limit_hits > before.pids_limit_hits,
-            memory_limit: self.limits.memory_bytes,
-            pids_max: self.limits.pids,
-            disk_limit: self.limits.disk_bytes,
         })
     }
 
@@ -485,20 +496,73 @@ fn collect(stdout: &mut Vec<u8>, stderr: &mut Vec<u8>, stream: Output, bytes: &[
     }
 }
 
-async fn read_run(
-    replies: &mut Replies,
-    on_output: &mut impl FnMut(Output, &[u8]),
-) -> Result<ExitInfo, ClientError> {
-    loop {
-        match replies.next().await? {
-            (Event::ExecStarted { .. }, _) => {}
-            (Event::Stdout, body) => on_output(Output::Stdout, &body),
-            (Event::Stderr, body) => on_output(Output::Stderr, &body),
-            (Event::ExecExited(info), _) => return Ok(info),
-            (Event::Error { kind, message }, _) => {
-                return Err(ClientError::Agent { kind, message })
+/// What a running exec produced next.
+#[derive(Debug)]
+pub enum RunEvent {
+    /// A chunk of output.
+    Output(Output, Vec<u8>),
+    /// The run ended.
+    Done(ExecOutcome),
+}
+
+/// A started exec or code run, read at the caller's pace.
+#[derive(Debug)]
+pub struct ExecRun<'a> {
+    sandbox: &'a Sandbox,
+    replies: Replies,
+    timeout: Duration,
+    before: Counters,
+}
+
+impl ExecRun<'_> {
+    /// The next chunk of output, or the end. The agent enforces the timeout;
+    /// should it stall, this gives up 30 s after it.
+    pub async fn next(&mut self) -> Result<RunEvent, Error> {
+        let backstop = self.timeout + Duration::from_secs(30);
+        loop {
+            let event = tokio::time::timeout(backstop, self.replies.next())
+                .await
+                .map_err(|_| ClientError::Closed)??;
+            return match event {
+                (Event::ExecStarted { .. }, _) => continue,
+                (Event::Stdout, body) => Ok(RunEvent::Output(Output::Stdout, body)),
+                (Event::Stderr, body) => Ok(RunEvent::Output(Output::Stderr, body)),
+                (Event::ExecExited(exit), _) => {
+                    let after = self.sandbox.counters();
+                    let limits = &self.sandbox.limits;
+                    Ok(RunEvent::Done(ExecOutcome {
+                        exit,
+                        timeout: self.timeout,
+                        oom_killed: after.oom_kills > self.before.oom_kills,
+                        pids_limit: after.pids_limit_hits > self.before.pids_limit_hits,
+                        memory_limit: limits.memory_bytes,
+                        pids_max: limits.pids,
+                        disk_limit: limits.disk_bytes,
+                    }))
+                }
+                (Event::Error { kind, message }, _) => {
+                    Err(ClientError::Agent { kind, message }.into())
+                }
+                (other, _) => Err(ClientError::Unexpected(Box::new(other)).into()),
+            };
+        }
+    }
+
+    /// Kills the run's process tree (its end still arrives through `next`).
+    pub async fn kill(&self) -> Result<(), Error> {
+        Ok(self.replies.kill().await?)
+    }
+
+    /// Reads the run to its end, calling `on_output` for each chunk.
+    pub async fn drive(
+        &mut self,
+        on_output: &mut impl FnMut(Output, &[u8]),
+    ) -> Result<ExecOutcome, Error> {
+        loop {
+            match self.next().await? {
+                RunEvent::Output(s, b) => on_output(s, &b),
+                RunEvent::Done(o) => return Ok(o),
             }
-            (other, _) => return Err(ClientError::Unexpected(Box::new(other))),
         }
     }
 }

@@ -14,6 +14,7 @@ mod rejection;
 mod repl;
 mod routes;
 mod state;
+mod stream;
 pub mod views;
 
 use std::fs;

@@ -9,7 +9,6 @@ use axum::Json;
 use runcell_core::{CellEvent, ClientError, ContextOptions, Output};
 use runcell_protocol::{ContextInfo, ErrorKind, Language};
 use serde::Deserialize;
-use serde_json::Value;
 
 use crate::error::ApiError;
 use crate::routes::{find, rfc3339, with_marker, AppResult, JsonBody, RawBody, St, Workspace};
@@ -182,7 +181,7 @@ pub(crate) async fn run(
     Extension(ws): Extension<Workspace>,
     Path((id, sid)): Path<(String, String)>,
     JsonBody(req): JsonBody<RunReq>,
-) -> AppResult<Json<Value>> {
+) -> AppResult<axum::response::Response> {
     let e = find(&state, &ws, &id)?;
     if req.code.trim().is_empty() {
         return Err(ApiError::bad_request("code required"));
@@ -196,7 +195,7 @@ pub(crate) async fn run(
         .sandbox
         .run_cell_streaming(&sid, &req.code, Some(timeout), |ev| match ev {
             CellEvent::Output(s, b) => {
-                e.log.append(s, &String::from_utf8_lossy(b));
+                e.log.append(s, b);
                 match s {
                     Output::Stdout => stdout.extend_from_slice(b),
                     Output::Stderr => stderr.extend_from_slice(b),
@@ -242,15 +241,15 @@ pub(crate) async fn run(
         (None, Some(_)) => Some(messages.join(" ")),
         (None, None) => None,
     };
-    let body = serde_json::to_value(CellView {
+    let view = CellView {
         stdout: with_marker(
-            String::from_utf8_lossy(&stdout).into_owned(),
+            crate::stream::into_text(stdout),
             o.stdout_truncated,
             "stdout",
             o.stdout_bytes,
         ),
         stderr: with_marker(
-            String::from_utf8_lossy(&stderr).into_owned(),
+            crate::stream::into_text(stderr),
             o.stderr_truncated,
             "stderr",
             o.stderr_bytes,
@@ -274,18 +273,19 @@ pub(crate) async fn run(
         stdout_bytes: o.stdout_bytes,
         stderr_bytes: o.stderr_bytes,
         messages: messages.clone(),
-    })
-    .expect("cell result serializes");
-    if o.timed_out {
-        // The PandaStack clients raise SandboxTimeout for a 5xx whose message
-        // contains "timeout" (contract, section 8.2).
-        let mut err = ApiError::internal(format!(
-            "cell timeout after {}s: {}",
-            runcell_core::format_secs(timeout),
-            messages.first().cloned().unwrap_or_default()
-        ));
-        err.extra = body.as_object().cloned();
-        return Err(err);
+    };
+    if !o.timed_out {
+        let len = view.stdout.len() + view.stderr.len();
+        return crate::stream::exec_answer(view, len).await;
     }
-    Ok(Json(body))
+    // The PandaStack clients raise SandboxTimeout for a 5xx whose message
+    // contains "timeout" (contract, section 8.2).
+    let body = serde_json::to_value(view).expect("cell result serializes");
+    let mut err = ApiError::internal(format!(
+        "cell timeout after {}s: {}",
+        runcell_core::format_secs(timeout),
+        messages.first().cloned().unwrap_or_default()
+    ));
+    err.extra = body.as_object().cloned();
+    Err(err)
 }

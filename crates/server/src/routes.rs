@@ -3,7 +3,6 @@
 //! additions are extra fields the PandaStack clients ignore.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,11 +10,10 @@ use axum::body::Bytes;
 use axum::extract::{Extension, FromRequest, Path, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete as delete_route, get, post};
 use axum::{Json, Router};
-use futures_util::StreamExt;
 use runcell_core::egress::NetworkPolicy;
 use runcell_core::{format_size, Output, RunOptions, SandboxLimits, SandboxOptions};
 use runcell_protocol::{Command, FileStat};
@@ -522,11 +520,14 @@ async fn create(
         ))
     })?;
     // The template's declared defaults, then what the request asks for.
-    let limits = apply_limits(
+    let mut limits = apply_limits(
         &state,
         template.defaults.apply(state.config.default_limits),
         req.limits.unwrap_or_default(),
     )?;
+    // A template's default above the operator's maximum is lowered to it
+    // (a request above it was refused by the bounds).
+    limits.output_bytes = limits.output_bytes.min(state.config.max_output_bytes);
     // The request's network policy, else the template's, else none.
     let network = match req.network.take() {
         Some(p) => p,
@@ -823,107 +824,64 @@ async fn exec(
     Extension(ws): Extension<Workspace>,
     Path(id): Path<String>,
     JsonBody(req): JsonBody<ExecReq>,
-) -> AppResult<Json<Value>> {
+) -> AppResult<Response> {
     let e = find(&state, &ws, &id)?;
     let opts = run_options(&state, &e, &req)?;
     state.touch(&e).await;
     let started = std::time::Instant::now();
+    // The output is held once (at most the output limit per stream, which
+    // the agent enforces), then moved into the answer without a copy.
     let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
     let outcome = e
         .sandbox
         .exec_streaming(Command::Shell(req.cmd.clone()), &opts, |s, b| {
-            e.log.append(s, &String::from_utf8_lossy(b));
+            e.log.append(s, b);
             match s {
                 Output::Stdout => stdout.extend_from_slice(b),
                 Output::Stderr => stderr.extend_from_slice(b),
             }
         })
         .await?;
-    let r = runcell_core::ExecResult {
-        outcome,
-        stdout,
-        stderr,
-    };
     state.metrics.exec_latency.observe(started.elapsed());
     state.touch(&e).await;
-    let x = &r.outcome.exit;
-    let body = serde_json::to_value(ExecView {
+    let x = &outcome.exit;
+    let view = ExecView {
         stdout: with_marker(
-            String::from_utf8_lossy(&r.stdout).into_owned(),
+            crate::stream::into_text(stdout),
             x.stdout_truncated,
             "stdout",
             x.stdout_bytes,
         ),
         stderr: with_marker(
-            String::from_utf8_lossy(&r.stderr).into_owned(),
+            crate::stream::into_text(stderr),
             x.stderr_truncated,
             "stderr",
             x.stderr_bytes,
         ),
-        exit_code: r.outcome.status(),
+        exit_code: outcome.status(),
         duration_ms: x.duration_ms,
         timed_out: x.timed_out,
-        oom_killed: r.outcome.oom_killed,
-        pids_limit: r.outcome.pids_limit,
+        oom_killed: outcome.oom_killed,
+        pids_limit: outcome.pids_limit,
         stdout_truncated: x.stdout_truncated,
         stderr_truncated: x.stderr_truncated,
         stdout_bytes: x.stdout_bytes,
         stderr_bytes: x.stderr_bytes,
-        messages: r.outcome.messages(),
-    })
-    .expect("exec result serializes");
-    if x.timed_out {
-        // The PandaStack clients raise SandboxTimeout for a 5xx whose message
-        // contains "timeout" (see the API contract, section 6).
-        let mut err = ApiError::internal(format!(
-            "exec timeout after {}s: context deadline exceeded",
-            runcell_core::format_secs(r.outcome.timeout)
-        ));
-        err.extra = body.as_object().cloned();
-        return Err(err);
+        messages: outcome.messages(),
+    };
+    if !x.timed_out {
+        let len = view.stdout.len() + view.stderr.len();
+        return crate::stream::exec_answer(view, len).await;
     }
-    Ok(Json(body))
-}
-
-/// An SSE response that sends the channel's events and ends when every
-/// sender is gone, with `: ping` keep-alives every 15 s.
-fn sse_response(rx: tokio::sync::mpsc::UnboundedReceiver<SseEvent>) -> Response {
-    let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(Ok::<_, Infallible>);
-    let sse = Sse::new(stream).keep_alive(
-        KeepAlive::new()
-            .interval(Duration::from_secs(15))
-            .text("ping"),
-    );
-    // Without a charset, Python's requests decodes the stream as ISO-8859-1.
-    (
-        [
-            (header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
-            (header::CACHE_CONTROL, "no-cache"),
-            (header::HeaderName::from_static("x-accel-buffering"), "no"),
-        ],
-        sse,
-    )
-        .into_response()
-}
-
-/// Splits a byte stream into valid UTF-8 text without breaking characters
-/// across chunks.
-#[derive(Debug, Default)]
-struct Utf8Carry(Vec<u8>);
-
-impl Utf8Carry {
-    fn push(&mut self, bytes: &[u8]) -> String {
-        self.0.extend_from_slice(bytes);
-        let valid = match std::str::from_utf8(&self.0) {
-            Ok(_) => self.0.len(),
-            Err(e) if e.error_len().is_none() => e.valid_up_to(),
-            Err(_) => self.0.len(),
-        };
-        let rest = self.0.split_off(valid);
-        let text = String::from_utf8_lossy(&self.0).into_owned();
-        self.0 = rest;
-        text
-    }
+    // The PandaStack clients raise SandboxTimeout for a 5xx whose message
+    // contains "timeout" (see the API contract, section 6).
+    let body = serde_json::to_value(view).expect("exec result serializes");
+    let mut err = ApiError::internal(format!(
+        "exec timeout after {}s: context deadline exceeded",
+        runcell_core::format_secs(outcome.timeout)
+    ));
+    err.extra = body.as_object().cloned();
+    Err(err)
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/exec/stream", tag = "exec", operation_id = "execCommandStream", params(("id" = String, Path, description = "The sandbox id")), request_body = ExecReq,
@@ -937,51 +895,119 @@ async fn exec_stream(
     let e = find(&state, &ws, &id)?;
     let opts = run_options(&state, &e, &req)?;
     state.touch(&e).await;
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<SseEvent>();
+    let (tx, response) = crate::stream::sse_channel();
     tokio::spawn(async move {
-        let (mut out, mut err) = (Utf8Carry::default(), Utf8Carry::default());
-        let chunk_tx = tx.clone();
-        let result = e
-            .sandbox
-            .exec_streaming(Command::Shell(req.cmd.clone()), &opts, |stream, bytes| {
-                let (name, text) = match stream {
-                    Output::Stdout => ("stdout", out.push(bytes)),
-                    Output::Stderr => ("stderr", err.push(bytes)),
-                };
-                e.log.append(stream, &text);
-                if !text.is_empty() {
-                    let _ = chunk_tx.send(
-                        SseEvent::default()
-                            .event(name)
-                            .data(json!({"chunk": text}).to_string()),
-                    );
-                }
-            })
-            .await;
+        let result = stream_exec(&e, &req.cmd, &opts, tx).await;
         state.touch(&e).await;
-        let last = match result {
-            Ok(o) if o.exit.timed_out => SseEvent::default().event("error").data(
-                json!({"error": format!("exec timeout after {}s", runcell_core::format_secs(o.timeout))}).to_string(),
-            ),
-            Ok(o) => {
-                for m in o.messages() {
-                    let _ = tx.send(
-                        SseEvent::default()
-                            .event("stderr")
-                            .data(json!({"chunk": format!("{m}\n")}).to_string()),
-                    );
-                }
-                SseEvent::default()
-                    .event("exit")
-                    .data(json!({"exit_code": o.status(), "oom_killed": o.oom_killed, "pids_limit": o.pids_limit}).to_string())
-            }
-            Err(err) => SseEvent::default()
-                .event("error")
-                .data(json!({"error": ApiError::from(err).message}).to_string()),
-        };
-        let _ = tx.send(last);
+        if let Err(err) = result {
+            tracing::info!(sandbox = %e.sandbox.id(), "exec stream ended: {err}");
+        }
     });
-    Ok(sse_response(rx))
+    Ok(response)
+}
+
+/// Why an exec stream ended early.
+#[derive(Debug, thiserror::Error)]
+enum StreamError {
+    /// The sandbox failed the exec.
+    #[error(transparent)]
+    Run(#[from] runcell_core::Error),
+    /// The client read nothing for the stall limit.
+    #[error("the client stopped reading; the exec was killed")]
+    Stalled,
+}
+
+/// Runs an exec and sends its output as SSE events at the client's pace: a
+/// client that reads slowly holds back the program (the pipes, the agent's
+/// connection of this exec and the stream's buffer are all bounded); one
+/// that stops reading for the stall limit gets an `error` event and the exec
+/// is killed.
+async fn stream_exec(
+    e: &Entry,
+    cmd: &str,
+    opts: &RunOptions,
+    mut tx: crate::stream::SseSender,
+) -> Result<(), StreamError> {
+    use crate::stream::{error_event, SendError, Utf8Carry};
+    use runcell_core::RunEvent;
+    let mut run = match e
+        .sandbox
+        .exec_start(Command::Shell(cmd.to_string()), opts)
+        .await
+    {
+        Ok(r) => r,
+        Err(err) => {
+            let _ = tx.send(error_event(&ApiError::from(err).message)).await;
+            return Ok(());
+        }
+    };
+    let (mut out, mut err) = (Utf8Carry::default(), Utf8Carry::default());
+    let outcome = loop {
+        let next = match run.next().await {
+            Ok(n) => n,
+            Err(err) => {
+                let _ = tx.send(error_event(&ApiError::from(err).message)).await;
+                return Ok(());
+            }
+        };
+        let (stream, bytes) = match next {
+            RunEvent::Output(s, b) => (s, b),
+            RunEvent::Done(o) => break o,
+        };
+        e.log.append(stream, &bytes);
+        if tx.is_closed() {
+            // The client went away: the exec runs on (as a request whose
+            // client hung up does), its output only logged.
+            continue;
+        }
+        let (name, text) = match stream {
+            Output::Stdout => ("stdout", out.push(&bytes)),
+            Output::Stderr => ("stderr", err.push(&bytes)),
+        };
+        if text.is_empty() {
+            continue;
+        }
+        let event = SseEvent::default()
+            .event(name)
+            .data(json!({ "chunk": text }).to_string());
+        drop(text);
+        if tx.send(event).await == Err(SendError::Stalled) {
+            tracing::warn!(
+                sandbox = %e.sandbox.id(),
+                "an exec stream's client read nothing for {} s: ended the stream and killed the exec",
+                crate::stream::STALL_LIMIT.as_secs()
+            );
+            if let Err(err) = run.kill().await {
+                tracing::warn!(sandbox = %e.sandbox.id(), "could not kill the stalled exec: {err}");
+            }
+            // Read to the end (bounded: the process tree is dead), so the
+            // agent's connection of this exec closes cleanly.
+            let drain = async { while matches!(run.next().await, Ok(RunEvent::Output(..))) {} };
+            let _ = tokio::time::timeout(Duration::from_secs(10), drain).await;
+            return Err(StreamError::Stalled);
+        }
+    };
+    let last = if outcome.exit.timed_out {
+        error_event(&format!(
+            "exec timeout after {}s",
+            runcell_core::format_secs(outcome.timeout)
+        ))
+    } else {
+        for m in outcome.messages() {
+            let ev = SseEvent::default()
+                .event("stderr")
+                .data(json!({"chunk": format!("{m}\n")}).to_string());
+            if tx.send(ev).await.is_err() {
+                return Ok(());
+            }
+        }
+        SseEvent::default().event("exit").data(
+            json!({"exit_code": outcome.status(), "oom_killed": outcome.oom_killed, "pids_limit": outcome.pids_limit})
+                .to_string(),
+        )
+    };
+    let _ = tx.send(last).await;
+    Ok(())
 }
 
 #[derive(Debug, Deserialize)]
@@ -1145,35 +1171,52 @@ async fn logs(
         let text: String = e.log.snapshot(keep).into_iter().map(|l| l.text).collect();
         return Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response());
     }
-    let (past, mut rx) = e.log.follow();
+    let mut follower = e.log.follow();
     drop(e);
-    let (tx, out) = tokio::sync::mpsc::unbounded_channel::<SseEvent>();
+    let (mut tx, response) = crate::stream::sse_channel();
     let line_event = |text: &str| {
         SseEvent::default()
             .event("line")
             .data(json!({"line": text}).to_string())
     };
-    let _ = tx.send(SseEvent::default().comment("open"));
-    for l in past.iter().filter(|l| keep(l.stream)) {
-        let _ = tx.send(line_event(&l.text));
-    }
     tokio::spawn(async move {
+        use crate::logs::Followed;
+        if tx.send(SseEvent::default().comment("open")).await.is_err() {
+            return;
+        }
         loop {
-            tokio::select! {
-                got = rx.recv() => match got {
-                    Ok(l) if keep(l.stream) => { if tx.send(line_event(&l.text)).is_err() { return } }
-                    Ok(_) => {}
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                        let _ = tx.send(SseEvent::default().comment(format!("{n} lines dropped")));
-                    }
-                    // The sandbox is gone: end the stream.
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                },
+            let got = tokio::select! {
+                got = follower.next() => got,
                 _ = tx.closed() => return,
+            };
+            let sent = match got {
+                Some(Followed::Lines(lines)) => {
+                    let mut sent = Ok(());
+                    for l in lines.iter().filter(|l| keep(l.stream)) {
+                        sent = tx.send(line_event(&l.text)).await;
+                        if sent.is_err() {
+                            break;
+                        }
+                    }
+                    sent
+                }
+                Some(Followed::Missed(n)) => {
+                    tx.send(SseEvent::default().comment(format!("{n} bytes dropped")))
+                        .await
+                }
+                // The sandbox is gone: end the stream.
+                None => return,
+            };
+            if sent == Err(crate::stream::SendError::Stalled) {
+                tracing::info!("a log stream's client read nothing for a while; ended it");
+                return;
+            }
+            if sent.is_err() {
+                return;
             }
         }
     });
-    Ok(sse_response(out))
+    Ok(response)
 }
 
 fn lifecycle_json(r: &Record) -> Value {
@@ -1299,17 +1342,4 @@ async fn template(State(state): St, Path(name): Path<String>) -> AppResult<Json<
     template_json(&state, &name, alias.as_deref())
         .map(Json)
         .map_err(|_| ApiError::new(StatusCode::NOT_FOUND, "template not found"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn utf8_is_never_split() {
-        let mut c = Utf8Carry::default();
-        let s = "héllo".as_bytes();
-        assert_eq!(c.push(&s[..2]), "h");
-        assert_eq!(c.push(&s[2..]), "éllo");
-    }
 }

@@ -31,6 +31,9 @@ pub struct ServeConfig {
     pub max_exec_timeout: Duration,
     /// Largest request body.
     pub max_body_bytes: usize,
+    /// Largest `limits.output_bytes` a create request may ask for (the
+    /// memory one exec answer may take is proportional to it).
+    pub max_output_bytes: u64,
     /// Prepared sandboxes kept ready.
     pub standby: usize,
     /// Cgroup parent name.
@@ -67,6 +70,7 @@ impl Default for ServeConfig {
             default_limits: SandboxLimits::default(),
             max_exec_timeout: Duration::from_secs(3600),
             max_body_bytes: 32 << 20,
+            max_output_bytes: 64 << 20,
             standby: 2,
             cgroup_parent: "runcell".into(),
             max_sandboxes: 64,

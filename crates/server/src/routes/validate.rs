@@ -27,11 +27,14 @@ impl From<RequestError> for ApiError {
 
 /// The ranges a request's limits must fall in on this daemon.
 pub(crate) fn bounds(state: &AppState) -> LimitBounds {
-    LimitBounds::for_host(
-        state.config.max_exec_timeout,
-        state.config.max_lifetime,
-        &state.config.default_limits,
-    )
+    LimitBounds {
+        max_output_bytes: state.config.max_output_bytes,
+        ..LimitBounds::for_host(
+            state.config.max_exec_timeout,
+            state.config.max_lifetime,
+            &state.config.default_limits,
+        )
+    }
 }
 
 /// An idle TTL in seconds, up to the maximum lifetime.
