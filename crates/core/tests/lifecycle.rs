@@ -220,3 +220,26 @@ async fn sweeping_while_sandboxes_start_never_kills_one() {
         wrong.len()
     );
 }
+
+/// The cloned child has a parent-death signal while it is prepared, and that
+/// signal follows the *thread* that cloned it: tokio's blocking threads exit
+/// after 10 s idle. Prepared and started sandboxes must survive that.
+#[tokio::test(flavor = "multi_thread")]
+async fn standbys_outlive_the_thread_that_prepared_them() {
+    require_root();
+    let cfg = config("lifecycle-pdeath", 2);
+    let rt = Runtime::new(cfg.clone()).unwrap();
+    rt.sweep_dead();
+    rt.warm_up().await;
+    let standbys = entries(&cfg.state_dir);
+    assert_eq!(standbys.len(), 2);
+    let started = sandbox(&rt, limits()).await;
+    // Past the blocking pool's 10 s keep-alive: the preparing threads are gone.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(sh(&started, "echo ok").await.stdout, b"ok\n");
+    let next = sandbox(&rt, limits()).await;
+    assert!(standbys.contains(&next.id().to_string()));
+    assert_eq!(sh(&next, "echo ok").await.stdout, b"ok\n");
+    started.destroy().await.unwrap();
+    next.destroy().await.unwrap();
+}

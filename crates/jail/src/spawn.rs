@@ -332,8 +332,29 @@ impl Standby {
             cg.add_process(pid)?;
         }
         drop(staging);
-        // Let the child exec the agent, which then waits for its spec.
+        // Let the child exec the agent, which then waits for its spec. The
+        // child first acknowledges that it dropped its parent-death signal:
+        // from then on the calling thread may exit (the signal follows the
+        // thread that cloned, not the process).
         host_end.write_all(b"G").map_err(SpawnError::Setup)?;
+        host_end
+            .set_read_timeout(Some(cfg.ready_timeout))
+            .map_err(SpawnError::Setup)?;
+        let mut ack = [0u8; 1];
+        match host_end.read_exact(&mut ack) {
+            Ok(()) if ack[0] == b'A' => {}
+            Ok(()) => {
+                return Err(SpawnError::SetupFailed(format!(
+                    "unexpected acknowledgement byte {:#x}",
+                    ack[0]
+                )))
+            }
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                return Err(SpawnError::AgentDied(log_tail(&log_path)))
+            }
+            Err(e) => return Err(SpawnError::Setup(e)),
+        }
+        host_end.set_read_timeout(None).map_err(SpawnError::Setup)?;
         tracing::debug!(
             sandbox = %cfg.id,
             clone_us = t_clone.as_micros() as u64,
@@ -783,6 +804,10 @@ unsafe fn child_exec(
             libc::_exit(126);
         }
         libc::prctl(libc::PR_SET_PDEATHSIG, 0, 0, 0, 0);
+        let ack = b'A';
+        if libc::write(setup, (&ack as *const u8).cast(), 1) != 1 {
+            libc::_exit(126);
+        }
         // The uid/gid maps are written now: become root of the user namespace
         // so that exec keeps the namespace's capabilities. Raw syscalls: the
         // libc wrappers would try to change the credentials of every thread
