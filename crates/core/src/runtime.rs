@@ -236,6 +236,29 @@ impl Runtime {
         opts: SandboxOptions,
         host_network: bool,
     ) -> Result<Sandbox, Error> {
+        match self.start_one(&template, &opts, host_network).await {
+            // Nothing of the caller's ran yet: one more try with another
+            // sandbox hides a transient failure (e.g. an agent lost to a
+            // race) instead of failing a run for it.
+            Err(e) if is_transient(&e) => {
+                tracing::warn!(
+                    "a sandbox failed while starting, before any code ran; retrying once: {e}"
+                );
+                self.start_one(&template, &opts, host_network).await
+            }
+            r => r,
+        }
+    }
+
+    /// One attempt at [`Runtime::create_from`].
+    async fn start_one(
+        &self,
+        template: &Template,
+        opts: &SandboxOptions,
+        host_network: bool,
+    ) -> Result<Sandbox, Error> {
+        let template = template.clone();
+        let opts = opts.clone();
         // Standbys already have their own network namespace.
         let standby = if host_network {
             None
@@ -243,12 +266,31 @@ impl Runtime {
             self.pool.ready.lock().expect("pool lock").pop_front()
         };
         let network = opts.network.clone().filter(|_| !host_network);
-        let mut jail = match standby {
+        let started = match standby {
             Some(standby) => {
                 let cfg = self.jail_config(standby.id().to_string(), &template, &opts, false);
-                tokio::task::spawn_blocking(move || standby.start(&cfg))
-                    .await
-                    .map_err(Error::Task)??
+                let r = tokio::task::spawn_blocking(move || {
+                    // Limits the kernel refuses fail here, before the
+                    // standby is used up; it then goes back to the pool.
+                    if let Err(e) = standby.set_limits(&cfg.limits) {
+                        let back = (standby.reset_limits().is_ok() && standby.is_alive())
+                            .then_some(Box::new(standby));
+                        return Err((e, back));
+                    }
+                    standby.start(&cfg).map_err(|e| (e, None))
+                })
+                .await
+                .map_err(Error::Task)?;
+                r.map_err(|(e, back)| {
+                    if let Some(standby) = back {
+                        self.pool
+                            .ready
+                            .lock()
+                            .expect("pool lock")
+                            .push_front(*standby);
+                    }
+                    e
+                })
             }
             None => {
                 let cfg = self.jail_config(
@@ -259,14 +301,16 @@ impl Runtime {
                 );
                 tokio::task::spawn_blocking(move || Jail::spawn(&cfg))
                     .await
-                    .map_err(Error::Task)??
+                    .map_err(Error::Task)?
             }
         };
-        let id = jail.id().to_string();
-        // Refill only now: preparing migrates a process between cgroups, which
-        // on cgroup v1 holds a host-wide lock that also stalls this sandbox's
-        // first fork.
+        // Refill only now, whether or not the start worked (a failed start
+        // used up its standby): preparing migrates a process between
+        // cgroups, which on cgroup v1 holds a host-wide lock that also
+        // stalls this sandbox's first fork.
         self.refill();
+        let mut jail = started?;
+        let id = jail.id().to_string();
         let agent = match AgentClient::connect(&jail.socket_path()).await {
             Ok(a) => a,
             Err(e) => {
@@ -329,6 +373,22 @@ impl Runtime {
         }
         removed
     }
+}
+
+/// Whether a failed start may be retried: the agent died or its connection
+/// broke while it started (nothing of the caller's ran in it yet), as
+/// opposed to a refused limit, a missing template or binary, or a timeout.
+fn is_transient(e: &Error) -> bool {
+    use runcell_jail::SpawnError as S;
+    matches!(
+        e,
+        Error::Jail(S::Setup(_) | S::AgentDied(_))
+            | Error::Agent(
+                crate::ClientError::Connect(_)
+                    | crate::ClientError::Codec(_)
+                    | crate::ClientError::Closed
+            )
+    )
 }
 
 /// Starts the proxy for one sandbox on its egress socket.

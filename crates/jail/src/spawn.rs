@@ -20,6 +20,7 @@ use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -200,6 +201,8 @@ impl Drop for Cleanup {
 pub struct Standby {
     id: String,
     host_network: bool,
+    /// The limits it was prepared with, restored when others are refused.
+    prepared_limits: Limits,
     pidfd: OwnedFd,
     host_end: UnixStream,
     cleanup: Cleanup,
@@ -281,7 +284,14 @@ impl Standby {
         let mut envp: Vec<*const libc::c_char> = log_env.iter().map(|c| c.as_ptr()).collect();
         envp.push(std::ptr::null());
         let empty = CString::new("").expect("no NUL");
+        let dir_c = CString::new(dir.as_os_str().as_bytes()).map_err(|_| {
+            io_err(&dir)(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the path contains a NUL byte",
+            ))
+        })?;
         let child_fds = ChildFds {
+            dir: dir_c.as_ptr(),
             setup: child_end.as_raw_fd(),
             listener: listener.as_raw_fd(),
             log: log.as_raw_fd(),
@@ -322,8 +332,29 @@ impl Standby {
             cg.add_process(pid)?;
         }
         drop(staging);
-        // Let the child exec the agent, which then waits for its spec.
+        // Let the child exec the agent, which then waits for its spec. The
+        // child first acknowledges that it dropped its parent-death signal:
+        // from then on the calling thread may exit (the signal follows the
+        // thread that cloned, not the process).
         host_end.write_all(b"G").map_err(SpawnError::Setup)?;
+        host_end
+            .set_read_timeout(Some(cfg.ready_timeout))
+            .map_err(SpawnError::Setup)?;
+        let mut ack = [0u8; 1];
+        match host_end.read_exact(&mut ack) {
+            Ok(()) if ack[0] == b'A' => {}
+            Ok(()) => {
+                return Err(SpawnError::SetupFailed(format!(
+                    "unexpected acknowledgement byte {:#x}",
+                    ack[0]
+                )))
+            }
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                return Err(SpawnError::AgentDied(log_tail(&log_path)))
+            }
+            Err(e) => return Err(SpawnError::Setup(e)),
+        }
+        host_end.set_read_timeout(None).map_err(SpawnError::Setup)?;
         tracing::debug!(
             sandbox = %cfg.id,
             clone_us = t_clone.as_micros() as u64,
@@ -333,6 +364,7 @@ impl Standby {
         Ok(Standby {
             id: cfg.id.clone(),
             host_network: cfg.host_network,
+            prepared_limits: cfg.limits,
             pidfd,
             host_end,
             cleanup,
@@ -342,6 +374,27 @@ impl Standby {
     /// The id the sandbox will have.
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// Applies `limits` to the standby's cgroup ahead of [`Standby::start`],
+    /// so that limits the kernel refuses fail before the standby is used up
+    /// (see [`Standby::reset_limits`]).
+    pub fn set_limits(&self, limits: &Limits) -> Result<(), SpawnError> {
+        match &self.cleanup.cgroup {
+            Some(cg) => Ok(cg.set_limits(limits)?),
+            None => Ok(()),
+        }
+    }
+
+    /// Puts back the limits the standby was prepared with (after
+    /// [`Standby::set_limits`] failed half-way), so it can serve another claim.
+    pub fn reset_limits(&self) -> Result<(), SpawnError> {
+        self.set_limits(&self.prepared_limits)
+    }
+
+    /// Whether the standby's agent is still waiting for its spec.
+    pub fn is_alive(&self) -> bool {
+        !sys::pidfd_wait_exit(self.pidfd.as_raw_fd(), 0).unwrap_or(true)
     }
 
     /// Sends the spec and waits until the sandbox is ready. Uses everything in
@@ -412,12 +465,17 @@ impl Standby {
             start_time: start_time(pid).unwrap_or(0),
             cgroup_parent: cfg.cgroup_parent.clone(),
         };
+        // Written whole or not at all (a temporary file renamed over): other
+        // processes sweeping the same state directory read it to tell a
+        // live sandbox from a dead one, and a half-written file looked dead.
         let state_path = dir.join("jail.json");
+        let tmp_path = dir.join("jail.json.tmp");
         fs::write(
-            &state_path,
+            &tmp_path,
             serde_json::to_vec(&state).expect("state serializes"),
         )
-        .map_err(io_err(&state_path))?;
+        .map_err(io_err(&tmp_path))?;
+        fs::rename(&tmp_path, &state_path).map_err(io_err(&state_path))?;
 
         let cgroup = self.cleanup.cgroup.take().expect("created in prepare");
         self.cleanup.armed = false;
@@ -469,7 +527,12 @@ impl Jail {
     pub fn is_dead(state_dir: &Path, id: &str, grace: Duration) -> bool {
         let dir = state_dir.join(id);
         if dir.join("jail.json").exists() {
-            return Jail::attach(state_dir, id).is_err();
+            match Jail::attach(state_dir, id) {
+                Ok(_) => return false,
+                Err(SpawnError::NotRunning(_)) => return true,
+                // Unreadable: judge it by its age like a half-made one.
+                Err(_) => {}
+            }
         }
         let age = fs::metadata(&dir)
             .and_then(|m| m.modified())
@@ -484,11 +547,15 @@ impl Jail {
         if let Ok(jail) = Jail::attach(state_dir, id) {
             return jail.destroy();
         }
+        let dir = state_dir.join(id);
+        // A child left behind by a killed host process is found by its
+        // working directory (the sandbox's directory until the agent enters
+        // the sandbox's root) as well as by its cgroup.
+        kill_processes_in_dir(&dir);
         let cg = Cgroup::open(hierarchy()?, cgroup_parent, id);
         if cg.exists() {
             cg.destroy(Duration::from_secs(2))?;
         }
-        let dir = state_dir.join(id);
         match fs::remove_dir_all(&dir) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(&dir)(e)),
             _ => Ok(()),
@@ -557,6 +624,27 @@ impl Jail {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(&self.dir)(e)),
             _ => Ok(()),
         }
+    }
+}
+
+/// SIGKILLs every process whose working directory is `dir` (or below) and
+/// waits briefly for them to go.
+fn kill_processes_in_dir(dir: &Path) {
+    let until = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let pids = sys::processes_in_dir(dir);
+        if pids.is_empty() || std::time::Instant::now() >= until {
+            return;
+        }
+        for pid in pids {
+            tracing::info!(pid, dir = %dir.display(), "killing a process left behind in a sandbox directory");
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            sys::reap(pid);
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
@@ -657,6 +745,8 @@ fn start_time(pid: i32) -> Option<u64> {
 }
 
 struct ChildFds {
+    /// The sandbox's host directory (NUL-terminated), entered at once.
+    dir: *const libc::c_char,
     setup: RawFd,
     listener: RawFd,
     log: RawFd,
@@ -681,6 +771,26 @@ unsafe fn child_exec(
     // pointers to memory that was allocated before the clone and stays alive
     // (the child never frees it); none of them allocates or takes a lock.
     unsafe {
+        // First, before anything can block: keep only the fds the agent
+        // needs. The child inherited every fd of the host process: its
+        // listening sockets, and the host ends of the setup sockets of this
+        // and of other sandboxes being prepared. Holding those while it waits
+        // would keep a killed host's port bound and hide the host's death
+        // (no end of stream on the setup socket) forever.
+        let mut keep = [fds.setup, fds.listener, fds.log, fds.devnull, fds.agent];
+        sys::close_all_except(&mut keep);
+        // While it is being prepared the child must die with the host. The
+        // signal fires when the *thread* that cloned us exits, so it is
+        // cleared once the host said go (below); a started sandbox
+        // outlives the host by design. Should the host already be gone, the
+        // read of the go-ahead sees the end of the setup socket.
+        libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
         // Move the fds we keep above 10 first so the dup2s below cannot clobber them.
         let high = |fd: RawFd| libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10);
         let (setup, listener, log, devnull) = (
@@ -693,6 +803,11 @@ unsafe fn child_exec(
         if setup < 0 || libc::read(setup, (&mut go as *mut u8).cast(), 1) != 1 || go != b'G' {
             libc::_exit(126);
         }
+        libc::prctl(libc::PR_SET_PDEATHSIG, 0, 0, 0, 0);
+        let ack = b'A';
+        if libc::write(setup, (&ack as *const u8).cast(), 1) != 1 {
+            libc::_exit(126);
+        }
         // The uid/gid maps are written now: become root of the user namespace
         // so that exec keeps the namespace's capabilities. Raw syscalls: the
         // libc wrappers would try to change the credentials of every thread
@@ -701,6 +816,12 @@ unsafe fn child_exec(
             || libc::syscall(libc::SYS_setresgid, 0, 0, 0) != 0
             || libc::syscall(libc::SYS_setresuid, 0, 0, 0) != 0
         {
+            report_errno_and_exit(setup);
+        }
+        // Live in the sandbox's directory (reachable now that we are its
+        // owner), so that a restarted host finds a child its predecessor
+        // left behind by its working directory too, not only by its cgroup.
+        if libc::chdir(fds.dir) != 0 {
             report_errno_and_exit(setup);
         }
         let mut empty_set: libc::sigset_t = std::mem::zeroed();

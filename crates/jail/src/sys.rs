@@ -119,3 +119,82 @@ pub unsafe fn clone_fork(flags: libc::c_ulong) -> io::Result<i32> {
     }
     Ok(rc as i32)
 }
+
+/// Closes every file descriptor of the calling process except those in
+/// `keep` (which it sorts in place). Async-signal-safe: meant for the child
+/// of [`clone_fork`], which inherits every descriptor of the (multi-threaded)
+/// parent, including ones opened by other threads without `O_CLOEXEC` and
+/// the host ends of other sandboxes' setup sockets.
+///
+/// # Safety
+///
+/// Closes descriptors that other code in this process may still believe it
+/// owns: only call it in a child that will `execve` or `_exit` and uses no
+/// descriptor but those in `keep`.
+pub unsafe fn close_all_except(keep: &mut [RawFd]) {
+    // Insertion sort: no allocation, no locks.
+    for i in 1..keep.len() {
+        let mut j = i;
+        while j > 0 && keep[j - 1] > keep[j] {
+            keep.swap(j - 1, j);
+            j -= 1;
+        }
+    }
+    let mut lo: u32 = 0;
+    for &fd in keep.iter() {
+        if fd < 0 || (fd as u32) < lo {
+            continue;
+        }
+        if fd as u32 > lo {
+            // SAFETY: the caller guarantees nothing in this process uses the
+            // descriptors being closed.
+            unsafe { close_range(lo, fd as u32 - 1) };
+        }
+        lo = fd as u32 + 1;
+    }
+    // SAFETY: as above.
+    unsafe { close_range(lo, u32::MAX) };
+}
+
+/// # Safety
+///
+/// Same contract as [`close_all_except`].
+unsafe fn close_range(lo: u32, hi: u32) {
+    // SAFETY: close_range takes two descriptor numbers and a flags word.
+    let rc = unsafe { libc::syscall(libc::SYS_close_range, lo, hi, 0u32) };
+    if rc == 0 {
+        return;
+    }
+    // Kernels before 5.9: close one by one, up to the descriptor limit.
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into a valid local.
+    let max = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur.min(1 << 20) as u32
+    } else {
+        1 << 16
+    };
+    for fd in lo..=hi.min(max) {
+        // SAFETY: closing a descriptor number; EBADF for unused ones is harmless.
+        unsafe { libc::close(fd as i32) };
+    }
+}
+
+/// Pids of the processes whose working directory is `dir` or below it
+/// (found through `/proc/<pid>/cwd`). The spawner makes a cloned child
+/// enter its sandbox's directory before it execs the agent, so a child left
+/// behind by a killed host process can be found this way as well as by its
+/// cgroup.
+pub fn processes_in_dir(dir: &std::path::Path) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd.starts_with(dir))
+        })
+        .collect()
+}

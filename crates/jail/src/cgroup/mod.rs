@@ -168,11 +168,29 @@ impl Cgroup {
         name: &str,
         limits: &Limits,
     ) -> Result<Self, CgroupError> {
-        let inner = match hierarchy {
-            Hierarchy::V1(m) => Inner::V1(v1::Group::create(m, parent, name, limits)?),
-            Hierarchy::V2 { root } => Inner::V2(v2::Group::create(root, parent, name, limits)?),
+        let existed = Self::open(hierarchy, parent, name).exists();
+        let made = match hierarchy {
+            Hierarchy::V1(m) => v1::Group::create(m, parent, name, limits).map(Inner::V1),
+            Hierarchy::V2 { root } => v2::Group::create(root, parent, name, limits).map(Inner::V2),
         };
-        Ok(Self { inner })
+        match made {
+            Ok(inner) => Ok(Self { inner }),
+            Err(e) => {
+                // A limit the kernel refused (or any other failure) must not
+                // leave the directories made so far: no process is in them
+                // yet, so they can be removed at once, in every hierarchy.
+                if !existed {
+                    for dir in Self::open(hierarchy, parent, name).dirs() {
+                        if let Err(err) = fs::remove_dir(&dir) {
+                            if err.kind() != io::ErrorKind::NotFound {
+                                tracing::warn!(dir = %dir.display(), "could not remove a cgroup after a failed create: {err}");
+                            }
+                        }
+                    }
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Refers to an existing `<parent>/<name>` (after a restart, or to sweep it).

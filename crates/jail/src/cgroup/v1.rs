@@ -100,7 +100,7 @@ impl Group {
         write(&g.pids.join("pids.max"), &limits.pids.to_string())?;
         if let Some(cpu) = &g.cpu {
             let period = 100_000u64;
-            let quota = (limits.cpu_millis * period / 1000).max(1000);
+            let quota = (limits.cpu_millis.saturating_mul(period) / 1000).max(1000);
             write(&cpu.join("cpu.cfs_period_us"), &period.to_string())?;
             write(&cpu.join("cpu.cfs_quota_us"), &quota.to_string())?;
         }

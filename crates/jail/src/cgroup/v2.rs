@@ -68,7 +68,7 @@ impl Group {
         let cpu = g.dir.join("cpu.max");
         if cpu.exists() {
             let period = 100_000u64;
-            let quota = (limits.cpu_millis * period / 1000).max(1000);
+            let quota = (limits.cpu_millis.saturating_mul(period) / 1000).max(1000);
             write(&cpu, &format!("{quota} {period}"))?;
         }
         Ok(())
