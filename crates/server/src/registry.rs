@@ -122,6 +122,15 @@ impl Registry {
                 crate::state::now_ms()
             ))?;
         }
+        // Added later: the sandbox's network policy (JSON), so a restarted
+        // daemon serves its egress with the same policy. Older rows have none
+        // (their sandboxes re-attach without egress, as before).
+        let has_network = conn
+            .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'network'")?
+            .exists([])?;
+        if !has_network {
+            conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN network TEXT;")?;
+        }
         crate::keys::init(&conn)?;
         // SQLite gives the journal files the database's mode, but files left
         // by an older version may be more open.
@@ -148,8 +157,9 @@ impl Registry {
         self.conn.lock().expect("registry lock").execute(
             "INSERT OR REPLACE INTO sandboxes
              (id, workspace, template, metadata, limits, env, ttl_seconds, persistent,
-              created_at, last_activity_ms, status, end_reason)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+              created_at, last_activity_ms, status, end_reason, network)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12,
+                     (SELECT network FROM sandboxes WHERE id = ?1))",
             params![
                 r.id,
                 r.workspace,
@@ -218,6 +228,38 @@ impl Registry {
             |r| r.get(0),
         )?;
         Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    /// Records a sandbox's network policy.
+    pub fn set_network(
+        &self,
+        id: &str,
+        policy: &runcell_core::egress::NetworkPolicy,
+    ) -> Result<(), RegistryError> {
+        self.conn.lock().expect("registry lock").execute(
+            "UPDATE sandboxes SET network = ?2 WHERE id = ?1",
+            params![id, serde_json::to_string(policy)?],
+        )?;
+        Ok(())
+    }
+
+    /// A sandbox's recorded network policy; `None` when none was recorded.
+    pub fn network(
+        &self,
+        id: &str,
+    ) -> Result<Option<runcell_core::egress::NetworkPolicy>, RegistryError> {
+        let raw: Option<String> = self
+            .conn
+            .lock()
+            .expect("registry lock")
+            .query_row(
+                "SELECT network FROM sandboxes WHERE id = ?1",
+                params![id],
+                |r| r.get(0),
+            )
+            .optional()?
+            .flatten();
+        Ok(raw.map(|t| serde_json::from_str(&t)).transpose()?)
     }
 
     /// Records activity.

@@ -522,7 +522,15 @@ async fn create(
         status: "running".into(),
         end_reason: None,
     };
-    if let Err(e) = state.registry.put(&record) {
+    // The policy too, so a restarted daemon serves its egress the same way.
+    let recorded = state
+        .registry
+        .put(&record)
+        .and_then(|()| match sandbox.network() {
+            Some(n) => state.registry.set_network(&record.id, &n.policy),
+            None => Ok(()),
+        });
+    if let Err(e) = recorded {
         let _ = sandbox.destroy().await;
         return Err(ApiError::internal(format!(
             "The sandbox could not be recorded: {e}"
@@ -708,6 +716,11 @@ async fn set_network(
             runcell_core::Error::NoEgress => ApiError::bad_request(err.to_string()),
             other => ApiError::from(other),
         })?;
+    if let Some(n) = e.sandbox.network() {
+        state.registry.set_network(&id, &n.policy).map_err(|err| {
+            ApiError::internal(format!("The policy could not be recorded: {err}"))
+        })?;
+    }
     tracing::info!(sandbox = %id, mode = %e.sandbox.network().map(|n| n.policy.mode.to_string()).unwrap_or_default(), "network policy changed");
     Ok(Json(network_view(&e.sandbox)))
 }

@@ -49,6 +49,10 @@ pub struct ServeConfig {
     /// How long an ended sandbox's tombstone (why and when it ended) is
     /// kept; never less than the maximum lifetime.
     pub tombstone_retention: Duration,
+    /// Build the bundled `code-interpreter` recipe in the background on
+    /// start when it is not installed, and point the `code-interpreter`
+    /// alias at it once it is ready.
+    pub auto_build: bool,
 }
 
 impl Default for ServeConfig {
@@ -75,6 +79,7 @@ impl Default for ServeConfig {
             egress_allow_private: Vec::new(),
             workspace_quota: Default::default(),
             tombstone_retention: Duration::from_secs(7 * 24 * 3600),
+            auto_build: true,
         }
     }
 }

@@ -1,0 +1,224 @@
+//! What a new user meets on the first run of `runcell serve`: the start-up
+//! banner, a data directory sandboxes cannot reach, a sandbox's egress
+//! policy across a daemon restart, and the `code-interpreter` template built
+//! on first start. Needs root.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+/// Starts `runcell serve` with its stdout captured and returns the lines it
+/// printed until `want` appeared (or 20 s passed), killing it after.
+fn banner(want: &str) -> String {
+    let data = data_dir("banner");
+    let port = free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_runcell"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(&data)
+        .args(["--standby", "0", "--auto-build=false"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut text = String::new();
+    let until = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < until && !text.contains(want) {
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
+            text.push_str(&line);
+            text.push('\n');
+        }
+    }
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&data);
+    text
+}
+
+#[test]
+fn banner_prints_the_runcell_variables_as_well_as_pandastack_ones() {
+    let text = banner("RUNCELL_API_KEY");
+    assert!(text.contains("PANDASTACK_API="), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.contains("RUNCELL_URL="))
+        .unwrap_or_else(|| panic!("no RUNCELL_URL export in the banner:\n{text}"));
+    assert!(
+        line.contains("export RUNCELL_URL=http://127.0.0.1:"),
+        "{line}"
+    );
+    assert!(line.contains("RUNCELL_API_KEY=$(cat "), "{line}");
+    assert!(line.contains("/api-key)"), "{line}");
+}
+
+/// A data directory under a 0700 directory (a home such as /root): sandboxes
+/// (an unprivileged host uid) cannot traverse it, so `serve` must refuse to
+/// start and say which directory and how to fix it, not answer every create
+/// with 503.
+#[test]
+fn serve_refuses_a_data_directory_sandboxes_cannot_traverse() {
+    use std::os::unix::fs::PermissionsExt;
+    let home = data_dir("private-home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let data = home.join("runcell-data");
+    let port = free_port();
+    let started = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_runcell"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(&data)
+        .args(["--standby", "0", "--auto-build=false"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_dir_all(&home);
+            panic!("serve started with a data directory sandboxes cannot traverse");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&home);
+    assert!(!status.success(), "{err}");
+    let home = home.display().to_string();
+    assert!(err.contains(&data.display().to_string()), "{err}");
+    assert!(err.contains(&format!("chmod o+x {home}")), "{err}");
+    assert!(err.contains("--data-dir /var/lib/runcell"), "{err}");
+}
+
+/// A plain HTTP server on the host's loopback that answers `hello, host`.
+fn host_listener() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
+            let _ = c.read(&mut buf);
+            let _ = c.write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\nConnection: close\r\n\r\nhello, host\n",
+            );
+        }
+    });
+    port
+}
+
+/// What a request from inside the sandbox through its egress proxy gets:
+/// the HTTP status and body, or curl's failure.
+async fn through_proxy(d: &Daemon, id: &str, port: u16) -> String {
+    // NO_PROXY lists loopback (the sandbox's own); force the proxy.
+    let (status, r) = d
+        .exec(
+            id,
+            &format!(
+                "env -u NO_PROXY -u no_proxy curl -sS -m 10 -x http://127.0.0.1:3128 \
+                 -w ' status=%{{http_code}}' http://127.0.0.1:{port}/; echo \" rc=$?\""
+            ),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    format!(
+        "{}{}",
+        r["stdout"].as_str().unwrap(),
+        r["stderr"].as_str().unwrap()
+    )
+}
+
+/// The policy survives a daemon that is killed and started again: the
+/// sandbox's view shows it, the allowed host is reached through the proxy
+/// and a host outside the allowlist is still refused (not `none`, not open).
+#[tokio::test(flavor = "multi_thread")]
+async fn reattached_sandbox_keeps_its_egress_policy() {
+    let allowed = host_listener();
+    let other = host_listener();
+    // The operator opens both loopback ports; only the policy tells them apart.
+    let flags = [
+        format!("--egress-allow-private=127.0.0.1:{allowed}"),
+        format!("--egress-allow-private=127.0.0.1:{other}"),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let data = data_dir("egress-restart");
+    let mut d = Daemon::start(&data, free_port(), &flags);
+    let r = d
+        .req(Method::POST, "/v1/sandboxes")
+        .json(&json!({"network": {"mode": "allowlist", "allow": [format!("127.0.0.1:{allowed}")]}}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let created: Value = r.json().await.unwrap();
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let before_ok = through_proxy(&d, &id, allowed).await;
+    assert!(
+        before_ok.contains("hello, host") && before_ok.contains("status=200"),
+        "{before_ok}"
+    );
+    let before_refused = through_proxy(&d, &id, other).await;
+    assert!(before_refused.contains("status=403"), "{before_refused}");
+
+    d.kill9();
+    let d = Daemon::start(&data, free_port(), &flags);
+    let view: Value = d
+        .req(Method::GET, &format!("/v1/sandboxes/{id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(view["network"]["mode"], "allowlist", "{view}");
+    assert_eq!(
+        view["network"]["allow"],
+        json!([format!("127.0.0.1:{allowed}")]),
+        "{view}"
+    );
+    let after_ok = through_proxy(&d, &id, allowed).await;
+    assert!(
+        after_ok.contains("hello, host") && after_ok.contains("status=200"),
+        "{after_ok}"
+    );
+    let after_refused = through_proxy(&d, &id, other).await;
+    assert!(after_refused.contains("status=403"), "{after_refused}");
+    d.delete_all().await;
+}
