@@ -222,3 +222,137 @@ async fn reattached_sandbox_keeps_its_egress_policy() {
     assert!(after_refused.contains("status=403"), "{after_refused}");
     d.delete_all().await;
 }
+
+/// Where the end-to-end build test keeps its templates between runs on the
+/// same machine (the Debian base layer is bootstrapped once).
+const TEMPLATE_CACHE: &str = "/var/cache/runcell-test/templates";
+
+async fn get_json(d: &Daemon, path: &str) -> Value {
+    let r = d.req(Method::GET, path).send().await.unwrap();
+    assert_eq!(r.status(), 200, "GET {path}");
+    r.json().await.unwrap()
+}
+
+async fn create_json(d: &Daemon, body: Value) -> Value {
+    let r = d
+        .req(Method::POST, "/v1/sandboxes")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(status, 201, "{v}");
+    v
+}
+
+async fn delete(d: &Daemon, id: &str) {
+    let r = d
+        .req(Method::DELETE, &format!("/v1/sandboxes/{id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+}
+
+/// What the new user's first `code-interpreter` sandbox must offer: the data
+/// stack from the template's own Debian (its dpkg database lists it; the
+/// `host` template has no /var/lib/dpkg at all).
+const DATA_STACK: &str = "python3 -c 'import numpy, pandas, matplotlib; \
+     print(\"stack\", numpy.__version__, pandas.__version__, matplotlib.__version__)' \
+     && grep -c '^Package: python3-pandas$' /var/lib/dpkg/status \
+     && grep VERSION_CODENAME /etc/os-release";
+
+/// `serve` with --auto-build (the default) on a machine without the
+/// template: code-interpreter is served from host, says so, builds in the
+/// background (progress in the template view), then new sandboxes get the
+/// built template without a restart; a second start reuses it. The Debian
+/// base layer is cached in TEMPLATE_CACHE across runs, the apt-get step is
+/// built for real each run.
+#[tokio::test(flavor = "multi_thread")]
+async fn first_start_builds_code_interpreter_and_a_second_start_reuses_it() {
+    let cache = std::path::Path::new(TEMPLATE_CACHE);
+    std::fs::create_dir_all(cache).unwrap();
+    // Uninstall the template left by an earlier run and drop every layer but
+    // the bootstrapped base, so this daemon has to build (run apt-get).
+    let manifest = cache.join("code-interpreter/template.json");
+    if let Ok(raw) = std::fs::read(&manifest) {
+        let m: Value = serde_json::from_slice(&raw).unwrap();
+        for key in m["layers"].as_array().unwrap().iter().skip(1) {
+            let layer = cache.join(".layers").join(key.as_str().unwrap());
+            std::fs::remove_dir_all(&layer).unwrap();
+        }
+    }
+    let _ = std::fs::remove_dir_all(cache.join("code-interpreter"));
+    let started = Instant::now();
+    let flags = ["--auto-build=true", "--templates-dir", TEMPLATE_CACHE];
+    let d = Daemon::start(&data_dir("autobuild"), free_port(), &flags);
+
+    // While it builds: served from host, and said so.
+    let view = get_json(&d, "/v1/templates/code-interpreter").await;
+    assert_eq!(view["alias_of"], "host", "{view}");
+    assert_eq!(view["building"], true, "{view}");
+    let state = view["build"]["state"].as_str().unwrap_or_default();
+    assert!(state == "queued" || state == "building", "{view}");
+    let early = create_json(&d, json!({"template": "code-interpreter"})).await;
+    assert_eq!(early["alias_of"], "host", "{early}");
+    assert_eq!(early["building"], true, "{early}");
+    let early_id = early["id"].as_str().unwrap();
+    let (_, r) = d
+        .exec(early_id, "test -e /var/lib/dpkg/status; echo dpkg=$?")
+        .await;
+    assert!(r["stdout"].as_str().unwrap().contains("dpkg=1"), "{r}");
+    delete(&d, early_id).await;
+
+    // Progress until ready (bounded: a first run bootstraps Debian too).
+    let mut steps = std::collections::BTreeSet::new();
+    let until = Instant::now() + Duration::from_secs(1200);
+    let view = loop {
+        let view = get_json(&d, "/v1/templates/code-interpreter").await;
+        if let Some(step) = view["build"]["step"].as_str() {
+            steps.insert(step.to_string());
+        }
+        match view["build"]["state"].as_str() {
+            Some("ready") => break view,
+            Some("failed") => panic!("the build failed: {view}"),
+            _ => {}
+        }
+        assert!(
+            Instant::now() < until,
+            "the build did not finish in 20 min: {view}"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    };
+    let build_secs = started.elapsed().as_secs_f64();
+    eprintln!("code-interpreter built in {build_secs:.0} s; steps seen: {steps:?}");
+    assert!(steps.iter().any(|s| s.contains("RUN apt-get")), "{steps:?}");
+    assert!(view["alias_of"].is_null(), "{view}");
+    assert_eq!(view["building"], false, "{view}");
+
+    // New sandboxes get the built template, without a restart.
+    let built = create_json(&d, json!({"template": "code-interpreter"})).await;
+    assert!(built["alias_of"].is_null(), "{built}");
+    let id = built["id"].as_str().unwrap();
+    let (_, r) = d.exec(id, DATA_STACK).await;
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let out = r["stdout"].as_str().unwrap();
+    assert!(out.contains("stack ") && out.contains("bookworm"), "{r}");
+    delete(&d, id).await;
+    drop(d);
+
+    // A second start finds it installed: no build, served at once.
+    let t0 = Instant::now();
+    let d = Daemon::start(&data_dir("autobuild-again"), free_port(), &flags);
+    let view = get_json(&d, "/v1/templates/code-interpreter").await;
+    assert!(view["alias_of"].is_null(), "{view}");
+    assert!(
+        view.get("build").is_none(),
+        "a second start built again: {view}"
+    );
+    let again = create_json(&d, json!({"template": "code-interpreter"})).await;
+    let id = again["id"].as_str().unwrap();
+    let (_, r) = d.exec(id, DATA_STACK).await;
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert!(t0.elapsed() < Duration::from_secs(60), "{:?}", t0.elapsed());
+    delete(&d, id).await;
+}

@@ -2,6 +2,7 @@
 //! them in SQLite, enforces their TTLs, and serves the `/v1` HTTP API that
 //! the PandaStack clients and runcell's own clients speak.
 
+mod autobuild;
 mod error;
 pub mod keys;
 mod logs;
@@ -168,8 +169,12 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
         creating: Default::default(),
         reservations: Default::default(),
         last_prune_ms: Default::default(),
+        auto_builds: Default::default(),
     });
     reconcile(&state).await;
+    if state.config.auto_build {
+        autobuild::start(&state);
+    }
     state.runtime.warm_up().await;
     // Warm pools fill in the background (a Python context importing pandas
     // takes a while) and are topped up and renewed every 30 s.

@@ -434,6 +434,13 @@ async fn create(
     };
     let requested = req.template.clone().unwrap_or_else(|| "host".into());
     let resolved = resolve_alias(&state, &requested);
+    let building_instead = resolved != requested && state.auto_builds.in_progress(&requested);
+    if building_instead {
+        tracing::info!(
+            template = %requested,
+            "{requested} is still being built; this sandbox is served from {resolved}"
+        );
+    }
     let template = state.runtime.template(&resolved).map_err(|_| {
         let mut installed =
             runcell_core::Template::installed(state.config.templates_dir.as_deref());
@@ -547,6 +554,11 @@ async fn create(
     state.touch(&entry).await;
     let mut body = sandbox_json(&entry);
     body["boot_ms"] = json!(started.elapsed().as_millis() as u64);
+    if building_instead {
+        // Served from the alias's target while the template is being built.
+        body["alias_of"] = json!(entry.template.name);
+        body["building"] = json!(true);
+    }
     state
         .metrics
         .creations
@@ -1249,7 +1261,8 @@ async fn templates(State(state): St) -> AppResult<Json<Vec<Value>>> {
         if resolve_alias(&state, alias) == *alias {
             continue; // an installed template of that name is listed already
         }
-        if let Ok(v) = template_json(&state, alias, Some(target)) {
+        if let Ok(mut v) = template_json(&state, alias, Some(target)) {
+            with_build(&state, alias, &mut v);
             out.push(v);
         }
     }
@@ -1261,9 +1274,20 @@ async fn templates(State(state): St) -> AppResult<Json<Vec<Value>>> {
 async fn template(State(state): St, Path(name): Path<String>) -> AppResult<Json<Value>> {
     let resolved = resolve_alias(&state, &name);
     let alias = (resolved != name).then_some(resolved);
-    template_json(&state, &name, alias.as_deref())
-        .map(Json)
-        .map_err(|_| ApiError::new(StatusCode::NOT_FOUND, "template not found"))
+    let mut view = template_json(&state, &name, alias.as_deref())
+        .map_err(|_| ApiError::new(StatusCode::NOT_FOUND, "template not found"))?;
+    with_build(&state, &name, &mut view);
+    Ok(Json(view))
+}
+
+/// Adds a background build's progress (`--auto-build`) to a template view:
+/// `build` {state, step, error, ...}, and `building: true` while an alias
+/// serves it in the meantime.
+fn with_build(state: &AppState, name: &str, view: &mut Value) {
+    if let Some(status) = state.auto_builds.status(name) {
+        view["build"] = json!(status);
+        view["building"] = json!(state.auto_builds.in_progress(name));
+    }
 }
 
 #[cfg(test)]

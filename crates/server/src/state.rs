@@ -126,6 +126,8 @@ pub struct AppState {
     pub reservations: crate::quota::Reservations,
     /// When tombstones were last pruned (unix ms).
     pub last_prune_ms: std::sync::atomic::AtomicI64,
+    /// Templates being built in the background (`--auto-build`).
+    pub auto_builds: crate::autobuild::AutoBuilds,
 }
 
 /// Now, unix milliseconds.
