@@ -53,6 +53,7 @@ impl Daemon {
             ])
             .arg(&data)
             .args(["--standby", "1", "--warm-pool", "code-interpreter=0"])
+            .arg("--auto-build=false")
             .args(extra)
             .stdout(Stdio::null())
             .spawn()
