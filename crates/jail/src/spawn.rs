@@ -123,7 +123,7 @@ pub struct JailConfig {
     pub env: std::collections::BTreeMap<String, String>,
     /// Default working directory (the template's `WORKDIR`).
     pub workdir: Option<String>,
-    /// Bind an egress socket (`<dir>/egress.sock`) for the host's proxy and
+    /// Bind an egress socket (`<dir>/egress/sock`) for the host's proxy and
     /// mount it in the sandbox; take its listener with
     /// [`Jail::take_egress_listener`].
     pub egress_socket: bool,

@@ -405,4 +405,57 @@ mod tests {
         assert!(reg.tombstone("a").unwrap().is_none());
         std::fs::remove_dir_all(dir).unwrap();
     }
+
+    /// The network policy survives updates of the record (lifecycle changes
+    /// rewrite the row) and reopening; a database made before the column
+    /// existed gains it.
+    #[test]
+    fn network_policy_survives_record_updates_and_reopening() {
+        let dir = std::env::temp_dir().join(format!("runcell-registry-net-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("registry.db");
+        {
+            // An older registry: the table without the column.
+            let old = Connection::open(&path).unwrap();
+            old.execute_batch(
+                "CREATE TABLE sandboxes (id TEXT PRIMARY KEY, workspace TEXT NOT NULL,
+                 template TEXT NOT NULL, metadata TEXT NOT NULL, limits TEXT NOT NULL,
+                 env TEXT NOT NULL, ttl_seconds INTEGER NOT NULL, persistent INTEGER NOT NULL,
+                 created_at INTEGER NOT NULL, last_activity_ms INTEGER NOT NULL,
+                 status TEXT NOT NULL, end_reason TEXT);",
+            )
+            .unwrap();
+        }
+        let rec = Record {
+            id: "a".into(),
+            workspace: "local".into(),
+            template: "host".into(),
+            metadata: Default::default(),
+            limits: serde_json::json!({}),
+            env: Default::default(),
+            ttl_seconds: 300,
+            persistent: false,
+            created_at: 1,
+            last_activity_ms: 2,
+            status: "running".into(),
+            end_reason: None,
+        };
+        let reg = Registry::open(&path).unwrap();
+        reg.put(&rec).unwrap();
+        assert_eq!(reg.network("a").unwrap(), None);
+        let policy: runcell_core::egress::NetworkPolicy =
+            serde_json::from_value(serde_json::json!({"mode": "allowlist", "allow": ["pypi.org"]}))
+                .unwrap();
+        reg.set_network("a", &policy).unwrap();
+        reg.put(&Record {
+            ttl_seconds: 600,
+            ..rec.clone()
+        })
+        .unwrap();
+        drop(reg);
+        let reg = Registry::open(&path).unwrap();
+        assert_eq!(reg.network("a").unwrap(), Some(policy));
+        assert_eq!(reg.get("a").unwrap().unwrap().ttl_seconds, 600);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }

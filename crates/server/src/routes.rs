@@ -355,7 +355,8 @@ pub(crate) fn network_view(sandbox: &runcell_core::Sandbox) -> NetworkView {
             connections_refused: r.connections_refused,
             refused_hosts: r.refused_hosts,
         },
-        // No egress socket (re-attached after a restart): nothing leaves.
+        // No egress socket (made without one, or by an older version and
+        // re-attached after a restart): nothing leaves.
         None => NetworkView {
             mode: "none".into(),
             allow: Vec::new(),
