@@ -76,23 +76,14 @@ fn banner_prints_the_runcell_variables_as_well_as_pandastack_ones() {
 /// (an unprivileged host uid) cannot traverse it, so `serve` must refuse to
 /// start and say which directory and how to fix it, not answer every create
 /// with 503.
-#[test]
-fn serve_refuses_a_data_directory_sandboxes_cannot_traverse() {
-    use std::os::unix::fs::PermissionsExt;
-    let home = data_dir("private-home");
-    std::fs::create_dir_all(&home).unwrap();
-    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).unwrap();
-    let data = home.join("runcell-data");
+/// Runs `serve` with `args` (under a fresh 0700 directory) and returns its
+/// failure output; panics if it is still running after 10 s.
+fn serve_fails(args: &[&std::ffi::OsStr]) -> String {
     let port = free_port();
     let started = Instant::now();
     let mut child = Command::new(env!("CARGO_BIN_EXE_runcell"))
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-        ])
-        .arg(&data)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(args)
         .args(["--standby", "0", "--auto-build=false"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -105,8 +96,7 @@ fn serve_refuses_a_data_directory_sandboxes_cannot_traverse() {
         if started.elapsed() > Duration::from_secs(10) {
             let _ = child.kill();
             let _ = child.wait();
-            let _ = std::fs::remove_dir_all(&home);
-            panic!("serve started with a data directory sandboxes cannot traverse");
+            panic!("serve started with a directory sandboxes cannot traverse: {args:?}");
         }
         std::thread::sleep(Duration::from_millis(50));
     };
@@ -117,12 +107,41 @@ fn serve_refuses_a_data_directory_sandboxes_cannot_traverse() {
         .unwrap()
         .read_to_string(&mut err)
         .unwrap();
-    let _ = std::fs::remove_dir_all(&home);
     assert!(!status.success(), "{err}");
-    let home = home.display().to_string();
+    err
+}
+
+/// A data (or templates) directory under a 0700 directory (a home such as
+/// /root): sandboxes (an unprivileged host uid) cannot traverse it, so
+/// `serve` must refuse to start and say which directory and how to fix it,
+/// not answer every create with 503.
+#[test]
+fn serve_refuses_a_data_directory_sandboxes_cannot_traverse() {
+    use std::os::unix::fs::PermissionsExt;
+    let home = data_dir("private-home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let data = home.join("runcell-data");
+    let err = serve_fails(&["--data-dir".as_ref(), data.as_os_str()]);
+    let shown = home.display().to_string();
     assert!(err.contains(&data.display().to_string()), "{err}");
-    assert!(err.contains(&format!("chmod o+x {home}")), "{err}");
+    assert!(err.contains(&format!("chmod o+x {shown}")), "{err}");
     assert!(err.contains("--data-dir /var/lib/runcell"), "{err}");
+
+    // The same for the templates directory, with a usable data directory.
+    let usable = data_dir("usable-data");
+    let templates = home.join("templates");
+    let err = serve_fails(&[
+        "--data-dir".as_ref(),
+        usable.as_os_str(),
+        "--templates-dir".as_ref(),
+        templates.as_os_str(),
+    ]);
+    assert!(err.contains(&templates.display().to_string()), "{err}");
+    assert!(err.contains("templates directory"), "{err}");
+    assert!(err.contains(&format!("chmod o+x {shown}")), "{err}");
+    let _ = std::fs::remove_dir_all(&home);
+    let _ = std::fs::remove_dir_all(&usable);
 }
 
 /// A plain HTTP server on the host's loopback that answers `hello, host`.
@@ -197,8 +216,30 @@ async fn reattached_sandbox_keeps_its_egress_policy() {
     let before_refused = through_proxy(&d, &id, other).await;
     assert!(before_refused.contains("status=403"), "{before_refused}");
 
+    // A policy set later (PATCH) is kept as well.
+    let r = d
+        .req(Method::POST, "/v1/sandboxes")
+        .json(&json!({"network": "none"}))
+        .send()
+        .await
+        .unwrap();
+    let patched: Value = r.json().await.unwrap();
+    let patched = patched["id"].as_str().unwrap().to_string();
+    let r = d
+        .req(Method::PATCH, &format!("/v1/sandboxes/{patched}/network"))
+        .json(&json!({"mode": "allowlist", "allow": [format!("127.0.0.1:{allowed}")]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
     d.kill9();
     let d = Daemon::start(&data, free_port(), &flags);
+    let after = through_proxy(&d, &patched, allowed).await;
+    assert!(
+        after.contains("hello, host") && after.contains("status=200"),
+        "{after}"
+    );
     let view: Value = d
         .req(Method::GET, &format!("/v1/sandboxes/{id}"))
         .send()
