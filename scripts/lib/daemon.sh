@@ -30,7 +30,13 @@ daemon_start() {
   DATA_DIR=$(mktemp -d "/run/runcell-$name.XXXXXX")
   LOG=$(mktemp "/tmp/runcell-$name-log.XXXXXX")
   echo "== starting runcell serve on 127.0.0.1:$PORT (data dir $DATA_DIR)"
-  target/debug/runcell serve --listen "127.0.0.1:$PORT" --data-dir "$DATA_DIR" "$@" >"$LOG" 2>&1 &
+  # Test daemons serve code-interpreter from host rather than each
+  # bootstrapping Debian, unless the caller passes --auto-build itself.
+  local auto=(--auto-build=false) arg
+  for arg in "$@"; do
+    case $arg in --auto-build*) auto=() ;; esac
+  done
+  target/debug/runcell serve --listen "127.0.0.1:$PORT" --data-dir "$DATA_DIR" "${auto[@]}" "$@" >"$LOG" 2>&1 &
   DAEMON_PID=$!
   local ready= status
   for _ in $(seq 1 60); do

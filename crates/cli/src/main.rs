@@ -71,7 +71,10 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("RUNCELL_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                // The first start's template build reports its progress.
+                .unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new("warn,runcell_server::autobuild=info")
+                }),
         )
         .with_writer(std::io::stderr)
         .init();

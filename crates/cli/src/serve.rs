@@ -104,6 +104,12 @@ pub struct ServeArgs {
     /// so); never less than the maximum lifetime. [default: 7d]
     #[arg(long, env = "RUNCELL_TOMBSTONE_RETENTION", value_parser = parse_duration)]
     tombstone_retention: Option<Duration>,
+    /// Build the bundled code-interpreter template (Debian with numpy,
+    /// pandas, matplotlib) in the background on first start; until it is
+    /// ready `code-interpreter` is served from `host`. A later start reuses
+    /// the built template. [default: true]
+    #[arg(long, env = "RUNCELL_AUTO_BUILD", num_args = 0..=1, default_missing_value = "true")]
+    auto_build: Option<bool>,
 }
 
 /// The TOML file. Durations and sizes are strings as on the command line.
@@ -133,6 +139,7 @@ struct FileConfig {
     workspace_max_memory: Option<String>,
     workspace_max_disk: Option<String>,
     tombstone_retention: Option<String>,
+    auto_build: Option<bool>,
 }
 
 fn parse_private(s: &str) -> Result<runcell_core::egress::PrivateException, String> {
@@ -319,6 +326,7 @@ fn settings(
             "tombstone_retention",
             d.tombstone_retention,
         )?,
+        auto_build: args.auto_build.or(file.auto_build).unwrap_or(d.auto_build),
     };
     let grace = dur(
         args.shutdown_grace,

@@ -53,6 +53,7 @@ impl Daemon {
             ])
             .arg(&data)
             .args(["--standby", "1", "--warm-pool", "code-interpreter=0"])
+            .arg("--auto-build=false")
             .args(extra)
             .stdout(Stdio::null())
             .spawn()
@@ -360,7 +361,7 @@ async fn allowlist_package_index_installs_from_pypi_and_refuses_other_hosts() {
     let r = d
         .exec(
             &id,
-            "python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); s.connect(\"/run/runcell/egress.sock\")'",
+            "python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); s.connect(\"/run/runcell/egress/sock\")'",
             10,
         )
         .await;

@@ -281,7 +281,7 @@ fn daemon_serves(templates: &Path) {
         .unwrap()
         .port();
     let mut child = runcell(templates)
-        .args(["serve", "--standby", "0", "--listen"])
+        .args(["serve", "--auto-build=false", "--standby", "0", "--listen"])
         .arg(format!("127.0.0.1:{port}"))
         .arg("--data-dir")
         .arg(&data)

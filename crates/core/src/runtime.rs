@@ -336,20 +336,59 @@ impl Runtime {
         Ok(sandbox)
     }
 
-    /// Reconnects to a running sandbox (e.g. after a restart).
+    /// Reconnects to a running sandbox (e.g. after a restart). With
+    /// `network` (the policy it had), its egress socket is bound again and
+    /// served by this process's proxy with that policy, and the agent is
+    /// told whether egress is on, so the sandbox's egress behaves as before.
     pub async fn attach(
         &self,
         id: &str,
         template: Template,
         limits: SandboxLimits,
+        network: Option<NetworkPolicy>,
     ) -> Result<Sandbox, Error> {
         let state_dir = self.config.state_dir.clone();
         let owned = id.to_string();
-        let jail = tokio::task::spawn_blocking(move || Jail::attach(&state_dir, &owned))
-            .await
-            .map_err(Error::Task)??;
+        let rebind = network.is_some();
+        let (jail, listener) = tokio::task::spawn_blocking(move || {
+            let mut jail = Jail::attach(&state_dir, &owned)?;
+            let listener = if rebind {
+                jail.rebind_egress()
+            } else {
+                Ok(None)
+            };
+            Ok::<_, runcell_jail::SpawnError>((jail, listener))
+        })
+        .await
+        .map_err(Error::Task)??;
         let agent = AgentClient::connect(&jail.socket_path()).await?;
-        Ok(Sandbox::new(jail, agent, template, limits))
+        let mut sandbox = Sandbox::new(jail, agent, template, limits);
+        // Egress that cannot be served again leaves the sandbox running
+        // without it (nothing leaves), which is said, not silent.
+        match (network, listener) {
+            (Some(policy), Ok(Some(listener))) => {
+                match proxy_task(id, policy.clone(), self.egress.clone(), listener) {
+                    Ok(handle) => {
+                        sandbox.egress = Some(handle);
+                        if let Err(e) = sandbox.set_network(policy).await {
+                            tracing::warn!(sandbox = %id, "could not restore its egress policy: {e}");
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(sandbox = %id, "could not serve its egress socket: {e}")
+                    }
+                }
+            }
+            (Some(policy), Ok(None)) if policy.has_egress() => tracing::warn!(
+                sandbox = %id,
+                "it has no egress directory (made by an older version): its egress stays off"
+            ),
+            (Some(_), Err(e)) => {
+                tracing::warn!(sandbox = %id, "could not bind its egress socket again: {e}")
+            }
+            _ => {}
+        }
+        Ok(sandbox)
     }
 
     /// Ids of the sandboxes with state on this host.

@@ -507,17 +507,22 @@ fn populate(spec: &InitSpec, root: &Path, stage: &Path) -> Result<(), SetupError
     // Shared memory lives in the writable layer, under the same size cap.
     bind(&stage.join("shm"), &shm, false)?;
 
-    // The egress socket: the host's proxy for this sandbox. The host made it
-    // 0600 and owned by root of the sandbox, so only the agent can connect.
+    // The egress socket: the host's proxy for this sandbox. The host made its
+    // directory 0700 and the socket 0600, both owned by root of the sandbox,
+    // so only the agent can connect. The directory is bind-mounted, not the
+    // socket: a restarted daemon binds a new socket in it, which the agent
+    // then reaches (a file bind mount would pin the dead socket's inode).
     if let Some(sock) = &spec.egress_socket {
+        let src = sock.parent().ok_or_else(|| {
+            step("finding the egress socket's directory")(io::Error::from(io::ErrorKind::NotFound))
+        })?;
         let dst = inside(root, Path::new(crate::spec::EGRESS_SOCKET));
+        let dst = dst.parent().expect("EGRESS_SOCKET is in a directory");
         if let Some(parent) = dst.parent() {
             mkdir_if_missing(parent, 0o755)?;
         }
-        File::create(&dst).map_err(step("creating the egress socket's mount point"))?;
-        fs::set_permissions(&dst, fs::Permissions::from_mode(0o600))
-            .map_err(step("setting the mode of the egress socket's mount point"))?;
-        bind(sock, &dst, false)?;
+        mkdir_if_missing(dst, 0o700)?;
+        bind(src, dst, false)?;
     }
     Ok(())
 }

@@ -124,7 +124,7 @@ pub struct JailConfig {
     pub env: std::collections::BTreeMap<String, String>,
     /// Default working directory (the template's `WORKDIR`).
     pub workdir: Option<String>,
-    /// Bind an egress socket (`<dir>/egress.sock`) for the host's proxy and
+    /// Bind an egress socket (`<dir>/egress/sock`) for the host's proxy and
     /// mount it in the sandbox; take its listener with
     /// [`Jail::take_egress_listener`].
     pub egress_socket: bool,
@@ -408,17 +408,17 @@ impl Standby {
             cg.set_limits(&cfg.limits)?;
         }
         let egress = if cfg.egress_socket {
-            let path = dir.join("egress.sock");
-            let _ = fs::remove_file(&path);
-            let listener = UnixListener::bind(&path).map_err(io_err(&path))?;
-            // Only root of the sandbox (the agent) may connect, not the
-            // sandbox user: connecting needs write permission on the socket.
+            let sockets = dir.join(EGRESS_DIR);
+            fs::create_dir_all(&sockets).map_err(io_err(&sockets))?;
+            // Only root of the sandbox (the agent) may enter it, not the
+            // sandbox user.
             let root = nix::unistd::Uid::from_raw(cfg.id_map.host_base);
             let root_gid = nix::unistd::Gid::from_raw(cfg.id_map.host_base);
-            nix::unistd::chown(path.as_path(), Some(root), Some(root_gid))
-                .map_err(|e| io_err(&path)(e.into()))?;
-            fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).map_err(io_err(&path))?;
-            Some((listener, path))
+            nix::unistd::chown(sockets.as_path(), Some(root), Some(root_gid))
+                .map_err(|e| io_err(&sockets)(e.into()))?;
+            fs::set_permissions(&sockets, fs::Permissions::from_mode(0o700))
+                .map_err(io_err(&sockets))?;
+            Some(bind_egress(&sockets)?)
         } else {
             None
         };
@@ -518,6 +518,20 @@ impl Jail {
             _host_end: None,
             egress: None,
         })
+    }
+
+    /// Binds the egress socket again (after a restart: the old one died
+    /// with the process that listened on it) in the sandbox's egress
+    /// directory, which the sandbox sees through a bind mount, so its agent
+    /// reaches the new socket. `None`: the sandbox was made without egress
+    /// (or by a version that mounted the socket file itself).
+    pub fn rebind_egress(&mut self) -> Result<Option<UnixListener>, SpawnError> {
+        let sockets = self.dir.join(EGRESS_DIR);
+        if !sockets.is_dir() {
+            return Ok(None);
+        }
+        let (listener, _) = bind_egress(&sockets)?;
+        Ok(Some(listener))
     }
 
     /// Whether the sandbox `id` is dead and its leftovers may be removed: its
@@ -863,4 +877,27 @@ unsafe fn report_errno_and_exit(fd: RawFd) -> ! {
         libc::write(fd, msg.as_ptr().cast(), msg.len());
         libc::_exit(127);
     }
+}
+
+/// The directory of a sandbox's egress socket, in its state directory.
+const EGRESS_DIR: &str = "egress";
+
+/// Binds `<sockets>/sock` (replacing a dead one), owned by the owner of
+/// `sockets` (root of the sandbox), 0600: connecting needs write permission,
+/// so only the agent can, not the sandbox user.
+fn bind_egress(sockets: &Path) -> Result<(UnixListener, PathBuf), SpawnError> {
+    use std::os::unix::fs::MetadataExt;
+    let owner = fs::metadata(sockets).map_err(io_err(sockets))?;
+    // As long as the former `<dir>/egress.sock`: socket paths are short.
+    let path = sockets.join("sock");
+    let _ = fs::remove_file(&path);
+    let listener = UnixListener::bind(&path).map_err(io_err(&path))?;
+    nix::unistd::chown(
+        path.as_path(),
+        Some(nix::unistd::Uid::from_raw(owner.uid())),
+        Some(nix::unistd::Gid::from_raw(owner.gid())),
+    )
+    .map_err(|e| io_err(&path)(e.into()))?;
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).map_err(io_err(&path))?;
+    Ok((listener, path))
 }

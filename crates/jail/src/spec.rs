@@ -145,7 +145,7 @@ pub struct InitSpec {
     /// the user's home when absent.
     #[serde(default)]
     pub workdir: Option<String>,
-    /// Host path of the sandbox's egress socket (`<state>/<id>/egress.sock`,
+    /// Host path of the sandbox's egress socket (`<state>/<id>/egress/sock`,
     /// served by the host's egress proxy), bind-mounted at
     /// [`EGRESS_SOCKET`] where only root of the sandbox (the agent) can
     /// connect to it. Absent: the sandbox has no egress at all.
@@ -157,5 +157,8 @@ pub struct InitSpec {
     pub egress_enabled: bool,
 }
 
-/// Where the egress socket appears inside the sandbox.
-pub const EGRESS_SOCKET: &str = "/run/runcell/egress.sock";
+/// Where the egress socket appears inside the sandbox. Its directory, not
+/// the socket file, is bind-mounted from the host, so a socket the host
+/// binds again at the same path (a restarted daemon) is the one the agent
+/// reaches.
+pub const EGRESS_SOCKET: &str = "/run/runcell/egress/sock";

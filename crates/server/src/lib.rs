@@ -2,6 +2,7 @@
 //! them in SQLite, enforces their TTLs, and serves the `/v1` HTTP API that
 //! the PandaStack clients and runcell's own clients speak.
 
+mod autobuild;
 mod error;
 pub mod keys;
 mod logs;
@@ -49,6 +50,74 @@ pub enum ServeError {
     /// Serving failed.
     #[error("The HTTP server failed.")]
     Http(#[source] std::io::Error),
+    /// Sandboxes could not reach their directories: every create would fail.
+    #[error(
+        "Sandboxes cannot reach the {what} {dir}: {blocker} (mode {mode:o}, owner {uid}:{gid}) \
+         does not let the sandboxes' host user {sandbox_uid} traverse it. Fix: `chmod o+x {blocker}`, \
+         or choose a directory outside it, e.g. --{flag} /var/lib/runcell{suffix}."
+    )]
+    Untraversable {
+        /// Which directory (`data directory` or `templates directory`).
+        what: &'static str,
+        /// The directory.
+        dir: std::path::PathBuf,
+        /// The ancestor that blocks.
+        blocker: std::path::PathBuf,
+        /// Its mode bits.
+        mode: u32,
+        /// Its owner.
+        uid: u32,
+        /// Its group.
+        gid: u32,
+        /// The host uid of root in a sandbox.
+        sandbox_uid: u32,
+        /// The flag that chooses the directory.
+        flag: &'static str,
+        /// Path suffix of the suggested directory.
+        suffix: &'static str,
+    },
+}
+
+/// Checks that the sandboxes' host user (root of a sandbox is the
+/// unprivileged host id `uid`) can traverse `dir` and each of its existing
+/// ancestors: a sandbox mounts its writable layer and template from there,
+/// so otherwise every create fails.
+fn check_traversable(
+    dir: &std::path::Path,
+    uid: u32,
+    what: &'static str,
+    flag: &'static str,
+    suffix: &'static str,
+) -> Result<(), ServeError> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+    for ancestor in dir.ancestors() {
+        let Ok(meta) = fs::metadata(ancestor) else {
+            continue; // Not made yet: created with the usual modes.
+        };
+        let mode = meta.mode() & 0o7777;
+        let ok = if meta.uid() == uid {
+            mode & 0o100 != 0
+        } else if meta.gid() == uid {
+            mode & 0o010 != 0
+        } else {
+            mode & 0o001 != 0
+        };
+        if !ok {
+            return Err(ServeError::Untraversable {
+                what,
+                dir: dir.clone(),
+                blocker: ancestor.to_path_buf(),
+                mode,
+                uid: meta.uid(),
+                gid: meta.gid(),
+                sandbox_uid: uid,
+                flag,
+                suffix,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Builds the state, reconciles with what survived a restart, and serves
@@ -59,6 +128,23 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
     // Sandbox agents (an unprivileged host uid) must traverse it to their directories.
     fs::set_permissions(&config.data_dir, fs::Permissions::from_mode(0o711))
         .map_err(|e| ServeError::DataDir(config.data_dir.clone(), e))?;
+    let sandbox_uid = RuntimeConfig::default().id_map.host_base;
+    check_traversable(
+        &config.data_dir,
+        sandbox_uid,
+        "data directory",
+        "data-dir",
+        "",
+    )?;
+    if let Some(dir) = &config.templates_dir {
+        check_traversable(
+            dir,
+            sandbox_uid,
+            "templates directory",
+            "templates-dir",
+            "/templates",
+        )?;
+    }
     let registry = Registry::open(&config.data_dir.join("registry.db"))?;
     let created = registry
         .with_conn(|c| keys::bootstrap(c, &config.data_dir))
@@ -86,8 +172,12 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
         creating: Default::default(),
         reservations: Default::default(),
         last_prune_ms: Default::default(),
+        auto_builds: Default::default(),
     });
     reconcile(&state).await;
+    if state.config.auto_build {
+        autobuild::start(&state);
+    }
     state.runtime.warm_up().await;
     // Warm pools fill in the background (a Python context importing pandas
     // takes a while) and are topped up and renewed every 30 s.
@@ -131,6 +221,10 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
     );
     println!(
         "  export PANDASTACK_API=http://{addr} PANDASTACK_API_KEY=$(cat {})",
+        config.data_dir.join("api-key").display()
+    );
+    println!(
+        "  export RUNCELL_URL=http://{addr} RUNCELL_API_KEY=$(cat {})",
         config.data_dir.join("api-key").display()
     );
     tracing::info!(%addr, "listening");
@@ -218,9 +312,14 @@ async fn reconcile(state: &Arc<AppState>) {
             .template(&template_name)
             .unwrap_or_else(|_| runcell_core::Template::host());
         let limits = limits_from_json(&rec.limits, state.config.default_limits);
+        // Its egress is served again with the policy it had.
+        let network = state.registry.network(&rec.id).unwrap_or_else(|e| {
+            tracing::warn!(sandbox = %rec.id, "its network policy is unreadable: {e}");
+            None
+        });
         match state
             .runtime
-            .attach(&rec.id, template.clone(), limits)
+            .attach(&rec.id, template.clone(), limits, network)
             .await
         {
             Ok(sandbox) => {

@@ -122,6 +122,15 @@ impl Registry {
                 crate::state::now_ms()
             ))?;
         }
+        // Added later: the sandbox's network policy (JSON), so a restarted
+        // daemon serves its egress with the same policy. Older rows have none
+        // (their sandboxes re-attach without egress, as before).
+        let has_network = conn
+            .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'network'")?
+            .exists([])?;
+        if !has_network {
+            conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN network TEXT;")?;
+        }
         crate::keys::init(&conn)?;
         // SQLite gives the journal files the database's mode, but files left
         // by an older version may be more open.
@@ -148,8 +157,9 @@ impl Registry {
         self.conn.lock().expect("registry lock").execute(
             "INSERT OR REPLACE INTO sandboxes
              (id, workspace, template, metadata, limits, env, ttl_seconds, persistent,
-              created_at, last_activity_ms, status, end_reason)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+              created_at, last_activity_ms, status, end_reason, network)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12,
+                     (SELECT network FROM sandboxes WHERE id = ?1))",
             params![
                 r.id,
                 r.workspace,
@@ -218,6 +228,38 @@ impl Registry {
             |r| r.get(0),
         )?;
         Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    /// Records a sandbox's network policy.
+    pub fn set_network(
+        &self,
+        id: &str,
+        policy: &runcell_core::egress::NetworkPolicy,
+    ) -> Result<(), RegistryError> {
+        self.conn.lock().expect("registry lock").execute(
+            "UPDATE sandboxes SET network = ?2 WHERE id = ?1",
+            params![id, serde_json::to_string(policy)?],
+        )?;
+        Ok(())
+    }
+
+    /// A sandbox's recorded network policy; `None` when none was recorded.
+    pub fn network(
+        &self,
+        id: &str,
+    ) -> Result<Option<runcell_core::egress::NetworkPolicy>, RegistryError> {
+        let raw: Option<String> = self
+            .conn
+            .lock()
+            .expect("registry lock")
+            .query_row(
+                "SELECT network FROM sandboxes WHERE id = ?1",
+                params![id],
+                |r| r.get(0),
+            )
+            .optional()?
+            .flatten();
+        Ok(raw.map(|t| serde_json::from_str(&t)).transpose()?)
     }
 
     /// Records activity.
@@ -361,6 +403,59 @@ mod tests {
         assert_eq!(reg.prune(t.ended_at_ms + 1).unwrap(), 1);
         assert_eq!(reg.rows().unwrap(), 1);
         assert!(reg.tombstone("a").unwrap().is_none());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// The network policy survives updates of the record (lifecycle changes
+    /// rewrite the row) and reopening; a database made before the column
+    /// existed gains it.
+    #[test]
+    fn network_policy_survives_record_updates_and_reopening() {
+        let dir = std::env::temp_dir().join(format!("runcell-registry-net-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("registry.db");
+        {
+            // An older registry: the table without the column.
+            let old = Connection::open(&path).unwrap();
+            old.execute_batch(
+                "CREATE TABLE sandboxes (id TEXT PRIMARY KEY, workspace TEXT NOT NULL,
+                 template TEXT NOT NULL, metadata TEXT NOT NULL, limits TEXT NOT NULL,
+                 env TEXT NOT NULL, ttl_seconds INTEGER NOT NULL, persistent INTEGER NOT NULL,
+                 created_at INTEGER NOT NULL, last_activity_ms INTEGER NOT NULL,
+                 status TEXT NOT NULL, end_reason TEXT);",
+            )
+            .unwrap();
+        }
+        let rec = Record {
+            id: "a".into(),
+            workspace: "local".into(),
+            template: "host".into(),
+            metadata: Default::default(),
+            limits: serde_json::json!({}),
+            env: Default::default(),
+            ttl_seconds: 300,
+            persistent: false,
+            created_at: 1,
+            last_activity_ms: 2,
+            status: "running".into(),
+            end_reason: None,
+        };
+        let reg = Registry::open(&path).unwrap();
+        reg.put(&rec).unwrap();
+        assert_eq!(reg.network("a").unwrap(), None);
+        let policy: runcell_core::egress::NetworkPolicy =
+            serde_json::from_value(serde_json::json!({"mode": "allowlist", "allow": ["pypi.org"]}))
+                .unwrap();
+        reg.set_network("a", &policy).unwrap();
+        reg.put(&Record {
+            ttl_seconds: 600,
+            ..rec.clone()
+        })
+        .unwrap();
+        drop(reg);
+        let reg = Registry::open(&path).unwrap();
+        assert_eq!(reg.network("a").unwrap(), Some(policy));
+        assert_eq!(reg.get("a").unwrap().unwrap().ttl_seconds, 600);
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

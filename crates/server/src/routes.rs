@@ -429,7 +429,8 @@ pub(crate) fn network_view(sandbox: &runcell_core::Sandbox) -> NetworkView {
             connections_refused: r.connections_refused,
             refused_hosts: r.refused_hosts,
         },
-        // No egress socket (re-attached after a restart): nothing leaves.
+        // No egress socket (made without one, or by an older version and
+        // re-attached after a restart): nothing leaves.
         None => NetworkView {
             mode: "none".into(),
             allow: Vec::new(),
@@ -507,6 +508,13 @@ async fn create(
     validate::env("env", &req.env)?;
     let requested = req.template.clone().unwrap_or_else(|| "host".into());
     let resolved = resolve_alias(&state, &requested);
+    let building_instead = resolved != requested && state.auto_builds.in_progress(&requested);
+    if building_instead {
+        tracing::info!(
+            template = %requested,
+            "{requested} is still being built; this sandbox is served from {resolved}"
+        );
+    }
     let template = state.runtime.template(&resolved).map_err(|_| {
         let mut installed =
             runcell_core::Template::installed(state.config.templates_dir.as_deref());
@@ -602,7 +610,15 @@ async fn create(
         status: "running".into(),
         end_reason: None,
     };
-    if let Err(e) = state.registry.put(&record) {
+    // The policy too, so a restarted daemon serves its egress the same way.
+    let recorded = state
+        .registry
+        .put(&record)
+        .and_then(|()| match sandbox.network() {
+            Some(n) => state.registry.set_network(&record.id, &n.policy),
+            None => Ok(()),
+        });
+    if let Err(e) = recorded {
         let _ = sandbox.destroy().await;
         return Err(ApiError::internal(format!(
             "The sandbox could not be recorded: {e}"
@@ -619,6 +635,11 @@ async fn create(
     state.touch(&entry).await;
     let mut body = sandbox_json(&entry);
     body["boot_ms"] = json!(started.elapsed().as_millis() as u64);
+    if building_instead {
+        // Served from the alias's target while the template is being built.
+        body["alias_of"] = json!(entry.template.name);
+        body["building"] = json!(true);
+    }
     state
         .metrics
         .creations
@@ -755,6 +776,11 @@ async fn set_network(
             runcell_core::Error::NoEgress => ApiError::bad_request(err.to_string()),
             other => ApiError::from(other),
         })?;
+    if let Some(n) = e.sandbox.network() {
+        state.registry.set_network(&id, &n.policy).map_err(|err| {
+            ApiError::internal(format!("The policy could not be recorded: {err}"))
+        })?;
+    }
     tracing::info!(sandbox = %id, mode = %e.sandbox.network().map(|n| n.policy.mode.to_string()).unwrap_or_default(), "network policy changed");
     Ok(Json(network_view(&e.sandbox)))
 }
@@ -1327,7 +1353,8 @@ async fn templates(State(state): St) -> AppResult<Json<Vec<Value>>> {
         if resolve_alias(&state, alias) == *alias {
             continue; // an installed template of that name is listed already
         }
-        if let Ok(v) = template_json(&state, alias, Some(target)) {
+        if let Ok(mut v) = template_json(&state, alias, Some(target)) {
+            with_build(&state, alias, &mut v);
             out.push(v);
         }
     }
@@ -1339,7 +1366,18 @@ async fn templates(State(state): St) -> AppResult<Json<Vec<Value>>> {
 async fn template(State(state): St, Path(name): Path<String>) -> AppResult<Json<Value>> {
     let resolved = resolve_alias(&state, &name);
     let alias = (resolved != name).then_some(resolved);
-    template_json(&state, &name, alias.as_deref())
-        .map(Json)
-        .map_err(|_| ApiError::new(StatusCode::NOT_FOUND, "template not found"))
+    let mut view = template_json(&state, &name, alias.as_deref())
+        .map_err(|_| ApiError::new(StatusCode::NOT_FOUND, "template not found"))?;
+    with_build(&state, &name, &mut view);
+    Ok(Json(view))
+}
+
+/// Adds a background build's progress (`--auto-build`) to a template view:
+/// `build` {state, step, error, ...}, and `building: true` while an alias
+/// serves it in the meantime.
+fn with_build(state: &AppState, name: &str, view: &mut Value) {
+    if let Some(status) = state.auto_builds.status(name) {
+        view["build"] = json!(status);
+        view["building"] = json!(state.auto_builds.in_progress(name));
+    }
 }

@@ -52,6 +52,10 @@ pub struct ServeConfig {
     /// How long an ended sandbox's tombstone (why and when it ended) is
     /// kept; never less than the maximum lifetime.
     pub tombstone_retention: Duration,
+    /// Build the bundled `code-interpreter` recipe in the background on
+    /// start when it is not installed, and point the `code-interpreter`
+    /// alias at it once it is ready.
+    pub auto_build: bool,
 }
 
 impl Default for ServeConfig {
@@ -79,6 +83,7 @@ impl Default for ServeConfig {
             egress_allow_private: Vec::new(),
             workspace_quota: Default::default(),
             tombstone_retention: Duration::from_secs(7 * 24 * 3600),
+            auto_build: true,
         }
     }
 }
@@ -125,6 +130,8 @@ pub struct AppState {
     pub reservations: crate::quota::Reservations,
     /// When tombstones were last pruned (unix ms).
     pub last_prune_ms: std::sync::atomic::AtomicI64,
+    /// Templates being built in the background (`--auto-build`).
+    pub auto_builds: crate::autobuild::AutoBuilds,
 }
 
 /// Now, unix milliseconds.

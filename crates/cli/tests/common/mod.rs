@@ -43,6 +43,13 @@ impl Daemon {
             } else {
                 &["--standby", "1"][..]
             })
+            // Test daemons serve `code-interpreter` from `host` rather than
+            // each bootstrapping Debian, unless the test asks for the build.
+            .args(if extra.iter().any(|a| a.starts_with("--auto-build")) {
+                &[][..]
+            } else {
+                &["--auto-build=false"][..]
+            })
             .args(extra)
             .stdout(Stdio::null())
             .spawn()

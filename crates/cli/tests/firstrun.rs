@@ -1,0 +1,399 @@
+//! What a new user meets on the first run of `runcell serve`: the start-up
+//! banner, a data directory sandboxes cannot reach, a sandbox's egress
+//! policy across a daemon restart, and the `code-interpreter` template built
+//! on first start. Needs root.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+/// Starts `runcell serve` with its stdout captured and returns the lines it
+/// printed until `want` appeared (or 20 s passed), killing it after.
+fn banner(want: &str) -> String {
+    let data = data_dir("banner");
+    let port = free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_runcell"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(&data)
+        .args(["--standby", "0", "--auto-build=false"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut text = String::new();
+    let until = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < until && !text.contains(want) {
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
+            text.push_str(&line);
+            text.push('\n');
+        }
+    }
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&data);
+    text
+}
+
+#[test]
+fn banner_prints_the_runcell_variables_as_well_as_pandastack_ones() {
+    let text = banner("RUNCELL_API_KEY");
+    assert!(text.contains("PANDASTACK_API="), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.contains("RUNCELL_URL="))
+        .unwrap_or_else(|| panic!("no RUNCELL_URL export in the banner:\n{text}"));
+    assert!(
+        line.contains("export RUNCELL_URL=http://127.0.0.1:"),
+        "{line}"
+    );
+    assert!(line.contains("RUNCELL_API_KEY=$(cat "), "{line}");
+    assert!(line.contains("/api-key)"), "{line}");
+}
+
+/// A data directory under a 0700 directory (a home such as /root): sandboxes
+/// (an unprivileged host uid) cannot traverse it, so `serve` must refuse to
+/// start and say which directory and how to fix it, not answer every create
+/// with 503.
+/// Runs `serve` with `args` (under a fresh 0700 directory) and returns its
+/// failure output; panics if it is still running after 10 s.
+fn serve_fails(args: &[&std::ffi::OsStr]) -> String {
+    let port = free_port();
+    let started = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_runcell"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(args)
+        .args(["--standby", "0", "--auto-build=false"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("serve started with a directory sandboxes cannot traverse: {args:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(!status.success(), "{err}");
+    err
+}
+
+/// A data (or templates) directory under a 0700 directory (a home such as
+/// /root): sandboxes (an unprivileged host uid) cannot traverse it, so
+/// `serve` must refuse to start and say which directory and how to fix it,
+/// not answer every create with 503.
+#[test]
+fn serve_refuses_a_data_directory_sandboxes_cannot_traverse() {
+    use std::os::unix::fs::PermissionsExt;
+    let home = data_dir("private-home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let data = home.join("runcell-data");
+    let err = serve_fails(&["--data-dir".as_ref(), data.as_os_str()]);
+    let shown = home.display().to_string();
+    assert!(err.contains(&data.display().to_string()), "{err}");
+    assert!(err.contains(&format!("chmod o+x {shown}")), "{err}");
+    assert!(err.contains("--data-dir /var/lib/runcell"), "{err}");
+
+    // The same for the templates directory, with a usable data directory.
+    let usable = data_dir("usable-data");
+    let templates = home.join("templates");
+    let err = serve_fails(&[
+        "--data-dir".as_ref(),
+        usable.as_os_str(),
+        "--templates-dir".as_ref(),
+        templates.as_os_str(),
+    ]);
+    assert!(err.contains(&templates.display().to_string()), "{err}");
+    assert!(err.contains("templates directory"), "{err}");
+    assert!(err.contains(&format!("chmod o+x {shown}")), "{err}");
+    let _ = std::fs::remove_dir_all(&home);
+    let _ = std::fs::remove_dir_all(&usable);
+}
+
+/// A plain HTTP server on the host's loopback that answers `hello, host`.
+fn host_listener() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
+            let _ = c.read(&mut buf);
+            let _ = c.write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\nConnection: close\r\n\r\nhello, host\n",
+            );
+        }
+    });
+    port
+}
+
+/// What a request from inside the sandbox through its egress proxy gets:
+/// the HTTP status and body, or curl's failure.
+async fn through_proxy(d: &Daemon, id: &str, port: u16) -> String {
+    // NO_PROXY lists loopback (the sandbox's own); force the proxy.
+    let (status, r) = d
+        .exec(
+            id,
+            &format!(
+                "env -u NO_PROXY -u no_proxy curl -sS -m 10 -x http://127.0.0.1:3128 \
+                 -w ' status=%{{http_code}}' http://127.0.0.1:{port}/; echo \" rc=$?\""
+            ),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    format!(
+        "{}{}",
+        r["stdout"].as_str().unwrap(),
+        r["stderr"].as_str().unwrap()
+    )
+}
+
+/// The policy survives a daemon that is killed and started again: the
+/// sandbox's view shows it, the allowed host is reached through the proxy
+/// and a host outside the allowlist is still refused (not `none`, not open).
+#[tokio::test(flavor = "multi_thread")]
+async fn reattached_sandbox_keeps_its_egress_policy() {
+    let allowed = host_listener();
+    let other = host_listener();
+    // The operator opens both loopback ports; only the policy tells them apart.
+    let flags = [
+        format!("--egress-allow-private=127.0.0.1:{allowed}"),
+        format!("--egress-allow-private=127.0.0.1:{other}"),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let data = data_dir("egress-restart");
+    let mut d = Daemon::start(&data, free_port(), &flags);
+    let r = d
+        .req(Method::POST, "/v1/sandboxes")
+        .json(&json!({"network": {"mode": "allowlist", "allow": [format!("127.0.0.1:{allowed}")]}}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let created: Value = r.json().await.unwrap();
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let before_ok = through_proxy(&d, &id, allowed).await;
+    assert!(
+        before_ok.contains("hello, host") && before_ok.contains("status=200"),
+        "{before_ok}"
+    );
+    let before_refused = through_proxy(&d, &id, other).await;
+    assert!(before_refused.contains("status=403"), "{before_refused}");
+
+    // A policy set later (PATCH) is kept as well.
+    let r = d
+        .req(Method::POST, "/v1/sandboxes")
+        .json(&json!({"network": "none"}))
+        .send()
+        .await
+        .unwrap();
+    let patched: Value = r.json().await.unwrap();
+    let patched = patched["id"].as_str().unwrap().to_string();
+    let r = d
+        .req(Method::PATCH, &format!("/v1/sandboxes/{patched}/network"))
+        .json(&json!({"mode": "allowlist", "allow": [format!("127.0.0.1:{allowed}")]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    d.kill9();
+    let d = Daemon::start(&data, free_port(), &flags);
+    let after = through_proxy(&d, &patched, allowed).await;
+    assert!(
+        after.contains("hello, host") && after.contains("status=200"),
+        "{after}"
+    );
+    let view: Value = d
+        .req(Method::GET, &format!("/v1/sandboxes/{id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(view["network"]["mode"], "allowlist", "{view}");
+    assert_eq!(
+        view["network"]["allow"],
+        json!([format!("127.0.0.1:{allowed}")]),
+        "{view}"
+    );
+    let after_ok = through_proxy(&d, &id, allowed).await;
+    assert!(
+        after_ok.contains("hello, host") && after_ok.contains("status=200"),
+        "{after_ok}"
+    );
+    let after_refused = through_proxy(&d, &id, other).await;
+    assert!(after_refused.contains("status=403"), "{after_refused}");
+    d.delete_all().await;
+}
+
+/// Where the end-to-end build test keeps its templates between runs on the
+/// same machine (the Debian base layer is bootstrapped once).
+const TEMPLATE_CACHE: &str = "/var/cache/runcell-test/templates";
+
+async fn get_json(d: &Daemon, path: &str) -> Value {
+    let r = d.req(Method::GET, path).send().await.unwrap();
+    assert_eq!(r.status(), 200, "GET {path}");
+    r.json().await.unwrap()
+}
+
+async fn create_json(d: &Daemon, body: Value) -> Value {
+    let r = d
+        .req(Method::POST, "/v1/sandboxes")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(status, 201, "{v}");
+    v
+}
+
+async fn delete(d: &Daemon, id: &str) {
+    let r = d
+        .req(Method::DELETE, &format!("/v1/sandboxes/{id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+}
+
+/// What the new user's first `code-interpreter` sandbox must offer: the data
+/// stack from the template's own Debian (its dpkg database lists it; the
+/// `host` template has no /var/lib/dpkg at all).
+const DATA_STACK: &str = "python3 -c 'import numpy, pandas, matplotlib; \
+     print(\"stack\", numpy.__version__, pandas.__version__, matplotlib.__version__)' \
+     && grep -c '^Package: python3-pandas$' /var/lib/dpkg/status \
+     && grep VERSION_CODENAME /etc/os-release";
+
+/// `serve` with --auto-build (the default) on a machine without the
+/// template: code-interpreter is served from host, says so, builds in the
+/// background (progress in the template view), then new sandboxes get the
+/// built template without a restart; a second start reuses it. The Debian
+/// base layer is cached in TEMPLATE_CACHE across runs, the apt-get step is
+/// built for real each run.
+#[tokio::test(flavor = "multi_thread")]
+async fn first_start_builds_code_interpreter_and_a_second_start_reuses_it() {
+    let cache = std::path::Path::new(TEMPLATE_CACHE);
+    std::fs::create_dir_all(cache).unwrap();
+    // Uninstall the template left by an earlier run and drop every layer but
+    // the bootstrapped base, so this daemon has to build (run apt-get).
+    let manifest = cache.join("code-interpreter/template.json");
+    if let Ok(raw) = std::fs::read(&manifest) {
+        let m: Value = serde_json::from_slice(&raw).unwrap();
+        for key in m["layers"].as_array().unwrap().iter().skip(1) {
+            let layer = cache.join(".layers").join(key.as_str().unwrap());
+            std::fs::remove_dir_all(&layer).unwrap();
+        }
+    }
+    let _ = std::fs::remove_dir_all(cache.join("code-interpreter"));
+    let started = Instant::now();
+    let flags = ["--auto-build=true", "--templates-dir", TEMPLATE_CACHE];
+    let d = Daemon::start(&data_dir("autobuild"), free_port(), &flags);
+
+    // While it builds: served from host, and said so.
+    let view = get_json(&d, "/v1/templates/code-interpreter").await;
+    assert_eq!(view["alias_of"], "host", "{view}");
+    assert_eq!(view["building"], true, "{view}");
+    let state = view["build"]["state"].as_str().unwrap_or_default();
+    assert!(state == "queued" || state == "building", "{view}");
+    let early = create_json(&d, json!({"template": "code-interpreter"})).await;
+    assert_eq!(early["alias_of"], "host", "{early}");
+    assert_eq!(early["building"], true, "{early}");
+    let early_id = early["id"].as_str().unwrap();
+    let (_, r) = d
+        .exec(early_id, "test -e /var/lib/dpkg/status; echo dpkg=$?")
+        .await;
+    assert!(r["stdout"].as_str().unwrap().contains("dpkg=1"), "{r}");
+    delete(&d, early_id).await;
+
+    // Progress until ready (bounded: a first run bootstraps Debian too).
+    let mut steps = std::collections::BTreeSet::new();
+    let until = Instant::now() + Duration::from_secs(1200);
+    let view = loop {
+        let view = get_json(&d, "/v1/templates/code-interpreter").await;
+        if let Some(step) = view["build"]["step"].as_str() {
+            steps.insert(step.to_string());
+        }
+        match view["build"]["state"].as_str() {
+            Some("ready") => break view,
+            Some("failed") => panic!("the build failed: {view}"),
+            _ => {}
+        }
+        assert!(
+            Instant::now() < until,
+            "the build did not finish in 20 min: {view}"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    };
+    let build_secs = started.elapsed().as_secs_f64();
+    eprintln!("code-interpreter built in {build_secs:.0} s; steps seen: {steps:?}");
+    assert!(steps.iter().any(|s| s.contains("RUN apt-get")), "{steps:?}");
+    assert!(view["alias_of"].is_null(), "{view}");
+    assert_eq!(view["building"], false, "{view}");
+
+    // New sandboxes get the built template, without a restart.
+    let built = create_json(&d, json!({"template": "code-interpreter"})).await;
+    assert!(built["alias_of"].is_null(), "{built}");
+    let id = built["id"].as_str().unwrap();
+    let (_, r) = d.exec(id, DATA_STACK).await;
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let out = r["stdout"].as_str().unwrap();
+    assert!(out.contains("stack ") && out.contains("bookworm"), "{r}");
+    delete(&d, id).await;
+    drop(d);
+
+    // A second start finds it installed: no build, served at once.
+    let t0 = Instant::now();
+    let d = Daemon::start(&data_dir("autobuild-again"), free_port(), &flags);
+    let view = get_json(&d, "/v1/templates/code-interpreter").await;
+    assert!(view["alias_of"].is_null(), "{view}");
+    assert!(
+        view.get("build").is_none(),
+        "a second start built again: {view}"
+    );
+    let again = create_json(&d, json!({"template": "code-interpreter"})).await;
+    let id = again["id"].as_str().unwrap();
+    let (_, r) = d.exec(id, DATA_STACK).await;
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert!(t0.elapsed() < Duration::from_secs(60), "{:?}", t0.elapsed());
+    delete(&d, id).await;
+}
