@@ -386,6 +386,20 @@ async fn javascript_top_level_await_keeps_values_and_declarations() {
     assert_eq!(plain(&r), vec!["'LATE6'"]);
     assert_eq!(plain(&cell(&sb, &js, "s").await), vec!["6"]);
 
+    // A closure made in an await cell and later cells share one variable.
+    let r = cell(
+        &sb,
+        &js,
+        "let count = 0\nconst inc = () => ++count\nawait null\ninc()",
+    )
+    .await;
+    assert_eq!(plain(&r), vec!["1"]);
+    assert_eq!(plain(&cell(&sb, &js, "inc(); count").await), vec!["2"]);
+    assert_eq!(
+        plain(&cell(&sb, &js, "count = 10; inc()").await),
+        vec!["11"]
+    );
+
     // A rejected promise is an exception with its name and message; what was
     // declared before it is kept.
     let r = cell(

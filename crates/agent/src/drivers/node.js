@@ -61,10 +61,9 @@ function errorOf(err) {
 // - top-level declarations (`var`, `let`, `const` including destructuring and
 //   several declarators, `function`, `class`): their names are collected and,
 //   when the cell settles (fulfilled or rejected), each one that was
-//   initialised is copied to a global of the same name (an existing global
-//   `let` binding is assigned, otherwise a property of globalThis is set), so
-//   later cells see it. Code inside the cell keeps its own bindings, so a
-//   closure made in an await cell goes on seeing the cell's copy.
+//   initialised becomes a global that later cells see (see keep()): an
+//   accessor of the cell's own binding, so closures made in the cell and
+//   later cells share the variable.
 // The statement structure comes from a small tokenizer (strings, templates,
 // comments, regex literals, brackets); every rewrite is compiled by V8 before
 // it runs, and a cell the rewrite cannot compile reports V8's own error.
@@ -323,8 +322,12 @@ function rewriteAwait(code, filename, tokens) {
       names.add(toks[k + 1].v);
     }
   }
-  const getters = [...names].map((n) => `${JSON.stringify(n)}: () => ${n}`).join(', ');
-  const head = `(async (${EXPORT}) => { ${EXPORT}({${getters}}); `;
+  // For each name a getter and a setter of the cell's own binding.
+  const access = [...names].map((n) => {
+    const param = n === '__runcellValue' ? '__runcellValue2' : '__runcellValue';
+    return `${JSON.stringify(n)}: [() => ${n}, (${param}) => { ${n} = ${param}; }]`;
+  }).join(', ');
+  const head = `(async (${EXPORT}) => { ${EXPORT}({${access}}); `;
   const wrap = (body) => `${head}${body}\n})(globalThis[${JSON.stringify(EXPORT)}])`;
   // The earliest top-level statement start from which the rest of the cell
   // is one expression: that is the last statement, and it is an expression.
@@ -344,25 +347,43 @@ function rewriteAwait(code, filename, tokens) {
   return { src: wrap(code), names: [...names] };
 }
 
-// Copies a finished await cell's declarations to globals.
-const setters = new Map();
-function keep(getters) {
-  for (const [name, get] of Object.entries(getters)) {
-    let value;
+// Makes a finished await cell's declarations globals. A name no global
+// binding has yet becomes an accessor property of globalThis that reads and
+// writes the cell's own binding, so the cell's closures and later cells share
+// one variable (as with node's REPL). A name that is already a global `let`
+// or `const`, or a non-configurable global (a `var` of an earlier cell), is
+// assigned instead.
+const assigners = new Map();
+function lexicallyBound(name) {
+  if (name in globalThis) return false;
+  try {
+    vm.runInThisContext(name);
+    return true;
+  } catch (e) {
+    return !(e instanceof ReferenceError && /is not defined/.test(String(e.message)));
+  }
+}
+function keep(bindings) {
+  for (const [name, [get, set]] of Object.entries(bindings)) {
     try {
-      value = get();
+      get();
     } catch {
       continue; // never initialised (the cell failed first)
     }
     try {
-      let set = setters.get(name);
-      if (!set) {
+      const desc = Object.getOwnPropertyDescriptor(globalThis, name);
+      if (!lexicallyBound(name) && (!desc || desc.configurable)) {
+        Object.defineProperty(globalThis, name, { get, set, enumerable: true, configurable: true });
+        continue;
+      }
+      let assign = assigners.get(name);
+      if (!assign) {
         // The parameter's name must not be the one assigned.
         const param = name === '__runcellValue' ? '__runcellValue2' : '__runcellValue';
-        set = vm.runInThisContext(`(function (${param}) { ${name} = ${param}; })`);
-        setters.set(name, set);
+        assign = vm.runInThisContext(`(function (${param}) { ${name} = ${param}; })`);
+        assigners.set(name, assign);
       }
-      set(value);
+      assign(get());
     } catch (e) {
       process.stderr.write(`runcell: the cell's ${name} could not be kept: ${e && e.message}\n`);
     }
