@@ -386,6 +386,16 @@ async fn javascript_top_level_await_keeps_values_and_declarations() {
     assert_eq!(plain(&r), vec!["'LATE6'"]);
     assert_eq!(plain(&cell(&sb, &js, "s").await), vec!["6"]);
 
+    // A loop body without braces stays a loop body.
+    let r = cell(
+        &sb,
+        &js,
+        "let i = 0\nawait 1; while (i < 3) i++\nfor (const q of [1, 2])\n  i += q",
+    )
+    .await;
+    ok(&r);
+    assert_eq!(plain(&cell(&sb, &js, "i").await), vec!["6"]);
+
     // A closure made in an await cell and later cells share one variable.
     let r = cell(
         &sb,

@@ -334,7 +334,23 @@ function rewriteAwait(code, filename, tokens) {
   // Tried from the last `;`-separated statement on, at most 200 candidates.
   let lastSemi = -1;
   toks.forEach((t, k) => { if (t.d === 0 && t.t === 'p' && t.v === ';' && k < toks.length - 1) lastSemi = k; });
-  const cands = starts.filter((k) => k > lastSemi).slice(-200);
+  // Not the body of an if/for/while/with written without braces (right
+  // after the header's `)`): making it a `return` would end a loop.
+  const afterParen = (k) => {
+    if (k === 0 || toks[k - 1].t !== 'p' || toks[k - 1].v !== ')') return false;
+    let depth = 0;
+    let m = k - 1;
+    for (; m >= 0; m--) {
+      const t = toks[m];
+      if (t.t !== 'p') continue;
+      if (t.v === ')') depth += 1;
+      else if (t.v === '(' && --depth === 0) break;
+    }
+    let before = m > 0 ? toks[m - 1] : null;
+    if (before && before.t === 'id' && before.v === 'await' && m > 1) before = toks[m - 2]; // for await (
+    return !!before && before.t === 'id' && ['if', 'for', 'while', 'with'].includes(before.v);
+  };
+  const cands = starts.filter((k) => k > lastSemi && !afterParen(k)).slice(-200);
   const last = toks[toks.length - 1];
   const end = last && last.d === 0 && last.t === 'p' && last.v === ';' ? last.s : code.length;
   for (const k of cands) {
