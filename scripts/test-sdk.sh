@@ -2,7 +2,9 @@
 # TypeScript SDK tests: builds runcell, starts a real `runcell serve` on a
 # free loopback port with a fresh data directory under /run, then installs,
 # builds and tests the npm package in sdk/typescript (node's test runner)
-# against it. Afterwards it deletes any sandbox still alive (and fails if the
+# against it, including every example of sdk/typescript/README.md, and
+# checks that `npm install <path of sdk/typescript>` works from a clean copy
+# of its sources (this needs the npm registry for typescript). Afterwards it deletes any sandbox still alive (and fails if the
 # tests left one behind), stops the daemon with SIGTERM and removes the data
 # directory. The daemon creates real sandboxes, so this must run as root,
 # from anywhere (it cds to the repo root):
@@ -68,6 +70,45 @@ echo "== runcell SDK tests (node --test, ${#TESTS[@]} files)"
 # A hung daemon would make requests wait forever; bound the whole suite.
 (cd "$SDK" && timeout --kill-after=30 900 node --test --test-reporter=spec "${TESTS[@]}") ||
   failed+=("SDK tests")
+
+# `npm install /path/to/sdk/typescript` from a checkout with nothing built
+# and no node_modules: the package's `prepare` script must install its dev
+# dependencies and build it, and both module systems must load it.
+echo "== npm install of the SDK from a clean copy of its sources (prepare builds it)"
+INSTALL_TMP=$(mktemp -d /tmp/runcell-sdk-install.XXXXXX)
+if (
+  set -e
+  mkdir "$INSTALL_TMP/sdk" "$INSTALL_TMP/app"
+  cd "$SDK"
+  git ls-files -z --cached --others --exclude-standard . | xargs -0 cp --parents -t "$INSTALL_TMP/sdk"
+  [ ! -e "$INSTALL_TMP/sdk/dist" ] && [ ! -e "$INSTALL_TMP/sdk/node_modules" ]
+  cd "$INSTALL_TMP/app"
+  npm init -y >/dev/null
+  npm install --no-audit --no-fund --loglevel=error "$INSTALL_TMP/sdk"
+  cat > esm.mjs <<'JS'
+import { Sandbox } from "runcell";
+const sb = await Sandbox.create({ template: "host", metadata: { suite: "runcell-sdk-install" } });
+try {
+  const r = await sb.exec("echo installed");
+  if (r.stdout !== "installed\n") throw new Error(`exec said ${JSON.stringify(r.stdout)}`);
+} finally {
+  await sb.kill();
+}
+console.log("esm ok");
+JS
+  cat > cjs.cjs <<'JS'
+const { Sandbox } = require("runcell");
+if (typeof Sandbox.connect !== "function") throw new Error("no Sandbox.connect in the CommonJS build");
+console.log("cjs ok");
+JS
+  timeout 120 node esm.mjs
+  node cjs.cjs
+); then
+  echo "npm install from the repo path: ok"
+else
+  failed+=("npm install of sdk/typescript from its path")
+fi
+rm -rf "$INSTALL_TMP"
 
 daemon_after_suite "the SDK tests"
 [ ${#failed[@]} -eq 0 ] || daemon_log

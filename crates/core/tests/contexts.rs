@@ -311,3 +311,139 @@ async fn javascript_and_bash_contexts_keep_state() {
     );
     sb.destroy().await.unwrap();
 }
+
+/// Top-level `await` in a JavaScript cell: the last expression's value comes
+/// back, and whatever the cell declares (any declaration form) is there in
+/// later cells, as in node's REPL.
+#[tokio::test(flavor = "multi_thread")]
+async fn javascript_top_level_await_keeps_values_and_declarations() {
+    let rt = runtime("contexts-js-await");
+    let sb = sandbox(&rt, limits()).await;
+    let js = ctx(&sb, Language::Javascript).await;
+    let ok = |r: &CellRun| {
+        assert!(
+            r.report.outcome.error.is_none(),
+            "{:?}\n{}",
+            r.report.outcome.error,
+            text(&r.stderr)
+        );
+    };
+
+    // The issue's cell, then its variable in the next cell.
+    let r = cell(&sb, &js, "const r = await Promise.resolve(5); r").await;
+    ok(&r);
+    assert_eq!(plain(&r), vec!["5"]);
+    assert_eq!(plain(&cell(&sb, &js, "r + 1").await), vec!["6"]);
+    // Re-running the same cell (a notebook habit) works.
+    assert_eq!(
+        plain(&cell(&sb, &js, "const r = await Promise.resolve(7); r").await),
+        vec!["7"]
+    );
+    // `const o = await (expr)` also compiles as a call of a function named
+    // await: the async reading wins.
+    let r = cell(&sb, &js, "const o = await ({ k: 1 }); o.k").await;
+    ok(&r);
+    assert_eq!(plain(&r), vec!["1"]);
+
+    // Destructuring, several declarators, defaults and rest, every keyword.
+    let r = cell(
+        &sb,
+        &js,
+        "const {a, b: [c, d = 4], ...rest} = await Promise.resolve({a: 1, b: [3], e: 5}), \
+         x = 'x', [y, , z] = [7, 8, 9]\n\
+         let l = await 10; var v = 11\n\
+         function hello(n) { return `hi ${n}` }\n\
+         class Foo { m() { return 'm' } }",
+    )
+    .await;
+    ok(&r);
+    assert!(plain(&r).is_empty(), "{:?}", plain(&r));
+    let r = cell(
+        &sb,
+        &js,
+        "JSON.stringify([a, c, d, rest, x, y, z, l, v, hello(1), new Foo().m()])",
+    )
+    .await;
+    ok(&r);
+    assert_eq!(
+        plain(&r),
+        vec![r#"'[1,3,4,{"e":5},"x",7,9,10,11,"hi 1","m"]'"#]
+    );
+
+    // for await, and a last expression after awaits spanning lines.
+    let r = cell(
+        &sb,
+        &js,
+        "let s = 0\nasync function* gen() { yield 1; yield 2; yield 3 }\n\
+         for await (const n of gen()) s += n\n\
+         const late = await new Promise((res) => setTimeout(() => res('late'), 20))\n\
+         console.log(late)\n\
+         late.toUpperCase()\n  + s",
+    )
+    .await;
+    ok(&r);
+    assert_eq!(text(&r.stdout), "late\n");
+    assert_eq!(plain(&r), vec!["'LATE6'"]);
+    assert_eq!(plain(&cell(&sb, &js, "s").await), vec!["6"]);
+
+    // A loop body without braces stays a loop body.
+    let r = cell(
+        &sb,
+        &js,
+        "let i = 0\nawait 1; while (i < 3) i++\nfor (const q of [1, 2])\n  i += q",
+    )
+    .await;
+    ok(&r);
+    assert_eq!(plain(&cell(&sb, &js, "i").await), vec!["6"]);
+
+    // A closure made in an await cell and later cells share one variable.
+    let r = cell(
+        &sb,
+        &js,
+        "let count = 0\nconst inc = () => ++count\nawait null\ninc()",
+    )
+    .await;
+    assert_eq!(plain(&r), vec!["1"]);
+    assert_eq!(plain(&cell(&sb, &js, "inc(); count").await), vec!["2"]);
+    assert_eq!(
+        plain(&cell(&sb, &js, "count = 10; inc()").await),
+        vec!["11"]
+    );
+
+    // A rejected promise is an exception with its name and message; what was
+    // declared before it is kept.
+    let r = cell(
+        &sb,
+        &js,
+        "const before = await 1\nawait Promise.reject(new RangeError('boom ' + before))",
+    )
+    .await;
+    assert_eq!(r.report.outcome.exit_code, 1);
+    let e = r.report.outcome.error.expect("an error");
+    assert_eq!(
+        (e.name.as_str(), e.value.as_str()),
+        ("RangeError", "boom 1")
+    );
+    assert!(e.traceback.contains("cell-"), "{}", e.traceback);
+    assert_eq!(plain(&cell(&sb, &js, "before").await), vec!["1"]);
+
+    // A syntax error in an await cell is reported as the real one.
+    let e = cell(&sb, &js, "await 1\nconst = 2")
+        .await
+        .report
+        .outcome
+        .error
+        .expect("an error");
+    assert_eq!(e.name, "SyntaxError");
+    assert!(!e.value.contains("async function"), "{}", e.value);
+
+    // Cells without await behave as before: state, values, promises.
+    let r = cell(&sb, &js, "let plainVar = 2\nplainVar * 21").await;
+    assert_eq!(plain(&r), vec!["42"]);
+    assert_eq!(plain(&cell(&sb, &js, "plainVar").await), vec!["2"]);
+    assert_eq!(
+        plain(&cell(&sb, &js, "Promise.resolve('p')").await),
+        vec!["'p'"]
+    );
+    sb.destroy().await.unwrap();
+}

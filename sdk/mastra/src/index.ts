@@ -70,8 +70,8 @@ export interface RunCodeToolOptions extends ConnectionOptions {
   limits?: SandboxCreateOptions["limits"];
   /** Environment variables of each sandbox. */
   envs?: Record<string, string>;
-  /** Network policy of each sandbox, passed to `Sandbox.create` as is. */
-  network?: unknown;
+  /** Network policy of each sandbox (`"none"`, `"open"` or an allowlist), passed to `Sandbox.create` as is. */
+  network?: SandboxCreateOptions["network"];
   /** Replaces the tool's description entirely. */
   description?: string;
   /**

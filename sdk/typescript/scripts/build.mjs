@@ -9,7 +9,45 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 const root = join(dirname(fileURLToPath(import.meta.url)), "..");
-const tsc = createRequire(import.meta.url).resolve("typescript/bin/tsc");
+const require = createRequire(import.meta.url);
+
+// `npm install /path/to/runcell/sdk/typescript` links this directory and runs
+// `prepare` (this script) without installing its dev dependencies: install
+// them here first (scripts ignored, so this does not recurse).
+function resolveTsc() {
+  try {
+    return require.resolve("typescript/bin/tsc");
+  } catch {
+    return undefined;
+  }
+}
+let tsc = resolveTsc();
+if (!tsc) {
+  console.log("build: installing the SDK's dev dependencies (typescript) first");
+  const env = { ...process.env };
+  // Settings of an outer `npm install` (production, omit=dev, global, a
+  // prefix) must not leak into this one.
+  for (const k of Object.keys(env)) {
+    if (/^npm_config_(omit|include|production|only|global|prefix|location|save.*|dry_run|workspaces?)$/i.test(k)) delete env[k];
+  }
+  const npmCli = process.env.npm_execpath;
+  const [cmd, args] = npmCli && npmCli.endsWith(".js") ? [process.execPath, [npmCli]] : ["npm", []];
+  try {
+    execFileSync(cmd, [...args, "install", "--no-save", "--ignore-scripts", "--include=dev", "--no-audit", "--no-fund"], {
+      stdio: "inherit",
+      cwd: root,
+      env,
+    });
+  } catch {
+    console.error("build: npm install of the dev dependencies failed");
+    process.exit(1);
+  }
+  tsc = resolveTsc();
+  if (!tsc) {
+    console.error("build: typescript is still missing after npm install");
+    process.exit(1);
+  }
+}
 
 rmSync(join(root, "dist"), { recursive: true, force: true });
 for (const project of ["tsconfig.json", "tsconfig.cjs.json"]) {

@@ -53,6 +53,10 @@ export interface RequestOptions {
   bytes?: Uint8Array;
   /** What this request does, for error messages ("create a sandbox"). */
   what: string;
+  /** Cancels the request: the call rejects with the signal's reason (an `AbortError` by default). */
+  signal?: AbortSignal | undefined;
+  /** Accept header (default application/json). */
+  accept?: string;
 }
 
 /** One daemon connection: base URL and a lazily resolved key. */
@@ -88,7 +92,7 @@ export class Client {
 
   /** Sends a request; resolves with the Response on 2xx, throws a typed error otherwise. */
   async request(method: string, path: string, opts: RequestOptions): Promise<Response> {
-    const headers: Record<string, string> = { Accept: "application/json" };
+    const headers: Record<string, string> = { Accept: opts.accept ?? "application/json" };
     const key = await this.apiKey();
     if (key) headers["Authorization"] = `Bearer ${key}`;
     let body: string | Uint8Array | undefined;
@@ -102,10 +106,14 @@ export class Client {
     const url = this.url(path, opts.query);
     let resp: Response;
     try {
+      opts.signal?.throwIfAborted();
       const init: RequestInit = { method, headers };
       if (body !== undefined) init.body = body as NonNullable<RequestInit["body"]>;
+      if (opts.signal) init.signal = opts.signal;
       resp = await globalThis.fetch(url, init);
     } catch (e) {
+      // A cancelled call rejects with the signal's reason, not a ConnectionError.
+      if (opts.signal?.aborted) throw opts.signal.reason;
       throw new ConnectionError(
         `Could not ${opts.what}: no answer from the runcell daemon at ${this.apiUrl} (${describeFetchFailure(e)}).`,
         { cause: e },
@@ -118,7 +126,13 @@ export class Client {
   /** A request whose 2xx answer is JSON. */
   async json<T>(method: string, path: string, opts: RequestOptions): Promise<T> {
     const resp = await this.request(method, path, opts);
-    const text = await resp.text();
+    let text: string;
+    try {
+      text = await resp.text();
+    } catch (e) {
+      if (opts.signal?.aborted) throw opts.signal.reason;
+      throw e;
+    }
     try {
       return JSON.parse(text) as T;
     } catch (e) {

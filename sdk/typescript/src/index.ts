@@ -19,6 +19,12 @@ export {
   type ExecResult,
   type FileEntry,
   type SandboxFiles,
+  type FileStat,
+  type NetworkMode,
+  type NetworkPolicy,
+  type NetworkInfo,
+  type StreamOptions,
+  type ResultAccessors,
 } from "./sandbox.js";
 export { type ConnectionOptions, DEFAULT_URL, DEFAULT_KEY_FILE } from "./client.js";
 export {

@@ -44,14 +44,67 @@ export interface SandboxCreateOptions extends ConnectionOptions {
   ttlSeconds?: number;
   /** String labels, filterable with `Sandbox.list({ metadata })`. */
   metadata?: Record<string, string>;
-  /** Passed through as `network`; the daemon may ignore it until egress policies land. */
-  network?: unknown;
+  /**
+   * Network egress policy: `"none"` (the default: loopback only), `"open"`,
+   * or an allowlist `{ mode: "allowlist", allow: ["pypi.org", "*.example.com:443"], presets: ["package-index"] }`.
+   */
+  network?: NetworkPolicy;
   /** Resource limits. */
   limits?: Limits;
   /** Environment variables for every exec and code context in the sandbox. */
   envs?: Record<string, string>;
   /** Exempt from the idle TTL (the daemon's maximum lifetime still applies). */
   persistent?: boolean;
+}
+
+/** Egress modes: `none` (loopback only), `allowlist` (only the listed hosts), `open`. */
+export type NetworkMode = "none" | "allowlist" | "open";
+
+/** A network policy: a mode, or an allowlist of host rules and presets. */
+export type NetworkPolicy =
+  | NetworkMode
+  | {
+      mode?: NetworkMode;
+      /** Host rules: `pypi.org`, `*.example.com`, `api.example.com:443`. */
+      allow?: string[];
+      /** Named rule sets the daemon knows, e.g. `package-index`. */
+      presets?: string[];
+    };
+
+/** A sandbox's network policy and its egress counters. */
+export interface NetworkInfo {
+  mode: NetworkMode;
+  allow: string[];
+  presets: string[];
+  bytesIn: number;
+  bytesOut: number;
+  connectionsAllowed: number;
+  connectionsRefused: number;
+  /** The most recently refused host names. */
+  refusedHosts: string[];
+}
+
+/** What the daemon says about a path (`files.stat`). */
+export interface FileStat {
+  name: string;
+  isDir: boolean;
+  /** `file`, `dir` or `symlink`. */
+  type: "file" | "dir" | "symlink";
+  size: number;
+  /** Permission bits in octal, e.g. `"644"`. */
+  permissions: string;
+  /** Last modification, seconds since the epoch (as the daemon reports it). */
+  mtime: number;
+}
+
+/** Callbacks and cancellation for a long call. */
+export interface StreamOptions {
+  /** Called with each piece of standard output as it arrives (exec) or once when the cell ends (runCode). */
+  onStdout?: (chunk: string) => void;
+  /** Called with each piece of standard error, likewise. */
+  onStderr?: (chunk: string) => void;
+  /** Cancels the call: it rejects with the signal's reason. See the README for what keeps running. */
+  signal?: AbortSignal;
 }
 
 /** What the daemon says about a sandbox. */
@@ -67,9 +120,49 @@ export interface SandboxInfo {
   raw: Record<string, unknown>;
 }
 
-/** A MIME bundle, e.g. `{"text/plain": "42"}` or `{"image/png": "<base64>"}`. */
-export interface Result {
-  [mime: string]: string;
+/** Shortcuts to the common MIME types of a result (absent when the bundle has no such type). */
+export interface ResultAccessors {
+  /** `text/plain`. */
+  readonly text?: string;
+  /** `text/html`. */
+  readonly html?: string;
+  /** `text/markdown`. */
+  readonly markdown?: string;
+  /** `image/png`, base64. */
+  readonly png?: string;
+  /** `image/jpeg`, base64. */
+  readonly jpeg?: string;
+  /** `image/svg+xml`. */
+  readonly svg?: string;
+  /** `application/json`, as text. */
+  readonly json?: string;
+  /** `text/latex`. */
+  readonly latex?: string;
+}
+
+/**
+ * A MIME bundle, e.g. `{"text/plain": "42"}` or `{"image/png": "<base64>"}`,
+ * with shortcuts: `r.text`, `r.html`, `r.png`, ... (not enumerable, so the
+ * object's keys and its JSON are the bundle's MIME types only).
+ */
+export type Result = { [mime: string]: string } & ResultAccessors;
+
+const ACCESSORS: Record<keyof ResultAccessors, string> = {
+  text: "text/plain",
+  html: "text/html",
+  markdown: "text/markdown",
+  png: "image/png",
+  jpeg: "image/jpeg",
+  svg: "image/svg+xml",
+  json: "application/json",
+  latex: "text/latex",
+};
+
+function withAccessors(bundle: Record<string, string>): Result {
+  for (const [name, mime] of Object.entries(ACCESSORS)) {
+    Object.defineProperty(bundle, name, { get: () => bundle[mime], enumerable: false, configurable: true });
+  }
+  return bundle as Result;
 }
 
 /** Why a cell failed. */
@@ -130,6 +223,16 @@ export interface SandboxFiles {
   write(path: string, data: string | Uint8Array): Promise<void>;
   /** A directory's immediate entries. */
   list(path: string): Promise<FileEntry[]>;
+  /** Whether the path exists (a file, directory or symlink). */
+  exists(path: string): Promise<boolean>;
+  /** What the daemon knows about the path; `NotFoundError` if it does not exist. */
+  stat(path: string): Promise<FileStat>;
+  /** Creates a directory and any missing parents; an existing directory is not an error. */
+  mkdir(path: string): Promise<void>;
+  /** Removes a file, or a directory with everything in it; a missing path is an error. */
+  remove(path: string): Promise<void>;
+  /** Renames or moves a file or directory; the destination's parent must exist. */
+  rename(from: string, to: string): Promise<void>;
 }
 
 // ---- wire shapes -----------------------------------------------------------
@@ -200,11 +303,11 @@ function toResults(items: unknown): Result[] {
   const out: Result[] = [];
   for (const item of items) {
     if (!item || typeof item !== "object") continue;
-    const bundle: Result = {};
+    const bundle: Record<string, string> = {};
     for (const [mime, v] of Object.entries(item as Record<string, unknown>)) {
       bundle[mime] = typeof v === "string" ? v : JSON.stringify(v);
     }
-    out.push(bundle);
+    out.push(withAccessors(bundle));
   }
   return out;
 }
@@ -266,6 +369,66 @@ function toExecResult(w: ExecWire): ExecResult {
   };
 }
 
+/** Quotes a string for /bin/sh as one word. */
+export function shellQuote(s: string): string {
+  return `'${s.replace(/'/g, `'\\''`)}'`;
+}
+
+function toNetworkInfo(w: Record<string, unknown> | undefined): NetworkInfo {
+  const strs = (v: unknown) => (Array.isArray(v) ? v.map(String) : []);
+  const num = (v: unknown) => (typeof v === "number" ? v : 0);
+  const b = w ?? {};
+  return {
+    mode: (typeof b.mode === "string" ? b.mode : "none") as NetworkMode,
+    allow: strs(b.allow),
+    presets: strs(b.presets),
+    bytesIn: num(b.bytes_in),
+    bytesOut: num(b.bytes_out),
+    connectionsAllowed: num(b.connections_allowed),
+    connectionsRefused: num(b.connections_refused),
+    refusedHosts: strs(b.refused_hosts),
+  };
+}
+
+/** Reads a server-sent event stream, calling `on(event, data)` for each event. */
+async function readSse(resp: Response, on: (event: string, data: string) => void): Promise<void> {
+  if (!resp.body) return;
+  const reader = resp.body.getReader();
+  const dec = new TextDecoder("utf-8");
+  let buf = "";
+  let event = "message";
+  let data: string[] = [];
+  const line = (l: string) => {
+    if (l === "") {
+      if (data.length) on(event, data.join("\n"));
+      event = "message";
+      data = [];
+    } else if (l.startsWith(":")) {
+      // A comment (keep-alive).
+    } else {
+      const i = l.indexOf(":");
+      const field = i < 0 ? l : l.slice(0, i);
+      let value = i < 0 ? "" : l.slice(i + 1);
+      if (value.startsWith(" ")) value = value.slice(1);
+      if (field === "event") event = value;
+      else if (field === "data") data.push(value);
+    }
+  };
+  for (;;) {
+    const { done, value } = await reader.read();
+    buf += dec.decode(value ?? new Uint8Array(), { stream: !done });
+    let nl: number;
+    while ((nl = buf.search(/\r\n|\r|\n/)) >= 0) {
+      const sep = buf.startsWith("\r\n", nl) ? 2 : 1;
+      line(buf.slice(0, nl));
+      buf = buf.slice(nl + sep);
+    }
+    if (done) break;
+  }
+  if (buf) line(buf);
+  line("");
+}
+
 function parseLanguage(l: string | undefined): Language {
   switch ((l ?? "python").toLowerCase()) {
     case "python":
@@ -289,6 +452,26 @@ function parseLanguage(l: string | undefined): Language {
 
 function sessionGone(e: unknown): boolean {
   return e instanceof NotFoundError && (e.body as { error?: unknown } | undefined)?.error === "session not found";
+}
+
+/** Rejects with the signal's reason as soon as it aborts. */
+function abortable<T>(p: Promise<T>, signal: AbortSignal | undefined): Promise<T> {
+  if (!signal) return p;
+  signal.throwIfAborted();
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => reject(signal.reason);
+    signal.addEventListener("abort", onAbort, { once: true });
+    p.then(
+      (v) => {
+        signal.removeEventListener("abort", onAbort);
+        resolve(v);
+      },
+      (e) => {
+        signal.removeEventListener("abort", onAbort);
+        reject(e);
+      },
+    );
+  });
 }
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
@@ -358,6 +541,7 @@ function createBody(opts: SandboxCreateOptions): Record<string, unknown> {
 /** A runcell sandbox. Create one with `Sandbox.create`, find one with `Sandbox.get`. */
 export class Sandbox {
   readonly id: string;
+  /** What the daemon said about the sandbox when this object got it (`refresh()` updates it). */
   readonly info: SandboxInfo;
   /** File access (paths are absolute). */
   readonly files: SandboxFiles;
@@ -406,7 +590,58 @@ export class Sandbox {
           size: Number(e.size ?? 0),
         }));
       },
+      async stat(path: string): Promise<FileStat> {
+        const w = await c.json<{
+          name?: string;
+          is_dir?: boolean;
+          size?: number;
+          mode?: string;
+          mtime?: number;
+          permissions?: string;
+        }>("GET", `${base}/fs/stat`, { query: { path }, what: `stat ${path} in sandbox ${id}` });
+        return {
+          name: String(w.name ?? ""),
+          isDir: w.is_dir === true,
+          type: w.mode === "d" ? "dir" : w.mode === "l" ? "symlink" : "file",
+          size: Number(w.size ?? 0),
+          permissions: String(w.permissions ?? ""),
+          mtime: Number(w.mtime ?? 0),
+        };
+      },
+      async exists(path: string): Promise<boolean> {
+        try {
+          const resp = await c.request("GET", `${base}/fs/stat`, { query: { path }, what: `stat ${path} in sandbox ${id}` });
+          await resp.arrayBuffer();
+          return true;
+        } catch (e) {
+          // A 404 about the path is "no"; one about the sandbox is an error.
+          const said = String((e as { body?: { error?: unknown } }).body?.error ?? "");
+          if (e instanceof NotFoundError && /file does not exist|no such file/i.test(said)) return false;
+          throw e;
+        }
+      },
+      // The API has no routes to remove, rename or make directories: these
+      // run coreutils in the sandbox (as the sandbox user), every path quoted
+      // as one shell word after `--`.
+      mkdir: (path: string) => this.#fileOp(`mkdir -p -- ${shellQuote(path)}`, `make directory ${path}`),
+      remove: (path: string) =>
+        this.#fileOp(
+          `if [ -e ${shellQuote(path)} ] || [ -L ${shellQuote(path)} ]; then rm -rf -- ${shellQuote(path)}; ` +
+            `else echo "No such file or directory" >&2; exit 2; fi`,
+          `remove ${path}`,
+        ),
+      rename: (from: string, to: string) =>
+        this.#fileOp(`mv -T -- ${shellQuote(from)} ${shellQuote(to)}`, `rename ${from} to ${to}`),
     };
+  }
+
+  async #fileOp(cmd: string, what: string): Promise<void> {
+    const r = await this.exec(cmd);
+    if (r.exitCode !== 0) {
+      const why = r.stderr.trim().replace(/^(mkdir|rm|mv): /, "") || `exit status ${r.exitCode}`;
+      const Err = /No such file or directory/.test(why) ? NotFoundError : RuncellError;
+      throw new Err(`Could not ${what} in sandbox ${this.id}: ${why}.`, { body: { error: why } });
+    }
   }
 
   /**
@@ -434,6 +669,11 @@ export class Sandbox {
       if (!(e instanceof RuncellError)) throw e;
       throw bothAttempts(first, e, wait);
     }
+  }
+
+  /** Same as `Sandbox.get`: a handle on an existing sandbox, e.g. one another process created. */
+  static connect(id: string, opts: ConnectionOptions = {}): Promise<Sandbox> {
+    return Sandbox.get(id, opts);
   }
 
   /** Connects to an existing sandbox; `NotFoundError` if it is gone (or another workspace's). */
@@ -465,13 +705,14 @@ export class Sandbox {
    */
   async runCode(
     code: string,
-    language?: Language | { language?: Language; timeoutSeconds?: number },
+    language?: Language | ({ language?: Language; timeoutSeconds?: number } & StreamOptions),
   ): Promise<RunResult> {
     const o = typeof language === "string" ? { language } : (language ?? {});
     const lang = parseLanguage(o.language);
-    const runOpts = o.timeoutSeconds === undefined ? {} : { timeoutSeconds: o.timeoutSeconds };
+    const runOpts: { timeoutSeconds?: number } & StreamOptions = { ...o };
+    delete (runOpts as { language?: Language }).language;
     const used = this.#defaultContext(lang);
-    const ctx = await used;
+    const ctx = await abortable(used, o.signal);
     try {
       return await ctx.runCode(code, runOpts);
     } catch (e) {
@@ -519,20 +760,28 @@ export class Sandbox {
     return s ? new CodeContext(this.#client, this.id, s.id, language) : undefined;
   }
 
-  /** Runs a shell command (`/bin/sh -c`). A timeout is not thrown: it comes back with `timedOut: true`. */
+  /**
+   * Runs a shell command (`/bin/sh -c`). A timeout is not thrown: it comes
+   * back with `timedOut: true`. With `onStdout` or `onStderr` the output is
+   * streamed (`POST /exec/stream`) and each callback gets the text as it
+   * arrives; the result still has all of it.
+   */
   async exec(
     cmd: string,
-    opts: { timeoutSeconds?: number; envs?: Record<string, string>; cwd?: string } = {},
+    opts: { timeoutSeconds?: number; envs?: Record<string, string>; cwd?: string } & StreamOptions = {},
   ): Promise<ExecResult> {
     const body: Record<string, unknown> = { cmd };
     if (opts.timeoutSeconds !== undefined) body.timeout_seconds = opts.timeoutSeconds;
     if (opts.envs !== undefined) body.env = opts.envs;
     if (opts.cwd !== undefined) body.cwd = opts.cwd;
+    const what = `run a command in sandbox ${this.id}`;
+    if (opts.onStdout || opts.onStderr) return this.#execStream(body, opts, what);
     try {
       return toExecResult(
         await this.#client.json<ExecWire>("POST", `/sandboxes/${enc(this.id)}/exec`, {
           json: body,
-          what: `run a command in sandbox ${this.id}`,
+          what,
+          signal: opts.signal,
         }),
       );
     } catch (e) {
@@ -540,6 +789,65 @@ export class Sandbox {
       if (b) return toExecResult(b);
       throw e;
     }
+  }
+
+  async #execStream(body: Record<string, unknown>, opts: StreamOptions, what: string): Promise<ExecResult> {
+    const started = Date.now();
+    const resp = await this.#client.request("POST", `/sandboxes/${enc(this.id)}/exec/stream`, {
+      json: body,
+      what,
+      signal: opts.signal,
+      accept: "text/event-stream",
+    });
+    const r: ExecResult = {
+      stdout: "",
+      stderr: "",
+      exitCode: -1,
+      timedOut: false,
+      truncated: false,
+      durationMs: 0,
+      messages: [],
+    };
+    let ended = false;
+    try {
+      await readSse(resp, (event, data) => {
+        let d: Record<string, unknown> = {};
+        try {
+          d = JSON.parse(data) as Record<string, unknown>;
+        } catch {
+          return; // not one of the daemon's events (a keep-alive)
+        }
+        if (event === "stdout" || event === "stderr") {
+          const chunk = typeof d.chunk === "string" ? d.chunk : "";
+          r[event] += chunk;
+          if (/\[runcell: (stdout|stderr) truncated/.test(chunk)) r.truncated = true;
+          (event === "stdout" ? opts.onStdout : opts.onStderr)?.(chunk);
+        } else if (event === "exit") {
+          ended = true;
+          r.exitCode = Number(d.exit_code ?? 0);
+          if (d.oom_killed === true) r.messages.push("The command was killed: the sandbox ran out of memory.");
+        } else if (event === "error") {
+          ended = true;
+          const msg = String(d.error ?? "the command failed");
+          if (/timeout/i.test(msg)) {
+            r.timedOut = true;
+            r.exitCode = 124;
+            r.messages.push(msg);
+          } else {
+            throw new ServerError(`Could not ${what}: ${msg}.`, { body: d });
+          }
+        }
+      });
+    } catch (e) {
+      if (opts.signal?.aborted) throw opts.signal.reason;
+      if (e instanceof RuncellError) throw e;
+      throw new ConnectionError(`Could not ${what}: the output stream broke off (${String(e)}).`, { cause: e });
+    }
+    if (!ended) {
+      throw new ConnectionError(`Could not ${what}: the output stream ended before the command's exit status.`);
+    }
+    r.durationMs = Date.now() - started;
+    return r;
   }
 
   /** A new code context (a long-lived interpreter; default python). */
@@ -550,6 +858,42 @@ export class Sandbox {
       what: `create a ${lang} code context in sandbox ${this.id}`,
     });
     return new CodeContext(this.#client, this.id, s.id, parseLanguage(s.language ?? lang));
+  }
+
+  /**
+   * Sets the sandbox's timeout: it is deleted after this many seconds without
+   * activity (the idle TTL; same as `setTtl`).
+   */
+  async setTimeout(seconds: number): Promise<void> {
+    await this.setTtl(seconds);
+  }
+
+  /** Re-reads the sandbox from the daemon and updates `info`; `NotFoundError` if it is gone. */
+  async refresh(): Promise<SandboxInfo> {
+    const wire = await this.#client.json<SandboxWire>("GET", `/sandboxes/${enc(this.id)}`, {
+      what: `get sandbox ${this.id}`,
+    });
+    const fresh = toInfo(wire);
+    const info = this.info as { -readonly [K in keyof SandboxInfo]: SandboxInfo[K] };
+    delete info.ttlSeconds;
+    Object.assign(info, fresh);
+    return this.info;
+  }
+
+  /** The network policy and egress counters (from a fresh `GET` of the sandbox). */
+  async getNetwork(): Promise<NetworkInfo> {
+    const info = await this.refresh();
+    return toNetworkInfo(info.raw.network as Record<string, unknown> | undefined);
+  }
+
+  /** Replaces the network policy (`PATCH /network`); takes effect for new connections. */
+  async setNetwork(policy: NetworkPolicy): Promise<NetworkInfo> {
+    const w = await this.#client.json<Record<string, unknown>>("PATCH", `/sandboxes/${enc(this.id)}/network`, {
+      json: policy,
+      what: `set the network policy of sandbox ${this.id}`,
+    });
+    this.info.raw.network = w;
+    return toNetworkInfo(w);
   }
 
   /** Sets the idle time-to-live, in seconds. */
@@ -612,21 +956,28 @@ export class CodeContext {
   }
 
   /** Runs a cell. A timeout is not thrown: it comes back with `timedOut: true` and `error.name` "TimeoutError". */
-  async runCode(code: string, opts: { timeoutSeconds?: number } = {}): Promise<RunResult> {
+  async runCode(code: string, opts: { timeoutSeconds?: number } & StreamOptions = {}): Promise<RunResult> {
     const body: Record<string, unknown> = { code };
     if (opts.timeoutSeconds !== undefined) body.timeout_ms = Math.max(1, Math.round(opts.timeoutSeconds * 1000));
+    let r: RunResult;
     try {
-      return toRunResult(
+      r = toRunResult(
         await this.#client.json<CellWire>("POST", `${this.#path}/run`, {
           json: body,
           what: `run code in ${this.language} context ${this.id} of sandbox ${this.sandboxId}`,
+          signal: opts.signal,
         }),
       );
     } catch (e) {
       const b = timeoutBody<CellWire>(e);
-      if (b) return toRunResult(b);
-      throw e;
+      if (!b) throw e;
+      r = toRunResult(b);
     }
+    // The daemon's cell API answers once, when the cell ends: the callbacks
+    // get each stream's text then.
+    if (r.stdout) opts.onStdout?.(r.stdout);
+    if (r.stderr) opts.onStderr?.(r.stderr);
+    return r;
   }
 
   /** Restarts the interpreter: every variable and import is gone afterwards. */

@@ -11,6 +11,10 @@ import type {
   ExecResult,
   Language,
   Limits,
+  FileStat,
+  NetworkInfo,
+  NetworkPolicy,
+  StreamOptions,
   Result,
   RunResult,
   Sandbox,
@@ -25,9 +29,15 @@ function same<A, B>(ok: Equal<A, B>): void {
 
 interface SpecLimits { memoryMb?: number; cpu?: number; pids?: number; diskMb?: number; timeoutSeconds?: number; outputBytes?: number }
 interface SpecConnectionOptions { apiUrl?: string; apiKey?: string }
-interface SpecSandboxCreateOptions extends SpecConnectionOptions { template?: string; ttlSeconds?: number; metadata?: Record<string, string>; network?: unknown; limits?: SpecLimits; envs?: Record<string, string>; persistent?: boolean }
+type SpecNetworkMode = "none" | "allowlist" | "open";
+type SpecNetworkPolicy = SpecNetworkMode | { mode?: SpecNetworkMode; allow?: string[]; presets?: string[] };
+interface SpecNetworkInfo { mode: SpecNetworkMode; allow: string[]; presets: string[]; bytesIn: number; bytesOut: number; connectionsAllowed: number; connectionsRefused: number; refusedHosts: string[] }
+interface SpecFileStat { name: string; isDir: boolean; type: "file" | "dir" | "symlink"; size: number; permissions: string; mtime: number }
+interface SpecStreamOptions { onStdout?: (chunk: string) => void; onStderr?: (chunk: string) => void; signal?: AbortSignal }
+interface SpecSandboxCreateOptions extends SpecConnectionOptions { template?: string; ttlSeconds?: number; metadata?: Record<string, string>; network?: SpecNetworkPolicy; limits?: SpecLimits; envs?: Record<string, string>; persistent?: boolean }
 interface SpecSandboxInfo { id: string; template: string; metadata: Record<string, string>; status: string; createdAt: string; ttlSeconds?: number; raw: Record<string, unknown> }
-interface SpecResult { [mime: string]: string }
+interface SpecResultAccessors { readonly text?: string; readonly html?: string; readonly markdown?: string; readonly png?: string; readonly jpeg?: string; readonly svg?: string; readonly json?: string; readonly latex?: string }
+type SpecResult = { [mime: string]: string } & SpecResultAccessors;
 interface SpecCellError { name: string; value: string; traceback: string }
 interface SpecRunResult { stdout: string; stderr: string; exitCode: number; results: SpecResult[]; error?: SpecCellError; timedOut: boolean; truncated: boolean; stateLost: boolean; durationMs: number; messages: string[] }
 interface SpecExecResult { stdout: string; stderr: string; exitCode: number; timedOut: boolean; truncated: boolean; durationMs: number; messages: string[] }
@@ -35,23 +45,32 @@ interface SpecExecResult { stdout: string; stderr: string; exitCode: number; tim
 interface SpecSandbox {
   readonly id: string;
   readonly info: SpecSandboxInfo;
-  runCode(code: string, language?: Language | { language?: Language; timeoutSeconds?: number }): Promise<SpecRunResult>;
-  exec(cmd: string, opts?: { timeoutSeconds?: number; envs?: Record<string, string>; cwd?: string }): Promise<SpecExecResult>;
+  runCode(code: string, language?: Language | ({ language?: Language; timeoutSeconds?: number } & SpecStreamOptions)): Promise<SpecRunResult>;
+  exec(cmd: string, opts?: { timeoutSeconds?: number; envs?: Record<string, string>; cwd?: string } & SpecStreamOptions): Promise<SpecExecResult>;
   files: {
     read(path: string): Promise<string>;
     readBytes(path: string): Promise<Uint8Array>;
     write(path: string, data: string | Uint8Array): Promise<void>;
     list(path: string): Promise<{ name: string; isDir: boolean; size: number }[]>;
+    exists(path: string): Promise<boolean>;
+    stat(path: string): Promise<SpecFileStat>;
+    mkdir(path: string): Promise<void>;
+    remove(path: string): Promise<void>;
+    rename(from: string, to: string): Promise<void>;
   };
   createCodeContext(language?: Language): Promise<CodeContext>;
   setTtl(seconds: number): Promise<void>;
+  setTimeout(seconds: number): Promise<void>;
+  refresh(): Promise<SpecSandboxInfo>;
+  getNetwork(): Promise<SpecNetworkInfo>;
+  setNetwork(policy: SpecNetworkPolicy): Promise<SpecNetworkInfo>;
   kill(): Promise<void>;
   [Symbol.asyncDispose](): Promise<void>;
 }
 interface SpecCodeContext {
   readonly id: string;
   readonly language: Language;
-  runCode(code: string, opts?: { timeoutSeconds?: number }): Promise<SpecRunResult>;
+  runCode(code: string, opts?: { timeoutSeconds?: number } & SpecStreamOptions): Promise<SpecRunResult>;
   restart(): Promise<void>;
   close(): Promise<void>;
   [Symbol.asyncDispose](): Promise<void>;
@@ -67,6 +86,10 @@ test("the exported types are exactly the agreed ones", () => {
   same<CellError, SpecCellError>(true);
   same<RunResult, SpecRunResult>(true);
   same<ExecResult, SpecExecResult>(true);
+  same<NetworkPolicy, SpecNetworkPolicy>(true);
+  same<NetworkInfo, SpecNetworkInfo>(true);
+  same<FileStat, SpecFileStat>(true);
+  same<StreamOptions, SpecStreamOptions>(true);
 });
 
 test("Sandbox and CodeContext have the agreed members and statics", () => {
@@ -74,9 +97,10 @@ test("Sandbox and CodeContext have the agreed members and statics", () => {
   const ctxAsSpec = (c: CodeContext): SpecCodeContext => c;
   const create: (opts?: SpecSandboxCreateOptions) => Promise<Sandbox> = runcell.Sandbox.create;
   const get: (id: string, opts?: SpecConnectionOptions) => Promise<Sandbox> = runcell.Sandbox.get;
+  const connect: (id: string, opts?: SpecConnectionOptions) => Promise<Sandbox> = runcell.Sandbox.connect;
   const list: (opts?: SpecConnectionOptions & { metadata?: Record<string, string> }) => Promise<SpecSandboxInfo[]> =
     runcell.Sandbox.list;
-  for (const f of [asSpec, ctxAsSpec, create, get, list]) assert.equal(typeof f, "function");
+  for (const f of [asSpec, ctxAsSpec, create, get, connect, list]) assert.equal(typeof f, "function");
   const errors = [
     runcell.AuthError,
     runcell.NotFoundError,
