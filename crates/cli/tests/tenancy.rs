@@ -178,3 +178,24 @@ async fn an_ended_sandbox_says_why_and_when_to_its_owner_only() {
     );
     let _ = std::fs::remove_dir_all(&data);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_standby_sandbox_takes_a_larger_memory_limit_than_it_was_prepared_with() {
+    let data = data_dir("memraise");
+    let d = Daemon::start(
+        &data,
+        free_port(),
+        &["--standby", "1", "--warm-pool", "code-interpreter=0"],
+    );
+    // The standby was prepared with the 1 GiB default; cgroup v1 refuses a
+    // memory limit above memory+swap, so raising must write memsw first.
+    for mb in [1537, 2048, 64] {
+        let (s, b) = create_as(&d, &d.key, json!({"limits": {"memory_mb": mb}})).await;
+        assert_eq!(s, 201, "memory_mb {mb}: {b}");
+        assert_eq!(b["limits"]["memory_mb"], mb, "{b}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    d.delete_all().await;
+    drop(d);
+    let _ = std::fs::remove_dir_all(&data);
+}

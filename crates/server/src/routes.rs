@@ -485,7 +485,7 @@ fn sandbox_json(e: &Entry) -> Value {
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", operation_id = "createSandbox", request_body = CreateReq,
-    responses((status = 201, description = "Created and running", body = SandboxView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 413, description = "The request body is larger than the daemon allows", body = ErrorView), (status = 503, description = "No capacity, or the sandbox failed to start; retry after Retry-After seconds", body = ErrorView, headers(("Retry-After" = u64, description = "Seconds to wait")))))]
+    responses((status = 201, description = "Created and running", body = SandboxView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 413, description = "The request body is larger than the daemon allows", body = ErrorView), (status = 429, description = "A per-workspace quota (sandboxes, memory or disk) is reached; retry after Retry-After seconds", body = ErrorView, headers(("Retry-After" = u64, description = "Seconds to wait"))), (status = 503, description = "No capacity, or the sandbox failed to start; retry after Retry-After seconds", body = ErrorView, headers(("Retry-After" = u64, description = "Seconds to wait")))))]
 async fn create(
     State(state): St,
     Extension(ws): Extension<Workspace>,

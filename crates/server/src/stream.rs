@@ -12,12 +12,10 @@ use std::time::Duration;
 use axum::http::header;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use runcell_core::{format_size, SandboxLimits};
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::ApiError;
-use crate::state::ServeConfig;
 
 /// Events buffered per stream (each at most one chunk of output, 64 KiB
 /// before JSON escaping).

@@ -90,12 +90,26 @@ impl Group {
     pub(super) fn set_limits(&self, limits: &Limits) -> Result<(), CgroupError> {
         let g = self;
         let mem = limits.memory_bytes.to_string();
-        write(&g.memory.join("memory.limit_in_bytes"), &mem)?;
+        let limit = g.memory.join("memory.limit_in_bytes");
         let memsw = g.memory.join("memory.memsw.limit_in_bytes");
         if memsw.exists() {
-            // Without swap accounting this file is absent; with it, swap must not
-            // stretch the limit.
-            write(&memsw, &mem)?;
+            // Without swap accounting this file is absent; with it, swap must
+            // not stretch the limit. The kernel keeps memory <= memory+swap at
+            // every step, so raising writes memsw first and lowering writes
+            // it last (a standby prepared with a smaller limit is raised).
+            let current = std::fs::read_to_string(&limit)
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .unwrap_or(u64::MAX);
+            if limits.memory_bytes > current {
+                write(&memsw, &mem)?;
+                write(&limit, &mem)?;
+            } else {
+                write(&limit, &mem)?;
+                write(&memsw, &mem)?;
+            }
+        } else {
+            write(&limit, &mem)?;
         }
         write(&g.pids.join("pids.max"), &limits.pids.to_string())?;
         if let Some(cpu) = &g.cpu {
