@@ -166,7 +166,7 @@ impl AgentClient {
                 let ServerMessage { id, event } = frame.header;
                 let last = event.is_final();
                 let tx = {
-                    let mut map = p.lock().expect("pending lock");
+                    let mut map = p.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                     if last {
                         map.remove(&id)
                     } else {
@@ -181,7 +181,9 @@ impl AgentClient {
                     let _ = tx.send((event, frame.body)).await;
                 }
             }
-            p.lock().expect("pending lock").clear();
+            p.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clear();
         });
         Ok(Self {
             writer: tokio::sync::Mutex::new(wr),
@@ -228,11 +230,17 @@ impl AgentClient {
         let work = is_work(&request).then(|| WorkGuard::new(&self.work));
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(16);
-        self.pending.lock().expect("pending lock").insert(id, tx);
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(id, tx);
         let frame = Frame::with_body(ClientMessage { id, request }, body);
         let sent = write_frame(&mut *self.writer.lock().await, &frame).await;
         if let Err(e) = sent {
-            self.pending.lock().expect("pending lock").remove(&id);
+            self.pending
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&id);
             return Err(e.into());
         }
         Ok(Replies {

@@ -159,7 +159,11 @@ impl Runtime {
 
     /// Number of prepared sandboxes waiting.
     pub fn standby_ready(&self) -> usize {
-        self.pool.ready.lock().expect("pool lock").len()
+        self.pool
+            .ready
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
     }
 
     /// Fills the standby pool and waits until it is full.
@@ -195,7 +199,7 @@ impl Runtime {
                     .pool
                     .ready
                     .lock()
-                    .expect("pool lock")
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .push_back(standby),
                 Ok(Err(e)) => {
                     tracing::warn!("could not prepare a standby sandbox: {e}");
@@ -263,7 +267,11 @@ impl Runtime {
         let standby = if host_network {
             None
         } else {
-            self.pool.ready.lock().expect("pool lock").pop_front()
+            self.pool
+                .ready
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .pop_front()
         };
         let network = opts.network.clone().filter(|_| !host_network);
         let started = match standby {
@@ -286,7 +294,7 @@ impl Runtime {
                         self.pool
                             .ready
                             .lock()
-                            .expect("pool lock")
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
                             .push_front(*standby);
                     }
                     e

@@ -58,7 +58,11 @@ pub struct AutoBuilds {
 impl AutoBuilds {
     /// The status of `name`'s build, if one ran since the daemon started.
     pub fn status(&self, name: &str) -> Option<BuildStatus> {
-        self.builds.lock().expect("builds lock").get(name).cloned()
+        self.builds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(name)
+            .cloned()
     }
 
     /// Whether `name` is being built (queued or building).
@@ -68,7 +72,12 @@ impl AutoBuilds {
     }
 
     fn update(&self, name: &str, f: impl FnOnce(&mut BuildStatus)) {
-        if let Some(s) = self.builds.lock().expect("builds lock").get_mut(name) {
+        if let Some(s) = self
+            .builds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get_mut(name)
+        {
             f(s);
         }
     }
@@ -94,7 +103,7 @@ pub fn start(state: &Arc<AppState>) {
         .auto_builds
         .builds
         .lock()
-        .expect("builds lock")
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
         .insert(
             NAME.into(),
             BuildStatus {

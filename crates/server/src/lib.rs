@@ -186,9 +186,13 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
         let mut tick = tokio::time::interval(Duration::from_secs(30));
         loop {
             tick.tick().await;
-            for p in filler.pools.all() {
-                p.refill(&filler.runtime).await;
-            }
+            let st = filler.clone();
+            survive("warm pool refill", async move {
+                for p in st.pools.all() {
+                    p.refill(&st.runtime).await;
+                }
+            })
+            .await;
         }
     });
 
@@ -197,7 +201,8 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         loop {
             tick.tick().await;
-            reaper.reap_once().await;
+            let st = reaper.clone();
+            survive("reaper", async move { st.reap_once().await }).await;
         }
     });
 
@@ -271,6 +276,18 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = int.recv() => {}
         _ = term.recv() => {}
+    }
+}
+
+/// Runs one round of a background loop as its own task, so that a panic in
+/// it (release builds unwind) is logged and the loop goes on, instead of
+/// silently ending the reaper or the pool filler for good.
+async fn survive(
+    what: &'static str,
+    round: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    if let Err(e) = tokio::spawn(round).await {
+        tracing::error!("a {what} round failed: {e}; the next round runs as usual");
     }
 }
 
@@ -384,4 +401,19 @@ fn limits_from_json(
         l.output_bytes = o as u64;
     }
     l
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn a_background_round_that_panics_does_not_end_the_loop() {
+        super::survive("test", async { panic!("one bad round") }).await;
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        super::survive("test", async move { r.store(true, Ordering::SeqCst) }).await;
+        assert!(ran.load(Ordering::SeqCst));
+    }
 }

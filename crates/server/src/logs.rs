@@ -161,7 +161,10 @@ impl SandboxLog {
             return;
         }
         let end = {
-            let mut inner = self.inner.lock().expect("log lock");
+            let mut inner = self
+                .inner
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let end = inner.end;
             let only_front = inner.chunks.len() == 1;
             match inner.chunks.back_mut() {
@@ -188,7 +191,10 @@ impl SandboxLog {
     /// longer line; an unfinished last line is included).
     pub fn snapshot(&self, want: impl Fn(Output) -> bool) -> Vec<Line> {
         let parts = {
-            let inner = self.inner.lock().expect("log lock");
+            let inner = self
+                .inner
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             inner.since(0)
         };
         let mut lines = Vec::new();
@@ -247,7 +253,10 @@ impl Follower {
     pub async fn next(&mut self) -> Option<Followed> {
         loop {
             let (start, parts, end) = {
-                let inner = self.inner.lock().expect("log lock");
+                let inner = self
+                    .inner
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
                 let start = inner.start();
                 (start, inner.since(self.cursor.max(start)), inner.end)
             };

@@ -74,7 +74,7 @@ impl Metrics {
         *self
             .reaps
             .lock()
-            .expect("metrics lock")
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .entry(reason.to_string())
             .or_default() += 1;
     }
@@ -84,7 +84,7 @@ impl Metrics {
         *self
             .errors
             .lock()
-            .expect("metrics lock")
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .entry((route.to_string(), status))
             .or_default() += 1;
     }
@@ -126,7 +126,12 @@ impl Metrics {
             out,
             "# HELP runcell_sandbox_reaps_total Sandboxes removed, by reason.\n# TYPE runcell_sandbox_reaps_total counter"
         );
-        for (reason, n) in self.reaps.lock().expect("metrics lock").iter() {
+        for (reason, n) in self
+            .reaps
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+        {
             let _ = writeln!(
                 out,
                 "runcell_sandbox_reaps_total{{reason=\"{}\"}} {n}",
@@ -137,7 +142,12 @@ impl Metrics {
             out,
             "# HELP runcell_api_errors_total API errors, by route and status.\n# TYPE runcell_api_errors_total counter"
         );
-        for ((route, status), n) in self.errors.lock().expect("metrics lock").iter() {
+        for ((route, status), n) in self
+            .errors
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+        {
             let _ = writeln!(
                 out,
                 "runcell_api_errors_total{{route=\"{}\",status=\"{status}\"}} {n}",

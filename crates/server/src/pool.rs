@@ -113,7 +113,10 @@ impl WarmPools {
             return (None, None);
         };
         let warm = if *limits == pool.limits {
-            pool.ready.lock().expect("pool lock").pop_front()
+            pool.ready
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .pop_front()
         } else {
             None
         };
@@ -130,7 +133,10 @@ impl WarmPools {
 impl WarmPool {
     /// Sandboxes ready now.
     pub fn ready(&self) -> usize {
-        self.ready.lock().expect("pool lock").len()
+        self.ready
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
     }
 
     async fn prepare(&self, runtime: &Runtime) -> Result<Warm, runcell_core::Error> {
@@ -180,7 +186,10 @@ impl WarmPool {
             return;
         }
         let stale: Vec<Warm> = {
-            let mut ready = self.ready.lock().expect("pool lock");
+            let mut ready = self
+                .ready
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let (old, fresh): (VecDeque<Warm>, VecDeque<Warm>) =
                 ready.drain(..).partition(|w| w.born.elapsed() > MAX_AGE);
             *ready = fresh;
@@ -196,7 +205,11 @@ impl WarmPool {
                     // Shut down while this one was being prepared.
                     let _ = w.sandbox.destroy().await;
                 }
-                Ok(w) => self.ready.lock().expect("pool lock").push_back(w),
+                Ok(w) => self
+                    .ready
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push_back(w),
                 Err(e) => {
                     failures += 1;
                     tracing::warn!(template = %self.template.name, "could not prepare a pooled sandbox: {e}");
@@ -215,7 +228,12 @@ impl WarmPool {
         while self.refilling.load(Ordering::Acquire) && Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let all: Vec<Warm> = self.ready.lock().expect("pool lock").drain(..).collect();
+        let all: Vec<Warm> = self
+            .ready
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .drain(..)
+            .collect();
         for w in all {
             let _ = w.sandbox.destroy().await;
         }

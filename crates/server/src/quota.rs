@@ -80,7 +80,11 @@ pub struct Reservation<'a> {
 
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
-        let mut map = self.owner.0.lock().expect("reservations lock");
+        let mut map = self
+            .owner
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(u) = map.get_mut(&self.workspace) {
             u.sub(self.usage);
             if *u == Usage::default() {
@@ -99,10 +103,24 @@ pub fn reserve<'a>(
 ) -> Result<Reservation<'a>, ApiError> {
     let quota = state.config.workspace_quota;
     let want = Usage::of(limits);
-    let mut reserved = state.reservations.0.lock().expect("reservations lock");
+    let mut reserved = state
+        .reservations
+        .0
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut used = reserved.get(workspace).copied().unwrap_or_default();
-    for e in state.sandboxes.read().expect("sandboxes lock").values() {
-        if e.record.lock().expect("record lock").workspace == workspace {
+    for e in state
+        .sandboxes
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .values()
+    {
+        if e.record
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .workspace
+            == workspace
+        {
             used.add(Usage::of(e.sandbox.limits()));
         }
     }

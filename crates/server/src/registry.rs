@@ -149,32 +149,38 @@ impl Registry {
 
     /// Runs `f` with the connection (for the key table).
     pub fn with_conn<T>(&self, f: impl FnOnce(&Connection) -> T) -> T {
-        f(&self.conn.lock().expect("registry lock"))
+        f(&self
+            .conn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner))
     }
 
     /// Inserts or replaces a record.
     pub fn put(&self, r: &Record) -> Result<(), RegistryError> {
-        self.conn.lock().expect("registry lock").execute(
-            "INSERT OR REPLACE INTO sandboxes
+        self.conn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .execute(
+                "INSERT OR REPLACE INTO sandboxes
              (id, workspace, template, metadata, limits, env, ttl_seconds, persistent,
               created_at, last_activity_ms, status, end_reason, network)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12,
                      (SELECT network FROM sandboxes WHERE id = ?1))",
-            params![
-                r.id,
-                r.workspace,
-                r.template,
-                serde_json::to_string(&r.metadata)?,
-                r.limits.to_string(),
-                serde_json::to_string(&r.env)?,
-                r.ttl_seconds as i64,
-                r.persistent,
-                r.created_at,
-                r.last_activity_ms,
-                r.status,
-                r.end_reason,
-            ],
-        )?;
+                params![
+                    r.id,
+                    r.workspace,
+                    r.template,
+                    serde_json::to_string(&r.metadata)?,
+                    r.limits.to_string(),
+                    serde_json::to_string(&r.env)?,
+                    r.ttl_seconds as i64,
+                    r.persistent,
+                    r.created_at,
+                    r.last_activity_ms,
+                    r.status,
+                    r.end_reason,
+                ],
+            )?;
         Ok(())
     }
 
@@ -183,17 +189,23 @@ impl Registry {
     /// which may hold the caller's secrets, is forgotten now (and with
     /// `secure_delete` its old bytes are overwritten, not left in free pages).
     pub fn end(&self, id: &str, status: &str, reason: &str) -> Result<(), RegistryError> {
-        self.conn.lock().expect("registry lock").execute(
-            "UPDATE sandboxes SET status = ?2, end_reason = ?3, ended_at_ms = ?4, env = '{}'
+        self.conn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .execute(
+                "UPDATE sandboxes SET status = ?2, end_reason = ?3, ended_at_ms = ?4, env = '{}'
              WHERE id = ?1",
-            params![id, status, reason, crate::state::now_ms()],
-        )?;
+                params![id, status, reason, crate::state::now_ms()],
+            )?;
         Ok(())
     }
 
     /// The tombstone of an ended sandbox, if it is still kept.
     pub fn tombstone(&self, id: &str) -> Result<Option<Tombstone>, RegistryError> {
-        let conn = self.conn.lock().expect("registry lock");
+        let conn = self
+            .conn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         Ok(conn
             .query_row(
                 "SELECT workspace, end_reason, ended_at_ms, ttl_seconds FROM sandboxes
@@ -214,19 +226,23 @@ impl Registry {
     /// Removes the tombstones of sandboxes that ended before `before_ms`;
     /// returns how many.
     pub fn prune(&self, before_ms: i64) -> Result<usize, RegistryError> {
-        Ok(self.conn.lock().expect("registry lock").execute(
-            "DELETE FROM sandboxes WHERE status != 'running' AND ended_at_ms < ?1",
-            params![before_ms],
-        )?)
+        Ok(self
+            .conn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .execute(
+                "DELETE FROM sandboxes WHERE status != 'running' AND ended_at_ms < ?1",
+                params![before_ms],
+            )?)
     }
 
     /// Rows kept, running or ended.
     pub fn rows(&self) -> Result<u64, RegistryError> {
-        let n: i64 = self.conn.lock().expect("registry lock").query_row(
-            "SELECT COUNT(*) FROM sandboxes",
-            [],
-            |r| r.get(0),
-        )?;
+        let n: i64 = self
+            .conn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .query_row("SELECT COUNT(*) FROM sandboxes", [], |r| r.get(0))?;
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
@@ -236,10 +252,13 @@ impl Registry {
         id: &str,
         policy: &runcell_core::egress::NetworkPolicy,
     ) -> Result<(), RegistryError> {
-        self.conn.lock().expect("registry lock").execute(
-            "UPDATE sandboxes SET network = ?2 WHERE id = ?1",
-            params![id, serde_json::to_string(policy)?],
-        )?;
+        self.conn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .execute(
+                "UPDATE sandboxes SET network = ?2 WHERE id = ?1",
+                params![id, serde_json::to_string(policy)?],
+            )?;
         Ok(())
     }
 
@@ -251,7 +270,7 @@ impl Registry {
         let raw: Option<String> = self
             .conn
             .lock()
-            .expect("registry lock")
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .query_row(
                 "SELECT network FROM sandboxes WHERE id = ?1",
                 params![id],
@@ -264,16 +283,22 @@ impl Registry {
 
     /// Records activity.
     pub fn touch(&self, id: &str, at_ms: i64) -> Result<(), RegistryError> {
-        self.conn.lock().expect("registry lock").execute(
-            "UPDATE sandboxes SET last_activity_ms = ?2 WHERE id = ?1",
-            params![id, at_ms],
-        )?;
+        self.conn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .execute(
+                "UPDATE sandboxes SET last_activity_ms = ?2 WHERE id = ?1",
+                params![id, at_ms],
+            )?;
         Ok(())
     }
 
     /// One record.
     pub fn get(&self, id: &str) -> Result<Option<Record>, RegistryError> {
-        let conn = self.conn.lock().expect("registry lock");
+        let conn = self
+            .conn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let row = conn
             .query_row(
                 "SELECT id, workspace, template, metadata, limits, env, ttl_seconds, persistent,
@@ -288,7 +313,10 @@ impl Registry {
 
     /// Every record with `status`.
     pub fn with_status(&self, status: &str) -> Result<Vec<Record>, RegistryError> {
-        let conn = self.conn.lock().expect("registry lock");
+        let conn = self
+            .conn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut stmt = conn.prepare(
             "SELECT id, workspace, template, metadata, limits, env, ttl_seconds, persistent,
                     created_at, last_activity_ms, status, end_reason

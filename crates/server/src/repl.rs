@@ -80,13 +80,22 @@ pub(crate) async fn create(
         runcell_core::limits::check_path("cwd", cwd)?;
     }
     state.touch(&e).await;
-    let mut env = e.record.lock().expect("record lock").env.clone();
+    let mut env = e
+        .record
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .env
+        .clone();
     env.extend(req.envs);
     // A sandbox from the warm pool comes with a Python context that has
     // already imported the template's modules: the first plain Python
     // session takes it.
     if language == Language::Python && req.cwd.is_none() && env.is_empty() {
-        let warm = e.warm_context.lock().expect("warm context lock").take();
+        let warm = e
+            .warm_context
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
         if let Some(info) = warm {
             return Ok((StatusCode::CREATED, Json(view(&e, &info))));
         }
@@ -111,7 +120,7 @@ pub(crate) async fn list(
     let warm = e
         .warm_context
         .lock()
-        .expect("warm context lock")
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
         .as_ref()
         .map(|c| c.id.clone());
     Ok(Json(

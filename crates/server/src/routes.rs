@@ -191,7 +191,11 @@ pub fn router(state: Arc<AppState>) -> Router {
 #[utoipa::path(get, path = "/metrics", tag = "system", operation_id = "getMetrics", security(()),
     responses((status = 200, description = "Prometheus text format", content_type = "text/plain; version=0.0.4; charset=utf-8", body = String)))]
 async fn metrics(State(state): St) -> impl IntoResponse {
-    let running = state.sandboxes.read().expect("sandboxes lock").len();
+    let running = state
+        .sandboxes
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .len();
     let pools: Vec<&crate::pool::WarmPool> = state.pools.all().map(|p| p.as_ref()).collect();
     let mut text = state.metrics.render_with_pools(
         &[("running", running)],
@@ -462,7 +466,10 @@ fn limits_json(l: &SandboxLimits) -> Value {
 pub(crate) use runcell_core::rfc3339;
 
 fn sandbox_view(e: &Entry) -> SandboxView {
-    let r = e.record.lock().expect("record lock");
+    let r = e
+        .record
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let l = e.sandbox.limits();
     SandboxView {
         id: r.id.clone(),
@@ -559,7 +566,11 @@ async fn create(
         .creating
         .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     let _slot = Slot(&state.creating);
-    let live = state.sandboxes.read().expect("sandboxes lock").len();
+    let live = state
+        .sandboxes
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .len();
     if live + in_flight >= state.config.max_sandboxes {
         return Err(retry_later(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -649,7 +660,7 @@ async fn create(
     state
         .sandboxes
         .write()
-        .expect("sandboxes lock")
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
         .insert(id, entry);
     Ok((StatusCode::CREATED, Json(body)))
 }
@@ -688,18 +699,25 @@ async fn list(
     let entries: Vec<Arc<Entry>> = state
         .sandboxes
         .read()
-        .expect("sandboxes lock")
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
         .values()
         .cloned()
         .collect();
     let mut out: Vec<(i64, Value)> = entries
         .iter()
         .filter(|e| {
-            let r = e.record.lock().expect("record lock");
+            let r = e
+                .record
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             r.workspace == ws.0 && filters.iter().all(|(k, v)| r.metadata.get(k) == Some(v))
         })
         .map(|e| {
-            let created = e.record.lock().expect("record lock").created_at;
+            let created = e
+                .record
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .created_at;
             (created, sandbox_json(e))
         })
         .collect();
@@ -744,7 +762,13 @@ async fn create_sandbox(
 pub(crate) fn find(state: &AppState, ws: &Workspace, id: &str) -> AppResult<Arc<Entry>> {
     state
         .entry(id)
-        .filter(|e| e.record.lock().expect("record lock").workspace == ws.0)
+        .filter(|e| {
+            e.record
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .workspace
+                == ws.0
+        })
         .ok_or_else(|| state.gone(&ws.0, id))
 }
 
@@ -820,7 +844,12 @@ fn run_options(state: &AppState, e: &Entry, req: &ExecReq) -> AppResult<RunOptio
         Some(t) => validate::bounds(state).timeout("timeout_seconds", t)?,
         None => e.sandbox.limits().timeout,
     };
-    let mut env = e.record.lock().expect("record lock").env.clone();
+    let mut env = e
+        .record
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .env
+        .clone();
     env.extend(req.env.clone());
     validate::run(&req.cmd, &req.env, &env, req.cwd.as_deref())?;
     Ok(RunOptions {
@@ -1262,7 +1291,10 @@ async fn lifecycle(
     Path(id): Path<String>,
 ) -> AppResult<Json<Value>> {
     let e = find(&state, &ws, &id)?;
-    let r = e.record.lock().expect("record lock");
+    let r = e
+        .record
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     Ok(Json(lifecycle_json(&r)))
 }
 
@@ -1288,7 +1320,10 @@ async fn set_lifecycle(
         .map(|t| validate::ttl(&state, t))
         .transpose()?;
     let (record, deadline) = {
-        let mut r = e.record.lock().expect("record lock");
+        let mut r = e
+            .record
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(t) = ttl {
             r.ttl_seconds = t;
         }

@@ -150,7 +150,7 @@ impl AppState {
     pub fn entry(&self, id: &str) -> Option<Arc<Entry>> {
         self.sandboxes
             .read()
-            .expect("sandboxes lock")
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(id)
             .cloned()
     }
@@ -183,12 +183,18 @@ impl AppState {
     pub async fn touch(&self, entry: &Entry) {
         let now = now_ms();
         let (id, deadline) = {
-            let mut r = entry.record.lock().expect("record lock");
+            let mut r = entry
+                .record
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             r.last_activity_ms = now;
             (r.id.clone(), self.agent_deadline(&r))
         };
         let (write_registry, send_deadline) = {
-            let mut p = entry.persisted.lock().expect("persisted lock");
+            let mut p = entry
+                .persisted
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let write = now - p.0 >= 1000;
             let send = deadline.abs_diff(p.1) >= 1000;
             if write {
@@ -213,7 +219,11 @@ impl AppState {
 
     /// Removes a sandbox: destroys it and records why.
     pub async fn remove(&self, id: &str, reason: &str) -> bool {
-        let entry = self.sandboxes.write().expect("sandboxes lock").remove(id);
+        let entry = self
+            .sandboxes
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(id);
         let Some(entry) = entry else { return false };
         tracing::info!(sandbox = %id, reason, "removing sandbox");
         self.metrics.reaped(reason);
@@ -260,9 +270,17 @@ impl AppState {
         let max = self.max_lifetime_ms();
         let mut expired = Vec::new();
         let mut busy = Vec::new();
-        for (id, e) in self.sandboxes.read().expect("sandboxes lock").iter() {
+        for (id, e) in self
+            .sandboxes
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+        {
             let working = e.sandbox.work_in_progress() > 0;
-            let r = e.record.lock().expect("record lock");
+            let r = e
+                .record
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             if now.saturating_sub(r.created_at.saturating_mul(1000)) > max {
                 expired.push((id.clone(), "maximum lifetime reached"));
             } else if !e.sandbox.is_alive() {

@@ -119,12 +119,18 @@ impl Egress {
 
     /// The current policy.
     pub fn policy(&self) -> NetworkPolicy {
-        self.policy.read().expect("policy lock").clone()
+        self.policy
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Replaces the policy; requests from then on are checked against it.
     pub fn set_policy(&self, policy: NetworkPolicy) {
-        *self.policy.write().expect("policy lock") = policy;
+        *self
+            .policy
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = policy;
     }
 
     /// The policy and counters.
@@ -138,7 +144,7 @@ impl Egress {
             refused_hosts: self
                 .refused_hosts
                 .lock()
-                .expect("refused lock")
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .iter()
                 .cloned()
                 .collect(),
@@ -152,7 +158,10 @@ impl Egress {
             Refusal::Policy => totals.refused_policy.fetch_add(1, Ordering::Relaxed),
             Refusal::Private => totals.refused_private.fetch_add(1, Ordering::Relaxed),
         };
-        let mut hosts = self.refused_hosts.lock().expect("refused lock");
+        let mut hosts = self
+            .refused_hosts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         hosts.retain(|h| h != host);
         hosts.push_back(host.to_string());
         while hosts.len() > REFUSED_KEPT {
