@@ -38,7 +38,10 @@ const DRAIN_GRACE: Duration = Duration::from_millis(200);
 const EMPTY_WAIT: Duration = Duration::from_millis(20);
 /// Bytes still read after the grace while the pipe never runs empty (a
 /// process left behind keeps writing); the output is then reported as cut.
-const POST_EXIT_MAX: u64 = 1 << 20;
+/// Well above what a pipe can hold when its writer exits (the kernel's
+/// `pipe-max-size`, 1 MiB by default, plus a read in flight), so output
+/// written before the exit is never mistaken for a writer left behind.
+const POST_EXIT_MAX: u64 = 4 << 20;
 /// Directory for code files (root-owned, readable by the sandbox user).
 const CODE_DIR: &str = "/run/runcell/code";
 
