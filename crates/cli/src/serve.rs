@@ -89,7 +89,8 @@ pub struct ServeArgs {
     #[arg(long = "egress-allow-private", env = "RUNCELL_EGRESS_ALLOW_PRIVATE", value_delimiter = ',', value_parser = parse_private)]
     egress_allow_private: Vec<runcell_core::egress::PrivateException>,
     /// Most sandboxes one workspace may hold at once; creates beyond it get
-    /// 429 with Retry-After. [default: max-sandboxes less one in sixteen]
+    /// 429 with Retry-After. [default: when keys of more than one workspace
+    /// exist, max-sandboxes less one in sixteen; else max-sandboxes]
     #[arg(long, env = "RUNCELL_WORKSPACE_MAX_SANDBOXES")]
     workspace_max_sandboxes: Option<usize>,
     /// Most memory (the sum of memory limits) one workspace's sandboxes may

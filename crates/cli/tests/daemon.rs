@@ -1326,6 +1326,10 @@ async fn the_cli_manages_sandboxes_exec_code_cp_and_logs() {
     let _ = follow.wait();
     let (code, _, err) = cli(&["sandbox", "get", &id]);
     assert_eq!(code, 1);
-    assert!(err.contains("sandbox not found (HTTP 404)"), "{err}");
+    // The tombstone says when it ended, still as a 404.
+    assert!(
+        err.contains(&format!("sandbox {id} was deleted at")) && err.contains("(HTTP 404)"),
+        "{err}"
+    );
     d.delete_all().await;
 }

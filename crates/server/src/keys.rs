@@ -140,6 +140,16 @@ pub fn bootstrap(
     Ok(created.then_some(path))
 }
 
+/// How many workspaces have a key that is not revoked.
+pub fn workspace_count(conn: &Connection) -> rusqlite::Result<u64> {
+    let n: i64 = conn.query_row(
+        "SELECT COUNT(DISTINCT workspace) FROM api_keys WHERE revoked_at IS NULL",
+        [],
+        |r| r.get(0),
+    )?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

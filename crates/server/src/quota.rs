@@ -27,11 +27,17 @@ pub struct WorkspaceQuota {
 
 impl WorkspaceQuota {
     /// The sandboxes one workspace may hold when the daemon holds at most
-    /// `global`: the quota if set, else all but a reserve of one in sixteen
-    /// (at least one) kept for the other workspaces.
-    pub fn max_sandboxes(&self, global: usize) -> usize {
-        self.sandboxes
-            .unwrap_or_else(|| global.saturating_sub((global / 16).max(1)).max(1))
+    /// `global` and serves `workspaces` workspaces: the quota if set; else,
+    /// when there are other workspaces, all but a reserve of one in sixteen
+    /// (at least one) kept for them; else (a single tenant) every slot.
+    pub fn max_sandboxes(&self, global: usize, workspaces: u64) -> usize {
+        self.sandboxes.unwrap_or_else(|| {
+            if workspaces > 1 {
+                global.saturating_sub((global / 16).max(1)).max(1)
+            } else {
+                global
+            }
+        })
     }
 }
 
@@ -124,7 +130,15 @@ pub fn reserve<'a>(
             used.add(Usage::of(e.sandbox.limits()));
         }
     }
-    let max = quota.max_sandboxes(state.config.max_sandboxes);
+    let workspaces = if quota.sandboxes.is_none() {
+        state
+            .registry
+            .with_conn(crate::keys::workspace_count)
+            .unwrap_or(2)
+    } else {
+        0
+    };
+    let max = quota.max_sandboxes(state.config.max_sandboxes, workspaces);
     let refusal = if used.sandboxes.saturating_add(1) > max {
         Some(format!(
             "workspace quota reached: {} sandboxes are running or starting in this workspace and its limit is {max}",
@@ -173,15 +187,17 @@ mod tests {
     #[test]
     fn default_sandbox_quota_keeps_a_reserve_for_other_workspaces() {
         let q = WorkspaceQuota::default();
-        assert_eq!(q.max_sandboxes(64), 60);
-        assert_eq!(q.max_sandboxes(80), 75);
-        assert_eq!(q.max_sandboxes(8), 7);
-        assert_eq!(q.max_sandboxes(1), 1);
+        assert_eq!(q.max_sandboxes(64, 2), 60);
+        assert_eq!(q.max_sandboxes(80, 5), 75);
+        assert_eq!(q.max_sandboxes(8, 2), 7);
+        assert_eq!(q.max_sandboxes(1, 2), 1);
+        // A single tenant may use every slot.
+        assert_eq!(q.max_sandboxes(8, 1), 8);
         let q = WorkspaceQuota {
             sandboxes: Some(3),
             ..Default::default()
         };
-        assert_eq!(q.max_sandboxes(64), 3);
+        assert_eq!(q.max_sandboxes(64, 1), 3);
     }
 
     #[test]
