@@ -118,7 +118,8 @@ test("stdio: a sandbox from create_sandbox keeps state across run_code, exec and
     assert.ok(!k.isError);
     const gone = await client.callTool({ name: "exec", arguments: { sandbox_id: id, command: "true" } });
     assert.equal(gone.isError, true);
-    assert.match(text(gone), /sandbox not found/);
+    // A killed sandbox answers why and when it ended (its tombstone), as a 404.
+    assert.match(text(gone), new RegExp(`sandbox ${id} was deleted at .*HTTP 404`));
   } finally {
     await client.close();
   }
