@@ -41,6 +41,10 @@ done
 
 echo "== installing the SDK's dev dependencies (npm ci)"
 (cd "$SDK" && npm ci --no-audit --no-fund --loglevel=error)
+# The repository README's examples (test/root-readme.test.mts) use the
+# published @pandastack/sdk, pinned in tests/clients.
+echo "== installing @pandastack/sdk for the README's examples (npm ci in tests/clients)"
+(cd "$REPO/tests/clients" && npm ci --no-audit --no-fund --loglevel=error)
 
 echo "== building the SDK (ESM + CJS + declarations) and its tests"
 rm -rf "$SDK/.build"

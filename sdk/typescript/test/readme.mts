@@ -63,6 +63,9 @@ export interface RunOptions {
   timeoutMs?: number;
   /** Extra environment for the blocks. */
   env?: Record<string, string>;
+  /** Parent of each block's temporary directory (default: the OS's), so that
+   * bare imports resolve from a node_modules above it. */
+  parent?: string;
 }
 
 export interface Outcome {
@@ -92,7 +95,7 @@ function rewriteImports(code: string, imports: Record<string, string>): string {
 
 /** Runs one block; never throws for a failing block (see `ok`). */
 export function runBlock(block: Block, opts: RunOptions): Outcome {
-  const dir = mkdtempSync(join(tmpdir(), "readme-block-"));
+  const dir = mkdtempSync(join(opts.parent ?? tmpdir(), "readme-block-"));
   try {
     let cmd: string;
     let args: string[];
@@ -145,4 +148,154 @@ export function runBlock(block: Block, opts: RunOptions): Outcome {
 /** Reads a Markdown file and runs its runnable blocks in order. */
 export function runMarkdownFile(path: string, opts: RunOptions): Outcome[] {
   return runnableBlocks(readFileSync(path, "utf8"), opts.languages).map((b) => runBlock(b, opts));
+}
+
+// ---------------------------------------------------------------------------
+// Shell transcripts (```console blocks)
+//
+// A transcript is what a user types and sees: lines starting with `$ ` are
+// commands, the lines after one (up to the next command) are what it prints.
+// Every command of a block runs, in order, in one bash process (variables set
+// by one command are seen by the next) in `cwd`, with stdin from /dev/null.
+// A command passes when
+// - its exit status is 0, or N where the command or its output lines say
+//   `# exit status N`;
+// - every output line shown appears among the lines it printed (stdout and
+//   stderr together), in order; `...` or `…` in a shown line matches
+//   anything, and a trailing comment (two spaces, then `#`) is not part of
+//   the line. README literals that differ in this run (the default port, the
+//   data directory) are mapped by `substitutions` first.
+// A leading `sudo ` is dropped (the tests run as root). Commands matching
+// `background` (a server) run in the background until their output shows
+// the last line the transcript shows for them, then get SIGTERM.
+
+export interface Step {
+  /** 1-based line of the `$ ` line in the Markdown file. */
+  line: number;
+  command: string;
+  expected: string[];
+  status: number;
+}
+
+export interface TranscriptOptions {
+  cwd: string;
+  env?: Record<string, string>;
+  substitutions?: Record<string, string>;
+  background?: RegExp;
+  timeoutMs?: number;
+}
+
+export interface TranscriptOutcome {
+  block: Block;
+  ok: boolean;
+  /** One sentence per failed command. */
+  failures: string[];
+  /** What each command printed, for the failure message. */
+  outputs: string[];
+  stderr: string;
+}
+
+const COMMENT = /\s{2,}#.*$/;
+
+/** The commands of a transcript and what each shows. */
+export function transcriptSteps(block: Block): Step[] {
+  const steps: Step[] = [];
+  block.code.split("\n").forEach((l, i) => {
+    if (l.startsWith("$ ")) {
+      steps.push({ line: block.line + 1 + i, command: l.slice(2), expected: [], status: 0 });
+    } else if (steps.length && l.trim()) {
+      steps[steps.length - 1]!.expected.push(l);
+    }
+  });
+  for (const s of steps) {
+    for (const l of [s.command, ...s.expected]) {
+      const m = /#\s*exit status (\d+)/.exec(l);
+      if (m) s.status = Number(m[1]);
+    }
+    s.command = s.command.replace(/^sudo\s+/, "");
+    s.expected = s.expected.map((l) => l.replace(COMMENT, "").trimEnd());
+  }
+  return steps;
+}
+
+function substitute(line: string, subs: Record<string, string>): string {
+  let out = line;
+  for (const [from, to] of Object.entries(subs)) out = out.split(from).join(to);
+  return out;
+}
+
+function lineMatcher(expected: string): RegExp {
+  const parts = expected.split(/\.\.\.|…/).map((p) => p.replace(/[.*+?^${}()|[\]\\]/g, "\\$&"));
+  return new RegExp(`^${parts.join(".*")}$`);
+}
+
+/** Whether `shown` appear among `printed`, in order. */
+export function showsInOrder(printed: string[], shown: string[]): string | null {
+  let at = 0;
+  for (const want of shown) {
+    const re = lineMatcher(want);
+    while (at < printed.length && !re.test(printed[at]!.trimEnd())) at++;
+    if (at === printed.length) return want;
+    at++;
+  }
+  return null;
+}
+
+function shellQuote(s: string): string {
+  return `'${s.replace(/'/g, "'\\''")}'`;
+}
+
+/** Runs a console transcript; never throws for a failing command. */
+export function runTranscript(block: Block, opts: TranscriptOptions): TranscriptOutcome {
+  const steps = transcriptSteps(block);
+  const subs = opts.substitutions ?? {};
+  const out = mkdtempSync(join(tmpdir(), "readme-transcript-"));
+  try {
+    const script: string[] = [`cd ${shellQuote(opts.cwd)} || exit 99`];
+    steps.forEach((s, i) => {
+      const o = shellQuote(join(out, `out.${i}`));
+      const rc = shellQuote(join(out, `rc.${i}`));
+      if (opts.background?.test(s.command)) {
+        const last = s.expected.length ? substitute(s.expected[s.expected.length - 1]!, subs) : "";
+        script.push(
+          `{ ${s.command}\n} >${o} 2>&1 </dev/null &`,
+          `bg=$!; for _ in $(seq 300); do grep -qF -- ${shellQuote(last)} ${o} 2>/dev/null && break; kill -0 $bg 2>/dev/null || break; sleep 0.1; done`,
+          `if kill -0 $bg 2>/dev/null; then kill -TERM $bg; wait $bg; echo 0 >${rc}; else wait $bg; echo $? >${rc}; fi`,
+        );
+      } else {
+        script.push(`{ ${s.command}\n} >${o} 2>&1 </dev/null; echo $? >${rc}`);
+      }
+    });
+    const r = spawnSync("bash", ["-c", script.join("\n")], {
+      encoding: "utf8",
+      timeout: opts.timeoutMs ?? 300_000,
+      env: { ...process.env, ...(opts.env ?? {}) },
+      maxBuffer: 16 * 1024 * 1024,
+    });
+    const failures: string[] = [];
+    const outputs: string[] = [];
+    steps.forEach((s, i) => {
+      let printed = "";
+      let status: number | null = null;
+      try {
+        printed = readFileSync(join(out, `out.${i}`), "utf8");
+        status = Number(readFileSync(join(out, `rc.${i}`), "utf8").trim());
+      } catch {
+        // Not run: the script died or timed out before this command.
+      }
+      outputs.push(`$ ${s.command}\n${printed}[exit status ${status ?? "none: not run to the end"}]`);
+      const where = `line ${s.line} \`${s.command}\``;
+      if (status === null) {
+        failures.push(`${where} did not finish`);
+        return;
+      }
+      if (status !== s.status) failures.push(`${where} exited ${status}, the README says ${s.status}`);
+      const missing = showsInOrder(printed.split("\n"), s.expected.map((l) => substitute(l, subs)));
+      if (missing !== null) failures.push(`${where} did not print ${JSON.stringify(missing)} (or not in the README's order)`);
+    });
+    const why = r.error ? `${r.error.message}\n` : r.signal ? `killed by ${r.signal}\n` : "";
+    return { block, ok: failures.length === 0 && !r.error, failures, outputs, stderr: why + (r.stderr ?? "") };
+  } finally {
+    rmSync(out, { recursive: true, force: true });
+  }
 }
