@@ -812,7 +812,7 @@ pub struct McpArgs {
     #[command(flatten)]
     conn: Conn,
     /// Template of the sandboxes the tools create.
-    #[arg(long, default_value = "code-interpreter")]
+    #[arg(long, default_value = runcell_core::DEFAULT_TEMPLATE)]
     template: String,
 }
 

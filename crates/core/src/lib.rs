@@ -37,7 +37,9 @@ pub use runtime::{Runtime, RuntimeConfig, SandboxOptions};
 pub use sandbox::{
     truncation_marker, ExecOutcome, ExecResult, ExecRun, Output, RunEvent, RunOptions, Sandbox,
 };
-pub use template::{layer_path, Manifest, Template, TemplateDefaults, TemplateError, LAYERS_DIR};
+pub use template::{
+    layer_path, Manifest, Template, TemplateDefaults, TemplateError, DEFAULT_TEMPLATE, LAYERS_DIR,
+};
 pub use time::{civil, rfc3339};
 
 /// Errors from the core.

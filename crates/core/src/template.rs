@@ -23,6 +23,12 @@ use crate::limits::SandboxLimits;
 /// The directory under the templates directory that holds every layer.
 pub const LAYERS_DIR: &str = ".layers";
 
+/// The template a sandbox gets when its creator names none: the API, the
+/// CLI, the MCP tools and the SDKs all default to it. Until a template of
+/// this name is installed, the daemon serves it from `host` (an alias) and
+/// says so.
+pub const DEFAULT_TEMPLATE: &str = "code-interpreter";
+
 /// Template errors.
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateError {

@@ -196,7 +196,8 @@ async fn metrics(State(state): St) -> impl IntoResponse {
         .read()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .len();
-    let pools: Vec<&crate::pool::WarmPool> = state.pools.all().map(|p| p.as_ref()).collect();
+    let all = state.pools.all();
+    let pools: Vec<&crate::pool::WarmPool> = all.iter().map(|p| p.as_ref()).collect();
     let mut text = state.metrics.render_with_pools(
         &[("running", running)],
         state.runtime.standby_ready(),
@@ -484,6 +485,8 @@ fn sandbox_view(e: &Entry) -> SandboxView {
         limits: limits_view(l),
         network: network_view(&e.sandbox),
         boot_ms: None,
+        alias_of: None,
+        building: None,
     }
 }
 
@@ -513,7 +516,10 @@ async fn create(
         None => state.config.default_ttl_seconds,
     };
     validate::env("env", &req.env)?;
-    let requested = req.template.clone().unwrap_or_else(|| "host".into());
+    let requested = req
+        .template
+        .clone()
+        .unwrap_or_else(|| runcell_core::DEFAULT_TEMPLATE.into());
     let resolved = resolve_alias(&state, &requested);
     let building_instead = resolved != requested && state.auto_builds.in_progress(&requested);
     if building_instead {
@@ -610,7 +616,7 @@ async fn create(
     let record = Record {
         id: sandbox.id().to_string(),
         workspace: ws.0.clone(),
-        template: requested,
+        template: requested.clone(),
         metadata: req.metadata,
         limits: limits_json(&limits),
         env: req.env,
@@ -646,10 +652,13 @@ async fn create(
     state.touch(&entry).await;
     let mut body = sandbox_json(&entry);
     body["boot_ms"] = json!(started.elapsed().as_millis() as u64);
-    if building_instead {
-        // Served from the alias's target while the template is being built.
+    if resolved != requested {
+        // Served from the alias's target (while the template is being
+        // built, or because no template of that name is installed).
         body["alias_of"] = json!(entry.template.name);
-        body["building"] = json!(true);
+        if building_instead {
+            body["building"] = json!(true);
+        }
     }
     state
         .metrics

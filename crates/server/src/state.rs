@@ -79,7 +79,7 @@ impl Default for ServeConfig {
             cgroup_parent: "runcell".into(),
             max_sandboxes: 64,
             warm_pools: [("code-interpreter".to_string(), 2)].into(),
-            mcp_template: "code-interpreter".into(),
+            mcp_template: runcell_core::DEFAULT_TEMPLATE.into(),
             egress_allow_private: Vec::new(),
             workspace_quota: Default::default(),
             tombstone_retention: Duration::from_secs(7 * 24 * 3600),
