@@ -216,6 +216,24 @@ async fn connection(agent: Arc<Agent>, conn: u64, stream: UnixStream) {
             tx.clone(),
         ));
     }
+    // The host hung up (its HTTP client went away or aborted the request,
+    // or the daemon died): an exec whose output nobody can read any more is
+    // killed, process tree and all, as after a timeout.
+    let orphaned: Vec<exec::Running> = agent
+        .running
+        .lock()
+        .expect("running lock")
+        .iter()
+        .filter(|((c, _), _)| *c == conn)
+        .map(|(_, r)| *r)
+        .collect();
+    for r in orphaned {
+        tracing::info!(
+            "connection {conn} closed: killing its exec (supervisor {})",
+            r.supervisor
+        );
+        exec::kill_exec(&agent, r.supervisor).await;
+    }
     drop(tx);
     let _ = writer.await;
 }

@@ -979,6 +979,9 @@ enum StreamError {
     /// The client read nothing for the stall limit.
     #[error("the client stopped reading; the exec was killed")]
     Stalled,
+    /// The client closed the stream.
+    #[error("the client went away; the exec was killed")]
+    Gone,
 }
 
 /// Runs an exec and sends its output as SSE events at the client's pace: a
@@ -1007,7 +1010,12 @@ async fn stream_exec(
     };
     let (mut out, mut err) = (Utf8Carry::default(), Utf8Carry::default());
     let outcome = loop {
-        let next = match run.next().await {
+        let next = tokio::select! {
+            next = run.next() => next,
+            // The client went away while the program printed nothing.
+            () = tx.closed() => return Err(StreamError::Gone),
+        };
+        let next = match next {
             Ok(n) => n,
             Err(err) => {
                 let _ = tx.send(error_event(&ApiError::from(err).message)).await;
@@ -1020,9 +1028,11 @@ async fn stream_exec(
         };
         e.log.append(stream, &bytes);
         if tx.is_closed() {
-            // The client went away: the exec runs on (as a request whose
-            // client hung up does), its output only logged.
-            continue;
+            // The client went away (or aborted): nobody reads this exec any
+            // more. Dropping `run` closes its agent connection, and the
+            // agent kills the exec's processes, as for a plain exec whose
+            // client hung up.
+            return Err(StreamError::Gone);
         }
         let (name, text) = match stream {
             Output::Stdout => ("stdout", out.push(&bytes)),

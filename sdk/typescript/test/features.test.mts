@@ -136,10 +136,18 @@ test("an AbortSignal cancels exec, streamed exec and runCode at once", { timeout
     setTimeout(() => ac.abort(), 300);
     const t0 = Date.now();
     await assert.rejects(
-      sb.exec("sleep 20", stream ? { signal: ac.signal, onStdout: () => {} } : { signal: ac.signal }),
+      sb.exec("echo $$ > /tmp/aborted.pid; exec sleep 20", stream ? { signal: ac.signal, onStdout: () => {} } : { signal: ac.signal }),
       (e: unknown) => (e as Error).name === "AbortError",
     );
     assert.ok(Date.now() - t0 < 5000, `abort took ${Date.now() - t0} ms`);
+    // The daemon stopped the command too (its HTTP request was closed).
+    let state = "";
+    for (let i = 0; i < 50; i++) {
+      state = (await sb.exec("kill -0 $(cat /tmp/aborted.pid) 2>/dev/null && echo alive || echo gone")).stdout;
+      if (state === "gone\n") break;
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    assert.equal(state, "gone\n", `the aborted ${stream ? "streamed " : ""}exec still runs in the sandbox`);
   }
   const t1 = Date.now();
   await assert.rejects(
