@@ -379,6 +379,46 @@ async fn first_start_builds_code_interpreter_and_a_second_start_reuses_it() {
     let out = r["stdout"].as_str().unwrap();
     assert!(out.contains("stack ") && out.contains("bookworm"), "{r}");
     delete(&d, id).await;
+
+    // Its warm pool (the default `code-interpreter=2`) starts too, without a
+    // restart, and serves the next create.
+    let until = Instant::now() + Duration::from_secs(120);
+    loop {
+        let text = d
+            .req(Method::GET, "/metrics")
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if text.contains("runcell_warm_pool_ready{template=\"code-interpreter\"} 2") {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the code-interpreter warm pool did not fill within 2 min of the build:\n{}",
+            text.lines()
+                .filter(|l| l.contains("warm_pool"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let pooled = create_json(&d, json!({"template": "code-interpreter"})).await;
+    let metrics = d
+        .req(Method::GET, "/metrics")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("runcell_warm_pool_hits_total{template=\"code-interpreter\"} 1"),
+        "{metrics}"
+    );
+    delete(&d, pooled["id"].as_str().unwrap()).await;
     drop(d);
 
     // A second start finds it installed: no build, served at once.

@@ -169,6 +169,12 @@ pub fn start(state: &Arc<AppState>) {
                     s.state = BuildState::Ready;
                     s.seconds = Some(seconds);
                 });
+                // Its warm pool (`--warm-pool code-interpreter=N`) starts
+                // now rather than at the next restart.
+                for pool in state.pools.ensure(&state.runtime) {
+                    let runtime_state = state.clone();
+                    tokio::spawn(async move { pool.refill(&runtime_state.runtime).await });
+                }
             }
             Err(e) => {
                 let mut message = e.to_string();

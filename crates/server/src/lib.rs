@@ -188,6 +188,10 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
             tick.tick().await;
             let st = filler.clone();
             survive("warm pool refill", async move {
+                // A configured pool whose template was installed since
+                // start-up (a first-run build, `runcell template build`)
+                // starts now.
+                st.pools.ensure(&st.runtime);
                 for p in st.pools.all() {
                     p.refill(&st.runtime).await;
                 }
@@ -251,6 +255,7 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
             tracing::warn!("the shutdown grace period ended with requests still running");
         }
     }
+    state.pools.close();
     for p in state.pools.all() {
         p.drain().await;
     }

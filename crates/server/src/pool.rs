@@ -56,50 +56,112 @@ pub struct WarmPool {
     pub refill: Histogram,
 }
 
-/// Every pool, by template name.
+/// Every pool, by template name. A configured pool whose template is not
+/// installed yet (e.g. `code-interpreter` while the first start builds it)
+/// is added by [`WarmPools::ensure`] once the template appears, without a
+/// restart.
 #[derive(Debug, Default)]
 pub struct WarmPools {
-    pools: BTreeMap<String, Arc<WarmPool>>,
+    pools: std::sync::RwLock<BTreeMap<String, Arc<WarmPool>>>,
+    /// Configured sizes, by template name.
+    sizes: BTreeMap<String, usize>,
+    /// The daemon's default limits, before each template's defaults.
+    limits: SandboxLimits,
+    /// Set on shutdown: no pool is added any more.
+    closed: AtomicBool,
 }
 
 impl WarmPools {
-    /// Pools for `sizes` (template name → size); templates that are not
-    /// installed are skipped with a warning.
+    /// Pools for `sizes` (template name → size) whose templates are
+    /// installed; the others are added by [`WarmPools::ensure`] later.
     pub fn new(runtime: &Runtime, sizes: &BTreeMap<String, usize>, limits: SandboxLimits) -> Self {
-        let mut pools = BTreeMap::new();
-        for (name, &size) in sizes {
-            if size == 0 {
-                continue;
-            }
-            match runtime.template(name) {
-                Ok(template) => {
-                    let preload = template.defaults.preload.clone();
-                    let limits = template.defaults.apply(limits);
-                    pools.insert(
-                        template.name.clone(),
-                        Arc::new(WarmPool {
-                            template,
-                            limits,
-                            preload,
-                            size,
-                            ready: Mutex::new(VecDeque::new()),
-                            refilling: AtomicBool::new(false),
-                            closed: AtomicBool::new(false),
-                            hits: AtomicU64::new(0),
-                            misses: AtomicU64::new(0),
-                            refill: Histogram::default(),
-                        }),
-                    );
-                }
-                Err(e) => tracing::warn!(template = %name, "no warm pool: {e}"),
+        let pools = Self {
+            sizes: sizes.clone(),
+            limits,
+            ..Self::default()
+        };
+        for name in pools.missing() {
+            if let Err(e) = pools.add(runtime, &name) {
+                tracing::info!(
+                    template = %name,
+                    "no warm pool yet: {e}; it starts when the template is installed"
+                );
             }
         }
-        Self { pools }
+        pools
+    }
+
+    /// Configured pools that do not exist yet.
+    fn missing(&self) -> Vec<String> {
+        let pools = self
+            .pools
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.sizes
+            .iter()
+            .filter(|(name, &size)| size > 0 && !pools.contains_key(*name))
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// Adds the pool of `name` if its template is installed now.
+    fn add(
+        &self,
+        runtime: &Runtime,
+        name: &str,
+    ) -> Result<Option<Arc<WarmPool>>, runcell_core::Error> {
+        let size = self.sizes.get(name).copied().unwrap_or(0);
+        if size == 0 || self.closed.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        let template = runtime.template(name)?;
+        let preload = template.defaults.preload.clone();
+        let limits = template.defaults.apply(self.limits);
+        let pool = Arc::new(WarmPool {
+            template,
+            limits,
+            preload,
+            size,
+            ready: Mutex::new(VecDeque::new()),
+            refilling: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            refill: Histogram::default(),
+        });
+        let mut pools = self
+            .pools
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Ok(Some(pools.entry(name.to_string()).or_insert(pool).clone()))
+    }
+
+    /// Adds the configured pools whose templates have been installed since
+    /// start-up and returns them (to be filled by the caller).
+    pub fn ensure(&self, runtime: &Runtime) -> Vec<Arc<WarmPool>> {
+        let mut added = Vec::new();
+        for name in self.missing() {
+            if let Ok(Some(pool)) = self.add(runtime, &name) {
+                tracing::info!(template = %name, size = pool.size, "warm pool started: the template is installed now");
+                added.push(pool);
+            }
+        }
+        added
     }
 
     /// Every pool.
-    pub fn all(&self) -> impl Iterator<Item = &Arc<WarmPool>> {
-        self.pools.values()
+    pub fn all(&self) -> Vec<Arc<WarmPool>> {
+        self.pools
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Stops adding pools (shutdown); drain the existing ones with `all()`.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
     }
 
     /// Takes a ready sandbox of `template` with exactly `limits`, counting a
@@ -109,7 +171,13 @@ impl WarmPools {
         template: &str,
         limits: &SandboxLimits,
     ) -> (Option<Warm>, Option<Arc<WarmPool>>) {
-        let Some(pool) = self.pools.get(template) else {
+        let Some(pool) = self
+            .pools
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(template)
+            .cloned()
+        else {
             return (None, None);
         };
         let warm = if *limits == pool.limits {
@@ -126,7 +194,7 @@ impl WarmPools {
             &pool.misses
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        (warm, Some(pool.clone()))
+        (warm, Some(pool))
     }
 }
 
