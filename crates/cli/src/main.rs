@@ -1,6 +1,7 @@
 //! `runcell`: run untrusted code in a sandbox.
 
 mod context;
+mod doctor;
 mod key;
 mod remote;
 mod run;
@@ -61,6 +62,8 @@ enum Commands {
     /// An MCP server on stdin/stdout (for Claude Desktop, Cursor, ...) whose
     /// tools run code through the daemon.
     Mcp(remote::McpArgs),
+    /// What this host can enforce, and which isolation backends run here.
+    Doctor(doctor::DoctorArgs),
 }
 
 /// Where templates live unless --templates-dir says otherwise: the daemon's
@@ -82,6 +85,7 @@ fn main() -> ExitCode {
     let command = match cli.command {
         Commands::Serve(args) => return serve::main(args, cli.templates_dir),
         Commands::Key(args) => return key::main(args),
+        Commands::Doctor(args) => return doctor::main(args),
         other => other,
     };
     let command = match command {

@@ -24,6 +24,7 @@ pub mod build;
 mod client;
 mod context;
 pub mod egress;
+pub mod host;
 pub mod limits;
 mod runtime;
 mod sandbox;

@@ -15,6 +15,7 @@
 
 pub mod cgroup;
 pub mod inside;
+pub mod probe;
 pub mod seccomp;
 mod spawn;
 mod spec;

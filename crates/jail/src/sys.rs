@@ -198,3 +198,40 @@ pub fn processes_in_dir(dir: &std::path::Path) -> Vec<i32> {
         })
         .collect()
 }
+
+/// Landlock's ABI version, or why the kernel has none (ENOSYS: not built
+/// in; EOPNOTSUPP: disabled at boot).
+pub fn landlock_abi() -> io::Result<u32> {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: with a null attribute pointer, size 0 and the VERSION flag the
+    // syscall only returns the ABI version; it creates no ruleset or fd.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    u32::try_from(rc).map_err(|_| io::Error::other(format!("an ABI version of {rc}")))
+}
+
+/// The KVM API version `/dev/kvm` answers (12 on every kernel since 2.6.22).
+pub fn kvm_api_version() -> io::Result<i32> {
+    use std::os::fd::AsRawFd;
+    const KVM_GET_API_VERSION: libc::c_ulong = 0xAE00;
+    let kvm = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")?;
+    // SAFETY: KVM_GET_API_VERSION takes no argument and returns an int; the
+    // fd is open for the duration of the call.
+    let rc = unsafe { libc::ioctl(kvm.as_raw_fd(), KVM_GET_API_VERSION, 0) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(rc)
+}

@@ -1,0 +1,163 @@
+//! What this host offers each isolation backend, for `runcell doctor` and
+//! `GET /v1/system`: the jail's layers as the kernel really provides them
+//! ([`runcell_jail::probe`]), and for gVisor and the microVM whether their
+//! tools are installed. A backend is available only when runcell can run
+//! sandboxes with it here; otherwise the report says why not.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::Serialize;
+
+pub use runcell_jail::probe::{CgroupReport, Check, HostReport};
+
+/// One isolation backend on this host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BackendReport {
+    /// `jail`, `gvisor` or `microvm` (the value of `isolation`).
+    pub name: &'static str,
+    /// Whether sandboxes can be created with it here.
+    pub available: bool,
+    /// What was found, or why it is not available.
+    pub detail: String,
+}
+
+/// The host and its backends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SystemReport {
+    /// The kernel's security features and cgroups.
+    pub host: HostReport,
+    /// Every backend, available or not.
+    pub backends: Vec<BackendReport>,
+}
+
+/// Probes the host (a few reads of /proc and /sys, `runsc --version`).
+pub fn system_report() -> SystemReport {
+    let host = runcell_jail::probe::probe();
+    let backends = vec![jail(&host), gvisor(), microvm(&host)];
+    SystemReport { host, backends }
+}
+
+fn jail(host: &HostReport) -> BackendReport {
+    let mut missing = Vec::new();
+    if !nix::unistd::geteuid().is_root() {
+        missing.push("root (to write uid maps and cgroups)".to_string());
+    }
+    for (what, check) in [
+        ("user namespaces", &host.user_namespaces),
+        ("seccomp", &host.seccomp),
+    ] {
+        if !check.available {
+            missing.push(format!("{what}: {}", check.detail));
+        }
+    }
+    for c in ["memory", "pids"] {
+        if !host.cgroups.controllers.iter().any(|x| x == c) {
+            missing.push(format!("the {c} cgroup controller"));
+        }
+    }
+    if missing.is_empty() {
+        BackendReport {
+            name: "jail",
+            available: true,
+            detail: format!(
+                "namespaces, seccomp and cgroup {} ({}); Landlock {}",
+                host.cgroups.version,
+                host.cgroups.controllers.join(", "),
+                if host.landlock.available {
+                    "present on the host, not yet applied by the jail"
+                } else {
+                    "absent"
+                }
+            ),
+        }
+    } else {
+        BackendReport {
+            name: "jail",
+            available: false,
+            detail: format!("missing: {}", missing.join("; ")),
+        }
+    }
+}
+
+fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| is_executable(p))
+    })
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+fn gvisor() -> BackendReport {
+    let Some(runsc) = on_path("runsc") else {
+        return BackendReport {
+            name: "gvisor",
+            available: false,
+            detail: "runsc is not installed (Debian: apt-get install runsc)".into(),
+        };
+    };
+    let version = Command::new(&runsc)
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.lines().next().map(str::to_string))
+        .unwrap_or_else(|| "an unknown version".into());
+    BackendReport {
+        name: "gvisor",
+        available: false,
+        detail: format!(
+            "{} found ({version}), but this runcell version does not run sandboxes under gVisor yet",
+            runsc.display()
+        ),
+    }
+}
+
+fn microvm(host: &HostReport) -> BackendReport {
+    let qemu = on_path("qemu-system-x86_64");
+    let kvm = if host.kvm.available {
+        host.kvm.detail.clone()
+    } else {
+        format!(
+            "no KVM ({}), so a guest would run under TCG emulation only",
+            host.kvm.detail
+        )
+    };
+    let detail = match qemu {
+        None => format!(
+            "qemu-system-x86_64 is not installed (Debian: apt-get install qemu-system-x86); {kvm}"
+        ),
+        Some(q) => format!(
+            "{} found; {kvm}; but this runcell version does not run sandboxes in microVMs yet",
+            q.display()
+        ),
+    };
+    BackendReport {
+        name: "microvm",
+        available: false,
+        detail,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_names_every_backend_and_only_the_jail_runs_today() {
+        let r = system_report();
+        let names: Vec<&str> = r.backends.iter().map(|b| b.name).collect();
+        assert_eq!(names, ["jail", "gvisor", "microvm"]);
+        for b in &r.backends[1..] {
+            assert!(!b.available, "{b:?}");
+            assert!(!b.detail.is_empty());
+        }
+        let json = serde_json::to_value(&r).unwrap();
+        assert!(json["host"]["cgroups"]["controllers"].is_array(), "{json}");
+    }
+}
