@@ -33,8 +33,8 @@ pub struct Record {
     pub template: String,
     /// Caller metadata.
     pub metadata: BTreeMap<String, String>,
-    /// Limits (runcell extension), as JSON.
-    pub limits: serde_json::Value,
+    /// Limits (runcell extension), stored as JSON.
+    pub limits: crate::limits::StoredLimits,
     /// Extra environment for every run.
     pub env: BTreeMap<String, String>,
     /// Idle TTL in seconds.
@@ -171,7 +171,7 @@ impl Registry {
                     r.workspace,
                     r.template,
                     serde_json::to_string(&r.metadata)?,
-                    r.limits.to_string(),
+                    serde_json::to_string(&r.limits)?,
                     serde_json::to_string(&r.env)?,
                     r.ttl_seconds as i64,
                     r.persistent,
@@ -394,7 +394,10 @@ mod tests {
             workspace: "local".into(),
             template: "host".into(),
             metadata: [("threadId".to_string(), "t1".to_string())].into(),
-            limits: serde_json::json!({"memory_mb": 512}),
+            limits: crate::limits::StoredLimits {
+                memory_mb: Some(512),
+                ..Default::default()
+            },
             env: [("SECRET".to_string(), "s3cret".to_string())].into(),
             ttl_seconds: 300,
             persistent: false,
@@ -459,7 +462,7 @@ mod tests {
             workspace: "local".into(),
             template: "host".into(),
             metadata: Default::default(),
-            limits: serde_json::json!({}),
+            limits: Default::default(),
             env: Default::default(),
             ttl_seconds: 300,
             persistent: false,
@@ -484,6 +487,49 @@ mod tests {
         let reg = Registry::open(&path).unwrap();
         assert_eq!(reg.network("a").unwrap(), Some(policy));
         assert_eq!(reg.get("a").unwrap().unwrap().ttl_seconds, 600);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A row as the daemon wrote it before the stored limits were typed
+    /// loads, and its limits are the ones it was created with.
+    #[test]
+    fn a_row_of_the_untyped_format_loads() {
+        let dir = std::env::temp_dir().join(format!("runcell-registry-old-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("registry.db");
+        drop(Registry::open(&path).unwrap());
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch(
+                r#"INSERT INTO sandboxes (id, workspace, template, metadata, limits, env,
+                    ttl_seconds, persistent, created_at, last_activity_ms, status, end_reason)
+                 VALUES ('old', 'default', 'host', '{"workspace":"default"}',
+                    '{"memory_mb":512,"cpu":0.5,"pids":256,"disk_mb":1024,"timeout_seconds":30.0,"output_bytes":1048576}',
+                    '{"A":"1"}', 300, 0, 1, 2, 'running', NULL);"#,
+            )
+            .unwrap();
+        let reg = Registry::open(&path).unwrap();
+        let rec = reg.get("old").unwrap().unwrap();
+        let l = rec.limits.over(runcell_core::SandboxLimits::default());
+        assert_eq!(l.memory_bytes, 512 << 20);
+        assert_eq!(l.cpu_millis, 500);
+        assert_eq!(l.pids, 256);
+        assert_eq!(l.disk_bytes, 1024 << 20);
+        assert_eq!(l.timeout, std::time::Duration::from_secs(30));
+        assert_eq!(l.output_bytes, 1 << 20);
+        // Written back, the row keeps the same JSON.
+        reg.put(&rec).unwrap();
+        let stored: String = reg
+            .with_conn(|c| {
+                c.query_row("SELECT limits FROM sandboxes WHERE id = 'old'", [], |r| {
+                    r.get(0)
+                })
+            })
+            .unwrap();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&stored).unwrap(),
+            serde_json::json!({"memory_mb":512,"cpu":0.5,"pids":256,"disk_mb":1024,"timeout_seconds":30.0,"output_bytes":1048576})
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 }
