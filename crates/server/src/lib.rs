@@ -3,6 +3,7 @@
 //! the PandaStack clients and runcell's own clients speak.
 
 mod autobuild;
+mod clock;
 mod error;
 mod http;
 pub mod keys;
@@ -176,7 +177,18 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
     });
     reconcile(&state).await;
     if state.config.auto_build {
-        autobuild::start(&state);
+        let target = state
+            .config
+            .aliases
+            .get(autobuild::NAME)
+            .cloned()
+            .unwrap_or_else(|| "host".into());
+        autobuild::start(
+            &state.runtime,
+            &state.auto_builds,
+            &state.config.data_dir,
+            target,
+        );
     }
     state.runtime.warm_up().await;
     // Warm pools fill in the background (a Python context importing pandas

@@ -119,7 +119,7 @@ impl Registry {
             conn.execute_batch(&format!(
                 "ALTER TABLE sandboxes ADD COLUMN ended_at_ms INTEGER;
                  UPDATE sandboxes SET ended_at_ms = {}, env = '{{}}' WHERE status != 'running';",
-                crate::state::now_ms()
+                crate::clock::now_ms()
             ))?;
         }
         // Added later: the sandbox's network policy (JSON), so a restarted
@@ -131,7 +131,17 @@ impl Registry {
         if !has_network {
             conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN network TEXT;")?;
         }
-        crate::keys::init(&conn)?;
+        // The API keys (the keys module) live in the same database.
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS api_keys (
+                 hash TEXT PRIMARY KEY,
+                 prefix TEXT NOT NULL,
+                 workspace TEXT NOT NULL,
+                 name TEXT NOT NULL,
+                 created_at INTEGER NOT NULL,
+                 revoked_at INTEGER
+             );",
+        )?;
         // SQLite gives the journal files the database's mode, but files left
         // by an older version may be more open.
         for suffix in ["-wal", "-shm"] {
@@ -195,7 +205,7 @@ impl Registry {
             .execute(
                 "UPDATE sandboxes SET status = ?2, end_reason = ?3, ended_at_ms = ?4, env = '{}'
              WHERE id = ?1",
-                params![id, status, reason, crate::state::now_ms()],
+                params![id, status, reason, crate::clock::now_ms()],
             )?;
         Ok(())
     }

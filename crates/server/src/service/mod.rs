@@ -45,7 +45,7 @@ impl Drop for Slot<'_> {
     }
 }
 
-impl Service<'_> {
+impl<'a> Service<'a> {
     /// Creates a sandbox for `workspace`: checks the request, takes a
     /// capacity slot and the workspace's quota, claims a warm sandbox or
     /// starts one, records it and makes it live.
@@ -81,7 +81,7 @@ impl Service<'_> {
         let _slot = Slot(&state.creating);
         plan::capacity(self.live(), in_flight, state.config.max_sandboxes)?;
         // The workspace's own share, held until the sandbox is live.
-        let _quota = crate::quota::reserve(state, workspace, &limits)?;
+        let _quota = self.reserve(workspace, &limits)?;
         let started = Instant::now();
         let (warm, pool) = state.pools.claim(&template.name, &limits);
         if let Some(pool) = pool {
@@ -248,6 +248,43 @@ impl Service<'_> {
             Some(target) if self.0.runtime.template(name).is_err() => target.clone(),
             _ => name.to_string(),
         }
+    }
+
+    /// The workspace's share of the daemon for one more sandbox with
+    /// `limits` (see [`crate::quota`]).
+    fn reserve(
+        self,
+        workspace: &str,
+        limits: &SandboxLimits,
+    ) -> Result<crate::quota::Reservation<'a>, ApiError> {
+        let state = self.0;
+        let quota = state.config.workspace_quota;
+        let workspaces = if quota.sandboxes.is_none() {
+            state
+                .registry
+                .with_conn(crate::keys::workspace_count)
+                .unwrap_or(2)
+        } else {
+            0
+        };
+        let max = quota.max_sandboxes(state.config.max_sandboxes, workspaces);
+        let live = || {
+            state
+                .sandboxes
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .values()
+                .filter(|e| {
+                    e.record
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .workspace
+                        == workspace
+                })
+                .map(|e| *e.sandbox.limits())
+                .collect()
+        };
+        crate::quota::reserve(&state.reservations, quota, max, workspace, limits, live)
     }
 
     fn live(self) -> usize {
