@@ -10,9 +10,8 @@ use std::io::Write as _;
 use std::sync::{Arc, Mutex};
 
 use runcell_core::build::{self, BuildOptions, Progress};
+use runcell_core::Runtime;
 use serde::Serialize;
-
-use crate::state::AppState;
 
 /// The template the daemon builds.
 pub const NAME: &str = "code-interpreter";
@@ -85,22 +84,23 @@ impl AutoBuilds {
 
 /// Starts the build of the bundled recipe in the background unless the
 /// template is installed already.
-pub fn start(state: &Arc<AppState>) {
-    if state.runtime.template(NAME).is_ok() {
+/// `target` is the template the alias serves meanwhile, `data_dir` the
+/// daemon's (the build's context).
+pub fn start(
+    runtime: &Runtime,
+    builds: &Arc<AutoBuilds>,
+    data_dir: &std::path::Path,
+    target: String,
+    on_ready: impl FnOnce() + Send + 'static,
+) {
+    if runtime.template(NAME).is_ok() {
         tracing::info!(
             template = NAME,
             "the {NAME} template is installed; nothing to build"
         );
         return;
     }
-    let target = state
-        .config
-        .aliases
-        .get(NAME)
-        .cloned()
-        .unwrap_or_else(|| "host".into());
-    state
-        .auto_builds
+    builds
         .builds
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -110,7 +110,7 @@ pub fn start(state: &Arc<AppState>) {
                 state: BuildState::Queued,
                 step: None,
                 error: None,
-                started_at: runcell_core::rfc3339(crate::state::now_ms().div_euclid(1000)),
+                started_at: runcell_core::rfc3339(crate::clock::now_ms().div_euclid(1000)),
                 seconds: None,
             },
         );
@@ -120,17 +120,17 @@ pub fn start(state: &Arc<AppState>) {
          matplotlib; a few minutes on first start); until it is ready, {NAME} is served \
          from {target}"
     );
-    let state = state.clone();
+    let (runtime, builds, context) = (runtime.clone(), builds.clone(), data_dir.to_path_buf());
     tokio::spawn(async move {
         let started = std::time::Instant::now();
         let opts = BuildOptions {
             name: NAME.into(),
             recipe: RECIPE.into(),
             // The recipe copies nothing.
-            context: state.config.data_dir.clone(),
+            context,
             mirror: build::DEBIAN_MIRROR.into(),
         };
-        let builds = &state.auto_builds;
+        let builds = &*builds;
         // The output of debootstrap and apt-get goes to the log line by line.
         let mut line = Vec::new();
         let mut on_progress = |p: Progress<'_>| match p {
@@ -155,7 +155,7 @@ pub fn start(state: &Arc<AppState>) {
                 }
             }
         };
-        let result = build::build(&state.runtime, &opts, &mut on_progress).await;
+        let result = build::build(&runtime, &opts, &mut on_progress).await;
         let seconds = started.elapsed().as_secs_f64();
         match result {
             Ok(summary) => {
@@ -169,12 +169,7 @@ pub fn start(state: &Arc<AppState>) {
                     s.state = BuildState::Ready;
                     s.seconds = Some(seconds);
                 });
-                // Its warm pool (`--warm-pool code-interpreter=N`) starts
-                // now rather than at the next restart.
-                for pool in state.pools.ensure(&state.runtime) {
-                    let runtime_state = state.clone();
-                    tokio::spawn(async move { pool.refill(&runtime_state.runtime).await });
-                }
+                on_ready();
             }
             Err(e) => {
                 let mut message = e.to_string();

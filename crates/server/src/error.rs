@@ -77,7 +77,7 @@ impl From<runcell_core::Error> for ApiError {
                 ApiError::new(status, message.clone())
             }
             // Whatever a request carried that did not fit one protocol frame
-            // (the checks in routes/validate.rs should catch it first).
+            // (the checks in validate.rs should catch it first).
             Error::Agent(ClientError::Codec(runcell_protocol::CodecError::TooLarge { .. })) => {
                 ApiError::new(
                     StatusCode::PAYLOAD_TOO_LARGE,

@@ -49,21 +49,6 @@ pub fn generate() -> std::io::Result<String> {
         .collect())
 }
 
-/// Creates the keys table.
-pub fn init(conn: &Connection) -> Result<(), RegistryError> {
-    conn.execute_batch(
-        "CREATE TABLE IF NOT EXISTS api_keys (
-             hash TEXT PRIMARY KEY,
-             prefix TEXT NOT NULL,
-             workspace TEXT NOT NULL,
-             name TEXT NOT NULL,
-             created_at INTEGER NOT NULL,
-             revoked_at INTEGER
-         );",
-    )?;
-    Ok(())
-}
-
 /// Stores a key for `workspace`.
 pub fn add(conn: &Connection, key: &str, workspace: &str, name: &str) -> Result<(), RegistryError> {
     conn.execute(
@@ -156,11 +141,18 @@ mod tests {
 
     #[test]
     fn keys_are_hashed_scoped_and_revocable() {
-        let conn = Connection::open_in_memory().unwrap();
-        init(&conn).unwrap();
+        // The registry makes the key table.
+        let dir = std::env::temp_dir().join(format!("runcell-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let registry = crate::registry::Registry::open(&dir.join("registry.db")).unwrap();
+        registry.with_conn(check_keys);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    fn check_keys(conn: &Connection) {
         let k = generate().unwrap();
         assert!(k.starts_with("rc_") && k.len() == 51);
-        add(&conn, &k, "team-a", "ci").unwrap();
+        add(conn, &k, "team-a", "ci").unwrap();
         let stored: String = conn
             .query_row("SELECT hash FROM api_keys", [], |r| r.get(0))
             .unwrap();
@@ -168,10 +160,10 @@ mod tests {
             !stored.contains(&k[3..]),
             "the key itself must not be stored"
         );
-        assert_eq!(workspace_of(&conn, &k).unwrap().as_deref(), Some("team-a"));
-        assert_eq!(workspace_of(&conn, "rc_wrong").unwrap(), None);
-        assert_eq!(revoke(&conn, &k[..11]).unwrap(), 1);
-        assert_eq!(workspace_of(&conn, &k).unwrap(), None);
-        assert_eq!(list(&conn).unwrap()[0].workspace, "team-a");
+        assert_eq!(workspace_of(conn, &k).unwrap().as_deref(), Some("team-a"));
+        assert_eq!(workspace_of(conn, "rc_wrong").unwrap(), None);
+        assert_eq!(revoke(conn, &k[..11]).unwrap(), 1);
+        assert_eq!(workspace_of(conn, &k).unwrap(), None);
+        assert_eq!(list(conn).unwrap()[0].workspace, "team-a");
     }
 }

@@ -3,19 +3,19 @@
 //! the PandaStack clients and runcell's own clients speak.
 
 mod autobuild;
+mod clock;
 mod error;
+mod http;
 pub mod keys;
+mod limits;
 mod logs;
 mod metrics;
-mod openapi;
 mod pool;
 mod quota;
 mod registry;
-mod rejection;
-mod repl;
-mod routes;
+mod service;
 mod state;
-mod stream;
+mod validate;
 pub mod views;
 
 use std::fs;
@@ -26,10 +26,11 @@ use std::time::Duration;
 use runcell_core::{Runtime, RuntimeConfig};
 
 pub use error::ApiError;
+pub use http::router;
+pub use limits::StoredLimits;
 pub use metrics::Metrics;
 pub use quota::WorkspaceQuota;
 pub use registry::{Record, Registry, RegistryError};
-pub use routes::router;
 pub use state::{AppState, ServeConfig};
 
 /// Errors starting or running the daemon.
@@ -176,7 +177,27 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
     });
     reconcile(&state).await;
     if state.config.auto_build {
-        autobuild::start(&state);
+        let target = state
+            .config
+            .aliases
+            .get(autobuild::NAME)
+            .cloned()
+            .unwrap_or_else(|| "host".into());
+        // Once built, its warm pool (`--warm-pool code-interpreter=N`)
+        // starts at once rather than at the next refill round.
+        let ready = state.clone();
+        autobuild::start(
+            &state.runtime,
+            &state.auto_builds,
+            &state.config.data_dir,
+            target,
+            move || {
+                for pool in ready.pools.ensure(&ready.runtime) {
+                    let st = ready.clone();
+                    tokio::spawn(async move { pool.refill(&st.runtime).await });
+                }
+            },
+        );
     }
     state.runtime.warm_up().await;
     // Warm pools fill in the background (a Python context importing pandas
@@ -333,7 +354,7 @@ async fn reconcile(state: &Arc<AppState>) {
             .runtime
             .template(&template_name)
             .unwrap_or_else(|_| runcell_core::Template::host());
-        let limits = limits_from_json(&rec.limits, state.config.default_limits);
+        let limits = rec.limits.over(state.config.default_limits);
         // Its egress is served again with the policy it had.
         let network = state.registry.network(&rec.id).unwrap_or_else(|e| {
             tracing::warn!(sandbox = %rec.id, "its network policy is unreadable: {e}");
@@ -380,32 +401,6 @@ async fn reconcile(state: &Arc<AppState>) {
             let _ = runcell_jail::Jail::remove(&state_dir, &parent, &id);
         }
     }
-}
-
-fn limits_from_json(
-    v: &serde_json::Value,
-    mut l: runcell_core::SandboxLimits,
-) -> runcell_core::SandboxLimits {
-    let get = |k: &str| v.get(k).and_then(|x| x.as_f64());
-    if let Some(m) = get("memory_mb") {
-        l.memory_bytes = (m as u64) << 20;
-    }
-    if let Some(c) = get("cpu") {
-        l.cpu_millis = (c * 1000.0) as u64;
-    }
-    if let Some(p) = get("pids") {
-        l.pids = p as u64;
-    }
-    if let Some(d) = get("disk_mb") {
-        l.disk_bytes = (d as u64) << 20;
-    }
-    if let Some(t) = get("timeout_seconds") {
-        l.timeout = Duration::from_secs_f64(t.max(0.001));
-    }
-    if let Some(o) = get("output_bytes") {
-        l.output_bytes = o as u64;
-    }
-    l
 }
 
 #[cfg(test)]

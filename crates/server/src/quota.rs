@@ -9,7 +9,6 @@ use axum::http::StatusCode;
 use runcell_core::SandboxLimits;
 
 use crate::error::ApiError;
-use crate::state::AppState;
 
 /// What one workspace may hold at once. `None` means no quota beyond the
 /// daemon's own limits, except for the sandbox count (see
@@ -102,43 +101,28 @@ impl Drop for Reservation<'_> {
 
 /// Reserves room for one more sandbox with `limits` in `workspace`, or
 /// answers 429 (with Retry-After) naming the quota it would exceed.
+/// `max_sandboxes` is what the workspace may hold
+/// ([`WorkspaceQuota::max_sandboxes`]); `live` lists the limits of the
+/// workspace's live sandboxes, and is read while the reservations are
+/// locked (a create that goes live meanwhile is counted once, not missed).
 pub fn reserve<'a>(
-    state: &'a AppState,
+    reservations: &'a Reservations,
+    quota: WorkspaceQuota,
+    max_sandboxes: usize,
     workspace: &str,
     limits: &SandboxLimits,
+    live: impl FnOnce() -> Vec<SandboxLimits>,
 ) -> Result<Reservation<'a>, ApiError> {
-    let quota = state.config.workspace_quota;
     let want = Usage::of(limits);
-    let mut reserved = state
-        .reservations
+    let mut reserved = reservations
         .0
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut used = reserved.get(workspace).copied().unwrap_or_default();
-    for e in state
-        .sandboxes
-        .read()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .values()
-    {
-        if e.record
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .workspace
-            == workspace
-        {
-            used.add(Usage::of(e.sandbox.limits()));
-        }
+    for l in live() {
+        used.add(Usage::of(&l));
     }
-    let workspaces = if quota.sandboxes.is_none() {
-        state
-            .registry
-            .with_conn(crate::keys::workspace_count)
-            .unwrap_or(2)
-    } else {
-        0
-    };
-    let max = quota.max_sandboxes(state.config.max_sandboxes, workspaces);
+    let max = max_sandboxes;
     let refusal = if used.sandboxes.saturating_add(1) > max {
         Some(format!(
             "workspace quota reached: {} sandboxes are running or starting in this workspace and its limit is {max}",
@@ -163,7 +147,7 @@ pub fn reserve<'a>(
     }
     reserved.entry(workspace.to_string()).or_default().add(want);
     Ok(Reservation {
-        owner: &state.reservations,
+        owner: reservations,
         workspace: workspace.to_string(),
         usage: want,
     })

@@ -33,8 +33,8 @@ pub struct Record {
     pub template: String,
     /// Caller metadata.
     pub metadata: BTreeMap<String, String>,
-    /// Limits (runcell extension), as JSON.
-    pub limits: serde_json::Value,
+    /// Limits (runcell extension), stored as JSON.
+    pub limits: crate::limits::StoredLimits,
     /// Extra environment for every run.
     pub env: BTreeMap<String, String>,
     /// Idle TTL in seconds.
@@ -119,7 +119,7 @@ impl Registry {
             conn.execute_batch(&format!(
                 "ALTER TABLE sandboxes ADD COLUMN ended_at_ms INTEGER;
                  UPDATE sandboxes SET ended_at_ms = {}, env = '{{}}' WHERE status != 'running';",
-                crate::state::now_ms()
+                crate::clock::now_ms()
             ))?;
         }
         // Added later: the sandbox's network policy (JSON), so a restarted
@@ -131,7 +131,17 @@ impl Registry {
         if !has_network {
             conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN network TEXT;")?;
         }
-        crate::keys::init(&conn)?;
+        // The API keys (the keys module) live in the same database.
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS api_keys (
+                 hash TEXT PRIMARY KEY,
+                 prefix TEXT NOT NULL,
+                 workspace TEXT NOT NULL,
+                 name TEXT NOT NULL,
+                 created_at INTEGER NOT NULL,
+                 revoked_at INTEGER
+             );",
+        )?;
         // SQLite gives the journal files the database's mode, but files left
         // by an older version may be more open.
         for suffix in ["-wal", "-shm"] {
@@ -171,7 +181,7 @@ impl Registry {
                     r.workspace,
                     r.template,
                     serde_json::to_string(&r.metadata)?,
-                    r.limits.to_string(),
+                    serde_json::to_string(&r.limits)?,
                     serde_json::to_string(&r.env)?,
                     r.ttl_seconds as i64,
                     r.persistent,
@@ -195,7 +205,7 @@ impl Registry {
             .execute(
                 "UPDATE sandboxes SET status = ?2, end_reason = ?3, ended_at_ms = ?4, env = '{}'
              WHERE id = ?1",
-                params![id, status, reason, crate::state::now_ms()],
+                params![id, status, reason, crate::clock::now_ms()],
             )?;
         Ok(())
     }
@@ -381,109 +391,4 @@ fn decode(r: RawRow) -> Result<Record, RegistryError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn records_survive_reopening() {
-        let dir = std::env::temp_dir().join(format!("runcell-registry-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("registry.db");
-        let rec = Record {
-            id: "a".into(),
-            workspace: "local".into(),
-            template: "host".into(),
-            metadata: [("threadId".to_string(), "t1".to_string())].into(),
-            limits: serde_json::json!({"memory_mb": 512}),
-            env: [("SECRET".to_string(), "s3cret".to_string())].into(),
-            ttl_seconds: 300,
-            persistent: false,
-            created_at: 1,
-            last_activity_ms: 2,
-            status: "running".into(),
-            end_reason: None,
-        };
-        Registry::open(&path).unwrap().put(&rec).unwrap();
-        let reg = Registry::open(&path).unwrap();
-        assert_eq!(reg.get("a").unwrap().unwrap(), rec);
-        reg.touch("a", 99).unwrap();
-        reg.end("a", "deleted", "ttl").unwrap();
-        let got = reg.get("a").unwrap().unwrap();
-        assert_eq!((got.last_activity_ms, got.status.as_str()), (99, "deleted"));
-        assert!(reg.with_status("running").unwrap().is_empty());
-        // The tombstone says why; the environment is forgotten.
-        let t = reg.tombstone("a").unwrap().unwrap();
-        assert_eq!((t.workspace.as_str(), t.reason.as_str()), ("local", "ttl"));
-        assert!(got.env.is_empty());
-        // Only the owner can read the database and its journal.
-        use std::os::unix::fs::PermissionsExt;
-        for f in ["registry.db", "registry.db-wal", "registry.db-shm"] {
-            let mode = std::fs::metadata(dir.join(f)).unwrap().permissions().mode();
-            assert_eq!(mode & 0o777, 0o600, "{f}");
-        }
-        // Pruning removes tombstones that ended before the cut, not live rows.
-        reg.put(&Record {
-            id: "b".into(),
-            ..rec.clone()
-        })
-        .unwrap();
-        assert_eq!(reg.prune(t.ended_at_ms).unwrap(), 0);
-        assert_eq!(reg.prune(t.ended_at_ms + 1).unwrap(), 1);
-        assert_eq!(reg.rows().unwrap(), 1);
-        assert!(reg.tombstone("a").unwrap().is_none());
-        std::fs::remove_dir_all(dir).unwrap();
-    }
-
-    /// The network policy survives updates of the record (lifecycle changes
-    /// rewrite the row) and reopening; a database made before the column
-    /// existed gains it.
-    #[test]
-    fn network_policy_survives_record_updates_and_reopening() {
-        let dir = std::env::temp_dir().join(format!("runcell-registry-net-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("registry.db");
-        {
-            // An older registry: the table without the column.
-            let old = Connection::open(&path).unwrap();
-            old.execute_batch(
-                "CREATE TABLE sandboxes (id TEXT PRIMARY KEY, workspace TEXT NOT NULL,
-                 template TEXT NOT NULL, metadata TEXT NOT NULL, limits TEXT NOT NULL,
-                 env TEXT NOT NULL, ttl_seconds INTEGER NOT NULL, persistent INTEGER NOT NULL,
-                 created_at INTEGER NOT NULL, last_activity_ms INTEGER NOT NULL,
-                 status TEXT NOT NULL, end_reason TEXT);",
-            )
-            .unwrap();
-        }
-        let rec = Record {
-            id: "a".into(),
-            workspace: "local".into(),
-            template: "host".into(),
-            metadata: Default::default(),
-            limits: serde_json::json!({}),
-            env: Default::default(),
-            ttl_seconds: 300,
-            persistent: false,
-            created_at: 1,
-            last_activity_ms: 2,
-            status: "running".into(),
-            end_reason: None,
-        };
-        let reg = Registry::open(&path).unwrap();
-        reg.put(&rec).unwrap();
-        assert_eq!(reg.network("a").unwrap(), None);
-        let policy: runcell_core::egress::NetworkPolicy =
-            serde_json::from_value(serde_json::json!({"mode": "allowlist", "allow": ["pypi.org"]}))
-                .unwrap();
-        reg.set_network("a", &policy).unwrap();
-        reg.put(&Record {
-            ttl_seconds: 600,
-            ..rec.clone()
-        })
-        .unwrap();
-        drop(reg);
-        let reg = Registry::open(&path).unwrap();
-        assert_eq!(reg.network("a").unwrap(), Some(policy));
-        assert_eq!(reg.get("a").unwrap().unwrap().ttl_seconds, 600);
-        std::fs::remove_dir_all(dir).unwrap();
-    }
-}
+mod tests;

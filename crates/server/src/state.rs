@@ -4,10 +4,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use runcell_core::{Runtime, Sandbox, SandboxLimits, Template};
 
+pub use crate::clock::now_ms;
 use crate::registry::{Record, Registry};
 
 /// Settings of `runcell serve`.
@@ -131,15 +132,7 @@ pub struct AppState {
     /// When tombstones were last pruned (unix ms).
     pub last_prune_ms: std::sync::atomic::AtomicI64,
     /// Templates being built in the background (`--auto-build`).
-    pub auto_builds: crate::autobuild::AutoBuilds,
-}
-
-/// Now, unix milliseconds.
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as i64
+    pub auto_builds: Arc<crate::autobuild::AutoBuilds>,
 }
 
 /// Grace the agent's own deadline gives the daemon to reap first.

@@ -72,15 +72,6 @@ pub struct SandboxView {
     /// Milliseconds the create took (create responses only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub boot_ms: Option<u64>,
-    /// The template this sandbox was made from when `template` is an alias
-    /// (e.g. `code-interpreter` served from `host` until it is installed;
-    /// create responses only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub alias_of: Option<String>,
-    /// `true` when `template` is being built and this sandbox was served
-    /// from `alias_of` meanwhile (create responses only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub building: Option<bool>,
 }
 
 /// The result of an exec. On a timeout the same fields come with a 500 and

@@ -3,16 +3,17 @@
 
 use std::time::Duration;
 
-use axum::extract::{Extension, Path};
+use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::Json;
 use runcell_core::{CellEvent, ClientError, ContextOptions, Output};
 use runcell_protocol::{ContextInfo, ErrorKind, Language};
 use serde::Deserialize;
 
+use super::kit::{with_marker, AppResult, JsonBody, OwnedSandbox, RawBody, Sandboxed, St};
 use crate::error::ApiError;
-use crate::routes::{find, rfc3339, with_marker, AppResult, JsonBody, RawBody, St, Workspace};
 use crate::state::{AppState, Entry};
+use crate::validate;
 use crate::views::{CellView, ErrorView, ExceptionView, SessionView};
 
 /// A missing session is a 404 with PandaStack's message.
@@ -32,7 +33,7 @@ fn view(e: &Entry, c: &ContextInfo) -> SessionView {
         session_id: c.id.clone(),
         sandbox_id: e.sandbox.id().to_string(),
         language: c.language.name().into(),
-        created_at: rfc3339((c.created_unix_ms / 1000) as i64),
+        created_at: runcell_core::rfc3339((c.created_unix_ms / 1000) as i64),
         cells: c.cells,
         restarts: c.restarts,
         preload_errors: c.preload_errors.clone(),
@@ -54,11 +55,8 @@ pub(crate) struct CreateSessionReq {
     responses((status = 201, body = SessionView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 409, description = "The sandbox stopped running during the request", body = ErrorView), (status = 413, description = "The request body is larger than the daemon allows", body = ErrorView)))]
 pub(crate) async fn create(
     axum::extract::State(state): St,
-    Extension(ws): Extension<Workspace>,
-    Path(id): Path<String>,
-    RawBody(body): RawBody,
+    Sandboxed(e, RawBody(body)): Sandboxed<RawBody>,
 ) -> AppResult<(StatusCode, Json<SessionView>)> {
-    let e = find(&state, &ws, &id)?;
     // An empty body means a Python session with defaults.
     let req: CreateSessionReq = if body.iter().all(|b| b.is_ascii_whitespace()) {
         CreateSessionReq {
@@ -67,7 +65,7 @@ pub(crate) async fn create(
             envs: Default::default(),
         }
     } else {
-        crate::routes::parse_json(&body)?
+        super::kit::parse_json(&body)?
     };
     let language: Language = req
         .language
@@ -75,7 +73,7 @@ pub(crate) async fn create(
         .unwrap_or("python")
         .parse()
         .map_err(|e: runcell_protocol::UnknownLanguage| ApiError::bad_request(e.to_string()))?;
-    crate::routes::validate::env("envs", &req.envs)?;
+    validate::env("envs", &req.envs)?;
     if let Some(cwd) = &req.cwd {
         runcell_core::limits::check_path("cwd", cwd)?;
     }
@@ -109,12 +107,7 @@ pub(crate) async fn create(
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/repl/sessions", tag = "code contexts", operation_id = "listSessions", params(("id" = String, Path, description = "The sandbox id")),
     responses((status = 200, body = Vec<SessionView>), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 409, description = "The sandbox stopped running during the request", body = ErrorView)))]
-pub(crate) async fn list(
-    axum::extract::State(state): St,
-    Extension(ws): Extension<Workspace>,
-    Path(id): Path<String>,
-) -> AppResult<Json<Vec<SessionView>>> {
-    let e = find(&state, &ws, &id)?;
+pub(crate) async fn list(OwnedSandbox(e): OwnedSandbox) -> AppResult<Json<Vec<SessionView>>> {
     let contexts = e.sandbox.list_contexts().await?;
     // The warm context is not a session until someone creates one.
     let warm = e
@@ -135,11 +128,9 @@ pub(crate) async fn list(
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}/repl/sessions/{sid}", tag = "code contexts", operation_id = "deleteSession", params(("id" = String, Path, description = "The sandbox id"), ("sid" = String, Path, description = "The session id")),
     responses((status = 204, description = "Closed"), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox or session", body = ErrorView), (status = 409, description = "The sandbox stopped running during the request", body = ErrorView)))]
 pub(crate) async fn delete(
-    axum::extract::State(state): St,
-    Extension(ws): Extension<Workspace>,
-    Path((id, sid)): Path<(String, String)>,
+    Path((_, sid)): Path<(String, String)>,
+    OwnedSandbox(e): OwnedSandbox,
 ) -> AppResult<StatusCode> {
-    let e = find(&state, &ws, &id)?;
     e.sandbox
         .delete_context(&sid)
         .await
@@ -151,10 +142,9 @@ pub(crate) async fn delete(
     responses((status = 200, body = SessionView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox or session", body = ErrorView), (status = 409, description = "The sandbox stopped running during the request", body = ErrorView)))]
 pub(crate) async fn restart(
     axum::extract::State(state): St,
-    Extension(ws): Extension<Workspace>,
-    Path((id, sid)): Path<(String, String)>,
+    Path((_, sid)): Path<(String, String)>,
+    OwnedSandbox(e): OwnedSandbox,
 ) -> AppResult<Json<SessionView>> {
-    let e = find(&state, &ws, &id)?;
     state.touch(&e).await;
     let info = e
         .sandbox
@@ -177,7 +167,7 @@ pub(crate) struct RunReq {
 fn cell_timeout(state: &AppState, e: &Entry, req: &RunReq) -> AppResult<Duration> {
     match req.timeout_ms {
         Some(ms) if ms > 0.0 || ms.is_nan() => {
-            Ok(crate::routes::validate::bounds(state).timeout_ms("timeout_ms", ms)?)
+            Ok(validate::bounds(&state.config).timeout_ms("timeout_ms", ms)?)
         }
         _ => Ok(e.sandbox.limits().timeout),
     }
@@ -187,15 +177,13 @@ fn cell_timeout(state: &AppState, e: &Entry, req: &RunReq) -> AppResult<Duration
     responses((status = 200, body = CellView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox or session", body = ErrorView), (status = 409, description = "The sandbox stopped running during the request", body = ErrorView), (status = 413, description = "The request body is larger than the daemon allows", body = ErrorView), (status = 500, description = "The cell timed out: `error` contains \"timeout\", with the CellView fields", body = ErrorView)))]
 pub(crate) async fn run(
     axum::extract::State(state): St,
-    Extension(ws): Extension<Workspace>,
-    Path((id, sid)): Path<(String, String)>,
-    JsonBody(req): JsonBody<RunReq>,
+    Path((_, sid)): Path<(String, String)>,
+    Sandboxed(e, JsonBody(req)): Sandboxed<JsonBody<RunReq>>,
 ) -> AppResult<axum::response::Response> {
-    let e = find(&state, &ws, &id)?;
     if req.code.trim().is_empty() {
         return Err(ApiError::bad_request("code required"));
     }
-    crate::routes::validate::code(&req.code)?;
+    validate::code(&req.code)?;
     let timeout = cell_timeout(&state, &e, &req)?;
     state.touch(&e).await;
     let started = std::time::Instant::now();
@@ -252,13 +240,13 @@ pub(crate) async fn run(
     };
     let view = CellView {
         stdout: with_marker(
-            crate::stream::into_text(stdout),
+            super::stream::into_text(stdout),
             o.stdout_truncated,
             "stdout",
             o.stdout_bytes,
         ),
         stderr: with_marker(
-            crate::stream::into_text(stderr),
+            super::stream::into_text(stderr),
             o.stderr_truncated,
             "stderr",
             o.stderr_bytes,
@@ -285,7 +273,7 @@ pub(crate) async fn run(
     };
     if !o.timed_out {
         let len = view.stdout.len() + view.stderr.len();
-        return crate::stream::exec_answer(view, len).await;
+        return super::stream::exec_answer(view, len).await;
     }
     // The PandaStack clients raise SandboxTimeout for a 5xx whose message
     // contains "timeout" (contract, section 8.2).

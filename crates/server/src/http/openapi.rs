@@ -1,9 +1,96 @@
-//! The OpenAPI document's parts that are not a handler's annotation: the
-//! bearer security scheme, the public operations, and `/mcp`.
+//! The OpenAPI document: generated from the handlers and their types, with
+//! what is not a handler's annotation (the bearer security scheme, the
+//! public operations, and `/mcp`), and the route that serves it.
 
+use axum::Json;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::openapi::OpenApi;
 use utoipa::Modify;
+
+use super::{exec, files, network, repl, sandboxes, system, templates};
+use crate::views::*;
+
+/// The OpenAPI document, generated from the handlers and their types.
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "runcell",
+        description = "Sandboxes for AI agents: the PandaStack-compatible /v1 API plus runcell's additions. \
+Every error is `{\"error\": \"...\"}` with `application/json`."
+    ),
+    servers((url = "/", description = "This daemon")),
+    security(("bearer" = [])),
+    modifiers(&Security),
+    tags(
+        (name = "sandboxes", description = "Create, list, inspect and delete sandboxes; their lifetime and network"),
+        (name = "exec", description = "Run commands and read their output"),
+        (name = "files", description = "Files in a sandbox"),
+        (name = "code contexts", description = "Stateful interpreters (PandaStack REPL sessions)"),
+        (name = "templates", description = "What sandboxes are made from"),
+        (name = "account", description = "The caller's key"),
+        (name = "system", description = "Health, metrics, this document and MCP; no key needed except for MCP")
+    ),
+    paths(
+        system::healthz,
+        system::metrics,
+        openapi,
+        mcp,
+        mcp_stream,
+        mcp_end_session,
+        system::me,
+        sandboxes::create,
+        sandboxes::list,
+        sandboxes::get_one,
+        sandboxes::delete,
+        exec::exec,
+        exec::exec_stream,
+        files::fs_read,
+        files::fs_write,
+        files::fs_dir,
+        files::fs_stat,
+        exec::logs,
+        sandboxes::lifecycle,
+        sandboxes::set_lifecycle,
+        network::set_network,
+        templates::templates,
+        templates::template,
+        repl::create,
+        repl::list,
+        repl::run,
+        repl::restart,
+        repl::delete
+    ),
+    components(schemas(
+        SandboxView,
+        LimitsView,
+        NetworkView,
+        NetworkPolicyReq,
+        NetworkPolicyObject,
+        ExecView,
+        LifecycleView,
+        FileView,
+        DirView,
+        WrittenView,
+        TemplateView,
+        TemplateDefaultsView,
+        MeView,
+        ErrorView,
+        HealthView,
+        ExecStreamEvent,
+        LogEvent,
+        SessionView,
+        CellView,
+        ExceptionView
+    ))
+)]
+pub(crate) struct ApiDoc;
+
+/// The OpenAPI 3.1 document of this API.
+#[utoipa::path(get, path = "/v1/openapi.json", tag = "system", operation_id = "getOpenApi", security(()),
+    responses((status = 200, description = "This document", content_type = "application/json", body = Object)))]
+pub(crate) async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(document())
+}
 
 /// Adds the `bearer` security scheme that every operation requires unless
 /// it is public.
@@ -28,7 +115,7 @@ const PUBLIC: [&str; 3] = ["/healthz", "/metrics", "/v1/openapi.json"];
 
 /// The document served at `/v1/openapi.json`.
 pub(crate) fn document() -> OpenApi {
-    let mut doc = <crate::routes::ApiDoc as utoipa::OpenApi>::openapi();
+    let mut doc = <ApiDoc as utoipa::OpenApi>::openapi();
     // `security(())` makes utoipa write `[{}]` ("no key is one option");
     // public operations need no key at all: `security: []`.
     for (path, item) in doc.paths.paths.iter_mut() {

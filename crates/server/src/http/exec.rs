@@ -1,0 +1,337 @@
+//! `/v1/sandboxes/{id}/exec`, `exec/stream` and `logs`: running commands
+//! and reading their output.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use axum::extract::{Query, State};
+use axum::http::header;
+use axum::response::sse::Event as SseEvent;
+use axum::response::{IntoResponse, Response};
+use runcell_core::{Output, RunOptions};
+use runcell_protocol::Command;
+use serde::Deserialize;
+
+use super::kit::{
+    json_event, with_marker, AppResult, Chunk, Exit, JsonBody, Line, OwnedSandbox, Sandboxed, St,
+};
+use crate::error::ApiError;
+use crate::state::{AppState, Entry};
+use crate::validate;
+use crate::views::{ErrorView, ExecStreamEvent, ExecView, LogEvent};
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+pub(crate) struct ExecReq {
+    cmd: String,
+    timeout_seconds: Option<f64>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    cwd: Option<String>,
+    /// Keep the processes the command leaves behind running after it returns.
+    #[serde(default)]
+    background: bool,
+}
+
+fn run_options(state: &AppState, e: &Entry, req: &ExecReq) -> AppResult<RunOptions> {
+    if req.cmd.trim().is_empty() {
+        return Err(ApiError::bad_request("cmd required"));
+    }
+    let timeout = match req.timeout_seconds {
+        Some(t) => validate::bounds(&state.config).timeout("timeout_seconds", t)?,
+        None => e.sandbox.limits().timeout,
+    };
+    let mut env = e
+        .record
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .env
+        .clone();
+    env.extend(req.env.clone());
+    validate::run(&req.cmd, &req.env, &env, req.cwd.as_deref())?;
+    Ok(RunOptions {
+        env,
+        cwd: req.cwd.clone(),
+        timeout: Some(timeout),
+        background: req.background,
+        ..RunOptions::default()
+    })
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "exec", operation_id = "execCommand", params(("id" = String, Path, description = "The sandbox id")), request_body = ExecReq,
+    responses((status = 200, body = ExecView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 409, description = "The sandbox stopped running during the request", body = ErrorView), (status = 413, description = "The request body is larger than the daemon allows", body = ErrorView), (status = 500, description = "The exec timed out: `error` contains \"timeout\", with the ExecView fields", body = ErrorView)))]
+pub(crate) async fn exec(
+    State(state): St,
+    Sandboxed(e, JsonBody(req)): Sandboxed<JsonBody<ExecReq>>,
+) -> AppResult<Response> {
+    let opts = run_options(&state, &e, &req)?;
+    state.touch(&e).await;
+    let started = std::time::Instant::now();
+    // The output is held once (at most the output limit per stream, which
+    // the agent enforces), then moved into the answer without a copy.
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let outcome = e
+        .sandbox
+        .exec_streaming(Command::Shell(req.cmd.clone()), &opts, |s, b| {
+            e.log.append(s, b);
+            match s {
+                Output::Stdout => stdout.extend_from_slice(b),
+                Output::Stderr => stderr.extend_from_slice(b),
+            }
+        })
+        .await?;
+    state.metrics.exec_latency.observe(started.elapsed());
+    state.touch(&e).await;
+    let x = &outcome.exit;
+    let view = ExecView {
+        stdout: with_marker(
+            super::stream::into_text(stdout),
+            x.stdout_truncated,
+            "stdout",
+            x.stdout_bytes,
+        ),
+        stderr: with_marker(
+            super::stream::into_text(stderr),
+            x.stderr_truncated,
+            "stderr",
+            x.stderr_bytes,
+        ),
+        exit_code: outcome.status(),
+        duration_ms: x.duration_ms,
+        timed_out: x.timed_out,
+        oom_killed: outcome.oom_killed,
+        pids_limit: outcome.pids_limit,
+        stdout_truncated: x.stdout_truncated,
+        stderr_truncated: x.stderr_truncated,
+        stdout_bytes: x.stdout_bytes,
+        stderr_bytes: x.stderr_bytes,
+        messages: outcome.messages(),
+    };
+    if !x.timed_out {
+        let len = view.stdout.len() + view.stderr.len();
+        return super::stream::exec_answer(view, len).await;
+    }
+    // The PandaStack clients raise SandboxTimeout for a 5xx whose message
+    // contains "timeout" (see the API contract, section 6).
+    let body = serde_json::to_value(view).expect("exec result serializes");
+    let mut err = ApiError::internal(format!(
+        "exec timeout after {}s: context deadline exceeded",
+        runcell_core::format_secs(outcome.timeout)
+    ));
+    err.extra = body.as_object().cloned();
+    Err(err)
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec/stream", tag = "exec", operation_id = "execCommandStream", params(("id" = String, Path, description = "The sandbox id")), request_body = ExecReq,
+    responses((status = 200, description = "SSE: `stdout`/`stderr` events {chunk}, then one `exit` {exit_code, oom_killed, pids_limit} or `error` {error}", content_type = "text/event-stream", body = ExecStreamEvent), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 413, description = "The request body is larger than the daemon allows", body = ErrorView)))]
+pub(crate) async fn exec_stream(
+    State(state): St,
+    Sandboxed(e, JsonBody(req)): Sandboxed<JsonBody<ExecReq>>,
+) -> AppResult<impl IntoResponse> {
+    let opts = run_options(&state, &e, &req)?;
+    state.touch(&e).await;
+    let (tx, response) = super::stream::sse_channel();
+    tokio::spawn(async move {
+        let result = stream_exec(&e, &req.cmd, &opts, tx).await;
+        state.touch(&e).await;
+        if let Err(err) = result {
+            tracing::info!(sandbox = %e.sandbox.id(), "exec stream ended: {err}");
+        }
+    });
+    Ok(response)
+}
+
+/// Why an exec stream ended early.
+#[derive(Debug, thiserror::Error)]
+enum StreamError {
+    /// The sandbox failed the exec.
+    #[error(transparent)]
+    Run(#[from] runcell_core::Error),
+    /// The client read nothing for the stall limit.
+    #[error("the client stopped reading; the exec was killed")]
+    Stalled,
+    /// The client closed the stream.
+    #[error("the client went away; the exec was killed")]
+    Gone,
+}
+
+/// Runs an exec and sends its output as SSE events at the client's pace: a
+/// client that reads slowly holds back the program (the pipes, the agent's
+/// connection of this exec and the stream's buffer are all bounded); one
+/// that stops reading for the stall limit gets an `error` event and the exec
+/// is killed.
+async fn stream_exec(
+    e: &Entry,
+    cmd: &str,
+    opts: &RunOptions,
+    mut tx: super::stream::SseSender,
+) -> Result<(), StreamError> {
+    use super::stream::{error_event, SendError, Utf8Carry};
+    use runcell_core::RunEvent;
+    let mut run = match e
+        .sandbox
+        .exec_start(Command::Shell(cmd.to_string()), opts)
+        .await
+    {
+        Ok(r) => r,
+        Err(err) => {
+            let _ = tx.send(error_event(&ApiError::from(err).message)).await;
+            return Ok(());
+        }
+    };
+    let (mut out, mut err) = (Utf8Carry::default(), Utf8Carry::default());
+    let outcome = loop {
+        let next = tokio::select! {
+            next = run.next() => next,
+            // The client went away while the program printed nothing.
+            () = tx.closed() => return Err(StreamError::Gone),
+        };
+        let next = match next {
+            Ok(n) => n,
+            Err(err) => {
+                let _ = tx.send(error_event(&ApiError::from(err).message)).await;
+                return Ok(());
+            }
+        };
+        let (stream, bytes) = match next {
+            RunEvent::Output(s, b) => (s, b),
+            RunEvent::Done(o) => break o,
+        };
+        e.log.append(stream, &bytes);
+        if tx.is_closed() {
+            // The client went away (or aborted): nobody reads this exec any
+            // more. Dropping `run` closes its agent connection, and the
+            // agent kills the exec's processes, as for a plain exec whose
+            // client hung up.
+            return Err(StreamError::Gone);
+        }
+        let (name, text) = match stream {
+            Output::Stdout => ("stdout", out.push(&bytes)),
+            Output::Stderr => ("stderr", err.push(&bytes)),
+        };
+        if text.is_empty() {
+            continue;
+        }
+        let event = json_event(name, &Chunk { chunk: &text });
+        drop(text);
+        if tx.send(event).await == Err(SendError::Stalled) {
+            tracing::warn!(
+                sandbox = %e.sandbox.id(),
+                "an exec stream's client read nothing for {} s: ended the stream and killed the exec",
+                super::stream::STALL_LIMIT.as_secs()
+            );
+            if let Err(err) = run.kill().await {
+                tracing::warn!(sandbox = %e.sandbox.id(), "could not kill the stalled exec: {err}");
+            }
+            // Read to the end (bounded: the process tree is dead), so the
+            // agent's connection of this exec closes cleanly.
+            let drain = async { while matches!(run.next().await, Ok(RunEvent::Output(..))) {} };
+            let _ = tokio::time::timeout(Duration::from_secs(10), drain).await;
+            return Err(StreamError::Stalled);
+        }
+    };
+    let last = if outcome.exit.timed_out {
+        error_event(&format!(
+            "exec timeout after {}s",
+            runcell_core::format_secs(outcome.timeout)
+        ))
+    } else {
+        for m in outcome.messages() {
+            let ev = json_event(
+                "stderr",
+                &Chunk {
+                    chunk: &format!("{m}\n"),
+                },
+            );
+            if tx.send(ev).await.is_err() {
+                return Ok(());
+            }
+        }
+        json_event(
+            "exit",
+            &Exit {
+                exit_code: outcome.status(),
+                oom_killed: outcome.oom_killed,
+                pids_limit: outcome.pids_limit,
+            },
+        )
+    };
+    let _ = tx.send(last).await;
+    Ok(())
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct LogsQuery {
+    stream: Option<String>,
+    follow: Option<String>,
+}
+
+/// The output of the sandbox's execs: a plain-text snapshot, or with
+/// `follow` (1, true or yes) an SSE stream of `line` events.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/logs", tag = "exec", operation_id = "getLogs", params(("id" = String, Path, description = "The sandbox id"), ("stream" = Option<String>, Query, description = "`stdout`, `stderr` or `both` (default)"), ("follow" = Option<String>, Query, description = "`1`, `true` or `yes`: an SSE stream of `line` events {line} that follows new output")),
+    responses((status = 200, description = "The output of the sandbox's execs: plain text, or with follow an SSE stream", content((String = "text/plain; charset=utf-8"), (LogEvent = "text/event-stream"))), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView)))]
+pub(crate) async fn logs(
+    Query(q): Query<LogsQuery>,
+    OwnedSandbox(e): OwnedSandbox,
+) -> AppResult<Response> {
+    let want = match q.stream.as_deref().unwrap_or("both") {
+        "stdout" => Some(Output::Stdout),
+        "stderr" => Some(Output::Stderr),
+        "both" | "" => None,
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "stream must be stdout, stderr or both, not \"{other}\"."
+            )))
+        }
+    };
+    let keep = move |s: Output| want.is_none_or(|w| w == s);
+    let follow = q
+        .follow
+        .as_deref()
+        .is_some_and(|f| ["1", "true", "yes"].contains(&f.to_ascii_lowercase().as_str()));
+    if !follow {
+        let text: String = e.log.snapshot(keep).into_iter().map(|l| l.text).collect();
+        return Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response());
+    }
+    let mut follower = e.log.follow();
+    drop(e);
+    let (mut tx, response) = super::stream::sse_channel();
+    let line_event = |text: &str| json_event("line", &Line { line: text });
+    tokio::spawn(async move {
+        use crate::logs::Followed;
+        if tx.send(SseEvent::default().comment("open")).await.is_err() {
+            return;
+        }
+        loop {
+            let got = tokio::select! {
+                got = follower.next() => got,
+                _ = tx.closed() => return,
+            };
+            let sent = match got {
+                Some(Followed::Lines(lines)) => {
+                    let mut sent = Ok(());
+                    for l in lines.iter().filter(|l| keep(l.stream)) {
+                        sent = tx.send(line_event(&l.text)).await;
+                        if sent.is_err() {
+                            break;
+                        }
+                    }
+                    sent
+                }
+                Some(Followed::Missed(n)) => {
+                    tx.send(SseEvent::default().comment(format!("{n} bytes dropped")))
+                        .await
+                }
+                // The sandbox is gone: end the stream.
+                None => return,
+            };
+            if sent == Err(super::stream::SendError::Stalled) {
+                tracing::info!("a log stream's client read nothing for a while; ended it");
+                return;
+            }
+            if sent.is_err() {
+                return;
+            }
+        }
+    });
+    Ok(response)
+}

@@ -1,0 +1,203 @@
+//! What every resource module of the HTTP layer uses: the result type, the
+//! caller's workspace, the body and sandbox extractors, and the JSON data
+//! of the SSE events.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use axum::response::sse::Event as SseEvent;
+use axum::response::{IntoResponse, Response};
+use runcell_core::format_size;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::error::ApiError;
+use crate::state::{AppState, Entry};
+
+pub(crate) type AppResult<T> = Result<T, ApiError>;
+pub(crate) type St = State<Arc<AppState>>;
+
+/// The workspace of the caller's key (put there by the auth middleware).
+#[derive(Debug, Clone)]
+pub struct Workspace(pub String);
+
+/// A JSON body with runcell's error shapes: 413 over the size limit, 400
+/// for anything malformed.
+pub(crate) struct JsonBody<T>(pub(crate) T);
+
+impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, Self::Rejection> {
+        let bytes = RawBody::from_request(req, state).await?.0;
+        if bytes.is_empty() {
+            return Err(ApiError::bad_request(
+                "The request body is empty; a JSON object is expected.",
+            ));
+        }
+        parse_json(&bytes).map(JsonBody)
+    }
+}
+
+/// Parses a JSON body; the error names the field that is wrong
+/// (`limits.cpu: invalid type ...`).
+pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> AppResult<T> {
+    // serde reads a struct from an array of its fields in order
+    // (`[null, true]`); no route takes an array, so refuse one.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        return Err(ApiError::bad_request(
+            "The request body must be a JSON object, not an array.",
+        ));
+    }
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let field = e.path().to_string();
+        let inner = e.into_inner();
+        let data = inner.classify() == serde_json::error::Category::Data;
+        if !data || field.is_empty() || field == "." || field == "?" {
+            ApiError::bad_request(format!(
+                "The request body is not valid JSON for this route: {inner}."
+            ))
+        } else {
+            ApiError::bad_request(format!(
+                "The request body's field \"{field}\" is not valid: {inner}."
+            ))
+        }
+    })
+}
+
+/// Raw body bytes, limited to the configured size.
+pub(crate) struct RawBody(pub(crate) Bytes);
+
+impl FromRequest<Arc<AppState>> for RawBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, Self::Rejection> {
+        let limit = state.config.max_body_bytes;
+        let body = req.into_body();
+        match axum::body::to_bytes(body, limit).await {
+            Ok(b) => Ok(RawBody(b)),
+            Err(_) => Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "The request body is larger than the {} allowed.",
+                    format_size(limit as u64)
+                ),
+            )),
+        }
+    }
+}
+
+/// The sandbox `{id}` of the path, live and of the caller's workspace;
+/// another workspace's sandbox is answered exactly as a missing one, and an
+/// ended one of the caller's with its tombstone (always a 404).
+pub(crate) struct OwnedSandbox(pub(crate) Arc<Entry>);
+
+impl FromRequestParts<Arc<AppState>> for OwnedSandbox {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<AppState>,
+    ) -> Result<Self, Self::Rejection> {
+        let ws = workspace(parts).map_err(IntoResponse::into_response)?;
+        let id = sandbox_id(parts, state).await?;
+        owned(state, &ws, &id)
+            .map(OwnedSandbox)
+            .map_err(IntoResponse::into_response)
+    }
+}
+
+/// [`OwnedSandbox`] with the request's body `B`: the body is read and
+/// checked first, then the sandbox looked up (a malformed body is a 400
+/// even for a missing sandbox).
+pub(crate) struct Sandboxed<B>(pub(crate) Arc<Entry>, pub(crate) B);
+
+impl<B> FromRequest<Arc<AppState>> for Sandboxed<B>
+where
+    B: FromRequest<Arc<AppState>, Rejection = ApiError> + Send,
+{
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, Self::Rejection> {
+        let (mut parts, body) = req.into_parts();
+        let ws = workspace(&parts).map_err(IntoResponse::into_response)?;
+        let id = sandbox_id(&mut parts, state).await?;
+        let body = B::from_request(Request::from_parts(parts, body), state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let entry = owned(state, &ws, &id).map_err(IntoResponse::into_response)?;
+        Ok(Sandboxed(entry, body))
+    }
+}
+
+fn workspace(parts: &Parts) -> AppResult<Workspace> {
+    parts.extensions.get::<Workspace>().cloned().ok_or_else(|| {
+        ApiError::internal("The request reached a sandbox route without a workspace.")
+    })
+}
+
+async fn sandbox_id(parts: &mut Parts, state: &Arc<AppState>) -> Result<String, Response> {
+    let Path(params) = Path::<Vec<(String, String)>>::from_request_parts(parts, state)
+        .await
+        .map_err(IntoResponse::into_response)?;
+    params
+        .into_iter()
+        .find_map(|(k, v)| (k == "id").then_some(v))
+        .ok_or_else(|| ApiError::internal("The route has no sandbox id.").into_response())
+}
+
+fn owned(state: &AppState, ws: &Workspace, id: &str) -> AppResult<Arc<Entry>> {
+    state
+        .entry(id)
+        .filter(|e| {
+            e.record
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .workspace
+                == ws.0
+        })
+        .ok_or_else(|| state.gone(&ws.0, id))
+}
+
+/// Output text with the truncation marker line when it was cut.
+pub(crate) fn with_marker(mut text: String, truncated: bool, stream: &str, total: u64) -> String {
+    if truncated {
+        if !text.ends_with('\n') && !text.is_empty() {
+            text.push('\n');
+        }
+        text.push_str(&runcell_core::truncation_marker(stream, total));
+        text.push('\n');
+    }
+    text
+}
+
+/// An SSE event `name` whose data is `data` as JSON.
+pub(crate) fn json_event(name: &'static str, data: &impl Serialize) -> SseEvent {
+    SseEvent::default()
+        .event(name)
+        .data(serde_json::to_string(data).expect("event data serializes"))
+}
+
+/// The data of a `stdout`/`stderr` event.
+#[derive(Serialize)]
+pub(crate) struct Chunk<'a> {
+    pub(crate) chunk: &'a str,
+}
+
+/// The data of a log `line` event.
+#[derive(Serialize)]
+pub(crate) struct Line<'a> {
+    pub(crate) line: &'a str,
+}
+
+/// The data of the `exit` event that ends an exec stream.
+#[derive(Serialize)]
+pub(crate) struct Exit {
+    pub(crate) exit_code: i32,
+    pub(crate) oom_killed: bool,
+    pub(crate) pids_limit: bool,
+}

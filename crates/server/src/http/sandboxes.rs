@@ -1,0 +1,187 @@
+//! `/v1/sandboxes`: create, list, inspect, delete, lifecycle.
+
+use std::collections::BTreeMap;
+
+use axum::extract::{Extension, Query};
+use axum::http::StatusCode;
+use axum::Json;
+use runcell_core::egress::NetworkPolicy;
+use serde::{Deserialize, Serialize};
+
+use super::kit::{AppResult, JsonBody, OwnedSandbox, Sandboxed, St, Workspace};
+use super::network::network_view;
+use crate::limits::LimitsReq;
+use crate::registry::Record;
+use crate::service::{CreateSpec, LifecycleChange, Service};
+use crate::state::{now_ms, Entry};
+use crate::views::{ErrorView, LifecycleView, NetworkPolicyReq, SandboxView};
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+pub(crate) struct CreateReq {
+    template: Option<String>,
+    #[schema(value_type = Option<i64>)]
+    ttl_seconds: Option<f64>,
+    persistent: Option<bool>,
+    #[serde(default)]
+    metadata: BTreeMap<String, String>,
+    from_snapshot: Option<String>,
+    #[serde(default)]
+    limits: Option<LimitsReq>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    /// Network egress policy: `"none"`, `"open"`, or
+    /// `{"mode": "allowlist", "allow": ["pypi.org", "*.example.com:443"], "presets": ["package-index"]}`.
+    /// Default: the template's, else `none`.
+    #[serde(default)]
+    #[schema(value_type = Option<NetworkPolicyReq>)]
+    network: Option<NetworkPolicy>,
+}
+
+impl From<CreateReq> for CreateSpec {
+    fn from(r: CreateReq) -> Self {
+        CreateSpec {
+            template: r.template,
+            ttl_seconds: r.ttl_seconds,
+            persistent: r.persistent,
+            metadata: r.metadata,
+            from_snapshot: r.from_snapshot,
+            limits: r.limits,
+            env: r.env,
+            network: r.network,
+        }
+    }
+}
+
+/// A live sandbox's view.
+pub(crate) fn sandbox_view(e: &Entry) -> SandboxView {
+    let r = e
+        .record
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let l = e.sandbox.limits();
+    SandboxView {
+        id: r.id.clone(),
+        template: r.template.clone(),
+        cpu: crate::limits::whole_cores(l),
+        memory_mb: l.memory_bytes >> 20,
+        status: "running".into(),
+        metadata: r.metadata.clone(),
+        created_at: runcell_core::rfc3339(r.created_at),
+        persistent: r.persistent,
+        ttl_seconds: r.ttl_seconds,
+        limits: crate::limits::view(l),
+        network: network_view(&e.sandbox),
+        boot_ms: None,
+    }
+}
+
+/// The answer to a create: the sandbox, and when the requested template is
+/// an alias (not installed yet, or being built), what serves it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct CreatedView {
+    #[serde(flatten)]
+    sandbox: SandboxView,
+    /// The template the sandbox was made from when the requested one is an
+    /// alias (e.g. `code-interpreter` served from `host` until installed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    alias_of: Option<String>,
+    /// `true` while the requested template is being built.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    building: Option<bool>,
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", operation_id = "createSandbox", request_body = CreateReq,
+    responses((status = 201, description = "Created and running", body = CreatedView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 413, description = "The request body is larger than the daemon allows", body = ErrorView), (status = 429, description = "A per-workspace quota (sandboxes, memory or disk) is reached; retry after Retry-After seconds", body = ErrorView, headers(("Retry-After" = u64, description = "Seconds to wait"))), (status = 503, description = "No capacity, or the sandbox failed to start; retry after Retry-After seconds", body = ErrorView, headers(("Retry-After" = u64, description = "Seconds to wait")))))]
+pub(crate) async fn create(
+    axum::extract::State(state): St,
+    Extension(ws): Extension<Workspace>,
+    JsonBody(req): JsonBody<CreateReq>,
+) -> AppResult<(StatusCode, Json<CreatedView>)> {
+    let created = Service(&state).create_sandbox(&ws.0, req.into()).await?;
+    let mut sandbox = sandbox_view(&created.entry);
+    sandbox.boot_ms = Some(created.boot.as_millis() as u64);
+    // Served from the alias's target (while the template is being built,
+    // or because no template of that name is installed).
+    Ok((
+        StatusCode::CREATED,
+        Json(CreatedView {
+            sandbox,
+            alias_of: created.alias_of,
+            building: created.building_instead.then_some(true),
+        }),
+    ))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", operation_id = "listSandboxes", params(("metadata.KEY" = Option<String>, Query, description = "Only sandboxes whose metadata KEY equals the value; several are ANDed")),
+    responses((status = 200, body = Vec<SandboxView>), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView)))]
+pub(crate) async fn list(
+    axum::extract::State(state): St,
+    Extension(ws): Extension<Workspace>,
+    Query(query): Query<Vec<(String, String)>>,
+) -> Json<Vec<SandboxView>> {
+    let filters: Vec<(String, String)> = query
+        .into_iter()
+        .filter_map(|(k, v)| k.strip_prefix("metadata.").map(|k| (k.to_string(), v)))
+        .collect();
+    let entries = Service(&state).list(&ws.0, &filters);
+    Json(entries.iter().map(|e| sandbox_view(e)).collect())
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes", operation_id = "getSandbox", params(("id" = String, Path, description = "The sandbox id")),
+    responses((status = 200, body = SandboxView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView)))]
+pub(crate) async fn get_one(OwnedSandbox(e): OwnedSandbox) -> Json<SandboxView> {
+    Json(sandbox_view(&e))
+}
+
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes", operation_id = "deleteSandbox", params(("id" = String, Path, description = "The sandbox id")),
+    responses((status = 204, description = "Deleted: every process is killed"), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView)))]
+pub(crate) async fn delete(
+    axum::extract::State(state): St,
+    OwnedSandbox(e): OwnedSandbox,
+) -> AppResult<StatusCode> {
+    let id = e.sandbox.id().to_string();
+    // Not held while it is removed (its teardown then runs in the background).
+    drop(e);
+    Service(&state).kill(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+fn lifecycle_view(r: &Record) -> LifecycleView {
+    LifecycleView {
+        ttl_seconds: r.ttl_seconds,
+        persistent: r.persistent,
+        idle_seconds: (now_ms() - r.last_activity_ms).max(0) / 1000,
+    }
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/lifecycle", tag = "sandboxes", operation_id = "getLifecycle", params(("id" = String, Path, description = "The sandbox id")),
+    responses((status = 200, body = LifecycleView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView)))]
+pub(crate) async fn lifecycle(OwnedSandbox(e): OwnedSandbox) -> Json<LifecycleView> {
+    let r = e
+        .record
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    Json(lifecycle_view(&r))
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LifecycleReq {
+    #[schema(value_type = Option<i64>)]
+    ttl_seconds: Option<f64>,
+    persistent: Option<bool>,
+}
+
+#[utoipa::path(patch, path = "/v1/sandboxes/{id}/lifecycle", tag = "sandboxes", operation_id = "setLifecycle", params(("id" = String, Path, description = "The sandbox id")), request_body = LifecycleReq,
+    responses((status = 200, body = LifecycleView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 409, description = "The sandbox stopped running during the request", body = ErrorView), (status = 413, description = "The request body is larger than the daemon allows", body = ErrorView)))]
+pub(crate) async fn set_lifecycle(
+    axum::extract::State(state): St,
+    Sandboxed(e, JsonBody(req)): Sandboxed<JsonBody<LifecycleReq>>,
+) -> AppResult<Json<LifecycleView>> {
+    let change = LifecycleChange {
+        ttl_seconds: req.ttl_seconds,
+        persistent: req.persistent,
+    };
+    let record = Service(&state).set_lifecycle(&e, change).await?;
+    Ok(Json(lifecycle_view(&record)))
+}

@@ -1,0 +1,153 @@
+//! The registry's tests: records, tombstones, the network column and rows
+//! of older versions.
+
+use super::*;
+
+#[test]
+fn records_survive_reopening() {
+    let dir = std::env::temp_dir().join(format!("runcell-registry-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("registry.db");
+    let rec = Record {
+        id: "a".into(),
+        workspace: "local".into(),
+        template: "host".into(),
+        metadata: [("threadId".to_string(), "t1".to_string())].into(),
+        limits: crate::limits::StoredLimits {
+            memory_mb: Some(512),
+            ..Default::default()
+        },
+        env: [("SECRET".to_string(), "s3cret".to_string())].into(),
+        ttl_seconds: 300,
+        persistent: false,
+        created_at: 1,
+        last_activity_ms: 2,
+        status: "running".into(),
+        end_reason: None,
+    };
+    Registry::open(&path).unwrap().put(&rec).unwrap();
+    let reg = Registry::open(&path).unwrap();
+    assert_eq!(reg.get("a").unwrap().unwrap(), rec);
+    reg.touch("a", 99).unwrap();
+    reg.end("a", "deleted", "ttl").unwrap();
+    let got = reg.get("a").unwrap().unwrap();
+    assert_eq!((got.last_activity_ms, got.status.as_str()), (99, "deleted"));
+    assert!(reg.with_status("running").unwrap().is_empty());
+    // The tombstone says why; the environment is forgotten.
+    let t = reg.tombstone("a").unwrap().unwrap();
+    assert_eq!((t.workspace.as_str(), t.reason.as_str()), ("local", "ttl"));
+    assert!(got.env.is_empty());
+    // Only the owner can read the database and its journal.
+    use std::os::unix::fs::PermissionsExt;
+    for f in ["registry.db", "registry.db-wal", "registry.db-shm"] {
+        let mode = std::fs::metadata(dir.join(f)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{f}");
+    }
+    // Pruning removes tombstones that ended before the cut, not live rows.
+    reg.put(&Record {
+        id: "b".into(),
+        ..rec.clone()
+    })
+    .unwrap();
+    assert_eq!(reg.prune(t.ended_at_ms).unwrap(), 0);
+    assert_eq!(reg.prune(t.ended_at_ms + 1).unwrap(), 1);
+    assert_eq!(reg.rows().unwrap(), 1);
+    assert!(reg.tombstone("a").unwrap().is_none());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// The network policy survives updates of the record (lifecycle changes
+/// rewrite the row) and reopening; a database made before the column
+/// existed gains it.
+#[test]
+fn network_policy_survives_record_updates_and_reopening() {
+    let dir = std::env::temp_dir().join(format!("runcell-registry-net-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("registry.db");
+    {
+        // An older registry: the table without the column.
+        let old = Connection::open(&path).unwrap();
+        old.execute_batch(
+            "CREATE TABLE sandboxes (id TEXT PRIMARY KEY, workspace TEXT NOT NULL,
+             template TEXT NOT NULL, metadata TEXT NOT NULL, limits TEXT NOT NULL,
+             env TEXT NOT NULL, ttl_seconds INTEGER NOT NULL, persistent INTEGER NOT NULL,
+             created_at INTEGER NOT NULL, last_activity_ms INTEGER NOT NULL,
+             status TEXT NOT NULL, end_reason TEXT);",
+        )
+        .unwrap();
+    }
+    let rec = Record {
+        id: "a".into(),
+        workspace: "local".into(),
+        template: "host".into(),
+        metadata: Default::default(),
+        limits: Default::default(),
+        env: Default::default(),
+        ttl_seconds: 300,
+        persistent: false,
+        created_at: 1,
+        last_activity_ms: 2,
+        status: "running".into(),
+        end_reason: None,
+    };
+    let reg = Registry::open(&path).unwrap();
+    reg.put(&rec).unwrap();
+    assert_eq!(reg.network("a").unwrap(), None);
+    let policy: runcell_core::egress::NetworkPolicy =
+        serde_json::from_value(serde_json::json!({"mode": "allowlist", "allow": ["pypi.org"]}))
+            .unwrap();
+    reg.set_network("a", &policy).unwrap();
+    reg.put(&Record {
+        ttl_seconds: 600,
+        ..rec.clone()
+    })
+    .unwrap();
+    drop(reg);
+    let reg = Registry::open(&path).unwrap();
+    assert_eq!(reg.network("a").unwrap(), Some(policy));
+    assert_eq!(reg.get("a").unwrap().unwrap().ttl_seconds, 600);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A row as the daemon wrote it before the stored limits were typed
+/// loads, and its limits are the ones it was created with.
+#[test]
+fn a_row_of_the_untyped_format_loads() {
+    let dir = std::env::temp_dir().join(format!("runcell-registry-old-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("registry.db");
+    drop(Registry::open(&path).unwrap());
+    Connection::open(&path)
+        .unwrap()
+        .execute_batch(
+            r#"INSERT INTO sandboxes (id, workspace, template, metadata, limits, env,
+                ttl_seconds, persistent, created_at, last_activity_ms, status, end_reason)
+             VALUES ('old', 'default', 'host', '{"workspace":"default"}',
+                '{"memory_mb":512,"cpu":0.5,"pids":256,"disk_mb":1024,"timeout_seconds":30.0,"output_bytes":1048576}',
+                '{"A":"1"}', 300, 0, 1, 2, 'running', NULL);"#,
+        )
+        .unwrap();
+    let reg = Registry::open(&path).unwrap();
+    let rec = reg.get("old").unwrap().unwrap();
+    let l = rec.limits.over(runcell_core::SandboxLimits::default());
+    assert_eq!(l.memory_bytes, 512 << 20);
+    assert_eq!(l.cpu_millis, 500);
+    assert_eq!(l.pids, 256);
+    assert_eq!(l.disk_bytes, 1024 << 20);
+    assert_eq!(l.timeout, std::time::Duration::from_secs(30));
+    assert_eq!(l.output_bytes, 1 << 20);
+    // Written back, the row keeps the same JSON.
+    reg.put(&rec).unwrap();
+    let stored: String = reg
+        .with_conn(|c| {
+            c.query_row("SELECT limits FROM sandboxes WHERE id = 'old'", [], |r| {
+                r.get(0)
+            })
+        })
+        .unwrap();
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&stored).unwrap(),
+        serde_json::json!({"memory_mb":512,"cpu":0.5,"pids":256,"disk_mb":1024,"timeout_seconds":30.0,"output_bytes":1048576})
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -1,0 +1,345 @@
+//! The daemon's operations on sandboxes, under the HTTP layer: create,
+//! kill, lifetime and network changes. The HTTP handlers parse a request,
+//! call one of these and map the answer to a view. The decisions (what a
+//! request may ask for, defaults, capacity, lifetimes) are in [`plan`],
+//! testable without a runtime; this module carries them out.
+
+pub(crate) mod plan;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use runcell_core::egress::NetworkPolicy;
+use runcell_core::{SandboxLimits, SandboxOptions, Template};
+
+use crate::error::ApiError;
+use crate::registry::Record;
+use crate::state::{now_ms, AppState, Entry};
+
+pub(crate) use plan::{CreateSpec, LifecycleChange};
+
+/// A sandbox just created.
+#[derive(Debug)]
+pub(crate) struct Created {
+    /// It, live (in the daemon's map).
+    pub(crate) entry: Arc<Entry>,
+    /// How long the create took.
+    pub(crate) boot: Duration,
+    /// The requested template is an alias (not installed, or still being
+    /// built): the sandbox was made from this template instead.
+    pub(crate) alias_of: Option<String>,
+    /// The requested template is still being built (`--auto-build`).
+    pub(crate) building_instead: bool,
+}
+
+/// The operations, over the daemon's state.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Service<'a>(pub(crate) &'a Arc<AppState>);
+
+/// Counts a create in flight against the capacity until dropped.
+struct Slot<'a>(&'a AtomicUsize);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl<'a> Service<'a> {
+    /// Creates a sandbox for `workspace`: checks the request, takes a
+    /// capacity slot and the workspace's quota, claims a warm sandbox or
+    /// starts one, records it and makes it live.
+    pub(crate) async fn create_sandbox(
+        self,
+        workspace: &str,
+        spec: CreateSpec,
+    ) -> Result<Created, ApiError> {
+        let state = self.0;
+        let asked = plan::admit(&state.config, workspace, spec)?;
+        let resolved = self.resolve_alias(&asked.template);
+        let served_from_alias = resolved != asked.template;
+        let building_instead = served_from_alias && state.auto_builds.in_progress(&asked.template);
+        if building_instead {
+            tracing::info!(
+                template = %asked.template,
+                "{} is still being built; this sandbox is served from {resolved}",
+                asked.template
+            );
+        }
+        let template = state
+            .runtime
+            .template(&resolved)
+            .map_err(|_| self.unknown_template(&asked.template))?;
+        let (limits, network) = plan::settings(
+            &state.config,
+            &template.defaults,
+            asked.limits,
+            asked.network,
+        )?;
+        // Capacity: live sandboxes plus creates in flight.
+        let in_flight = state.creating.fetch_add(1, Ordering::AcqRel);
+        let _slot = Slot(&state.creating);
+        plan::capacity(self.live(), in_flight, state.config.max_sandboxes)?;
+        // The workspace's own share, held until the sandbox is live.
+        let _quota = self.reserve(workspace, &limits)?;
+        let started = Instant::now();
+        let (warm, pool) = state.pools.claim(&template.name, &limits);
+        if let Some(pool) = pool {
+            // Top the pool up behind this request.
+            let st = state.clone();
+            tokio::spawn(async move { pool.refill(&st.runtime).await });
+        }
+        let (sandbox, warm_context) = match warm {
+            Some(w) => {
+                // Pooled sandboxes are made with no network.
+                if network.has_egress() {
+                    if let Err(e) = w.sandbox.set_network(network.clone()).await {
+                        let _ = w.sandbox.destroy().await;
+                        return Err(ApiError::from(e));
+                    }
+                }
+                (w.sandbox, w.context)
+            }
+            None => (self.start(&template, limits, network).await?, None),
+        };
+        let now = now_ms();
+        let record = Record {
+            id: sandbox.id().to_string(),
+            workspace: workspace.to_string(),
+            template: asked.template,
+            metadata: asked.metadata,
+            limits: (&limits).into(),
+            env: asked.env,
+            ttl_seconds: asked.ttl_seconds,
+            persistent: asked.persistent,
+            created_at: now / 1000,
+            last_activity_ms: now,
+            status: "running".into(),
+            end_reason: None,
+        };
+        // The policy too, so a restarted daemon serves its egress the same way.
+        let recorded = state
+            .registry
+            .put(&record)
+            .and_then(|()| match sandbox.network() {
+                Some(n) => state.registry.set_network(&record.id, &n.policy),
+                None => Ok(()),
+            });
+        if let Err(e) = recorded {
+            let _ = sandbox.destroy().await;
+            return Err(ApiError::internal(format!(
+                "The sandbox could not be recorded: {e}"
+            )));
+        }
+        let entry = Arc::new(Entry {
+            sandbox,
+            record: std::sync::Mutex::new(record),
+            template,
+            log: crate::logs::SandboxLog::default(),
+            persisted: Default::default(),
+            warm_context: std::sync::Mutex::new(warm_context),
+        });
+        state.touch(&entry).await;
+        let boot = started.elapsed();
+        state.metrics.creations.fetch_add(1, Ordering::Relaxed);
+        state.metrics.create_latency.observe(started.elapsed());
+        state
+            .sandboxes
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(entry.sandbox.id().to_string(), entry.clone());
+        Ok(Created {
+            alias_of: served_from_alias.then(|| entry.template.name.clone()),
+            entry,
+            boot,
+            building_instead,
+        })
+    }
+
+    /// Kills a sandbox and records that the API deleted it.
+    pub(crate) async fn kill(self, id: &str) -> Result<(), ApiError> {
+        if self.0.remove(id, "deleted by the API").await {
+            Ok(())
+        } else {
+            Err(ApiError::no_sandbox())
+        }
+    }
+
+    /// Changes a sandbox's idle TTL or persistence; the agent's deadline
+    /// follows. Answers the record as changed.
+    pub(crate) async fn set_lifecycle(
+        self,
+        e: &Entry,
+        change: LifecycleChange,
+    ) -> Result<Record, ApiError> {
+        let state = self.0;
+        let ttl = plan::lifecycle_ttl(&state.config, &change)?;
+        let (record, deadline) = {
+            let mut r = e
+                .record
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            plan::apply_lifecycle(&mut r, ttl, change.persistent);
+            (r.clone(), state.agent_deadline(&r))
+        };
+        state.registry.put(&record).map_err(|err| {
+            ApiError::internal(format!("The change could not be recorded: {err}"))
+        })?;
+        e.sandbox.set_deadline(Some(deadline)).await?;
+        Ok(record)
+    }
+
+    /// Replaces a running sandbox's network policy and records it.
+    pub(crate) async fn set_network(
+        self,
+        e: &Entry,
+        policy: NetworkPolicy,
+    ) -> Result<(), ApiError> {
+        let id = e.sandbox.id();
+        e.sandbox
+            .set_network(policy)
+            .await
+            .map_err(|err| match err {
+                runcell_core::Error::NoEgress => ApiError::bad_request(err.to_string()),
+                other => ApiError::from(other),
+            })?;
+        if let Some(n) = e.sandbox.network() {
+            self.0.registry.set_network(id, &n.policy).map_err(|err| {
+                ApiError::internal(format!("The policy could not be recorded: {err}"))
+            })?;
+        }
+        tracing::info!(sandbox = %id, mode = %e.sandbox.network().map(|n| n.policy.mode.to_string()).unwrap_or_default(), "network policy changed");
+        Ok(())
+    }
+
+    /// The live sandboxes of `workspace` whose metadata has every
+    /// `filters` pair, oldest first.
+    pub(crate) fn list(self, workspace: &str, filters: &[(String, String)]) -> Vec<Arc<Entry>> {
+        let entries: Vec<Arc<Entry>> = self
+            .0
+            .sandboxes
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        let mut out: Vec<(i64, Arc<Entry>)> = entries
+            .into_iter()
+            .filter_map(|e| {
+                let r = e
+                    .record
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let keep = r.workspace == workspace
+                    && filters.iter().all(|(k, v)| r.metadata.get(k) == Some(v));
+                let created = r.created_at;
+                drop(r);
+                keep.then_some((created, e))
+            })
+            .collect();
+        out.sort_by_key(|(t, _)| *t);
+        out.into_iter().map(|(_, e)| e).collect()
+    }
+
+    /// The template an alias names, unless a template of that name is
+    /// installed (an installed `code-interpreter` wins over the built-in
+    /// alias).
+    pub(crate) fn resolve_alias(self, name: &str) -> String {
+        match self.0.config.aliases.get(name) {
+            Some(target) if self.0.runtime.template(name).is_err() => target.clone(),
+            _ => name.to_string(),
+        }
+    }
+
+    /// The workspace's share of the daemon for one more sandbox with
+    /// `limits` (see [`crate::quota`]).
+    fn reserve(
+        self,
+        workspace: &str,
+        limits: &SandboxLimits,
+    ) -> Result<crate::quota::Reservation<'a>, ApiError> {
+        let state = self.0;
+        let quota = state.config.workspace_quota;
+        let workspaces = if quota.sandboxes.is_none() {
+            state
+                .registry
+                .with_conn(crate::keys::workspace_count)
+                .unwrap_or(2)
+        } else {
+            0
+        };
+        let max = quota.max_sandboxes(state.config.max_sandboxes, workspaces);
+        let live = || {
+            state
+                .sandboxes
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .values()
+                .filter(|e| {
+                    e.record
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .workspace
+                        == workspace
+                })
+                .map(|e| *e.sandbox.limits())
+                .collect()
+        };
+        crate::quota::reserve(&state.reservations, quota, max, workspace, limits, live)
+    }
+
+    fn live(self) -> usize {
+        self.0
+            .sandboxes
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
+
+    fn unknown_template(self, requested: &str) -> ApiError {
+        let config = &self.0.config;
+        let mut installed = Template::installed(config.templates_dir.as_deref());
+        installed.extend(config.aliases.keys().cloned());
+        // An installed template can share its name with an alias: name it once.
+        let mut seen = std::collections::HashSet::new();
+        installed.retain(|n| seen.insert(n.clone()));
+        ApiError::bad_request(format!(
+            "unknown template \"{requested}\"; installed templates: {}",
+            installed.join(", ")
+        ))
+    }
+
+    /// A fresh sandbox (the warm pool had none for this request).
+    async fn start(
+        self,
+        template: &Template,
+        limits: SandboxLimits,
+        network: NetworkPolicy,
+    ) -> Result<runcell_core::Sandbox, ApiError> {
+        self.0
+            .runtime
+            .create(SandboxOptions {
+                template: template.name.clone(),
+                limits,
+                tied_to_process: false,
+                max_lifetime: Some(self.0.config.max_lifetime),
+                network: Some(network),
+            })
+            .await
+            .map_err(|e| match e {
+                // Nothing is left of a failed start (the jail cleans up), so a
+                // retry cannot duplicate anything.
+                runcell_core::Error::Jail(_) => plan::retry_later(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!(
+                        "The sandbox could not be started: {}",
+                        ApiError::from(e).message
+                    ),
+                    1,
+                ),
+                other => ApiError::from(other),
+            })
+    }
+}
