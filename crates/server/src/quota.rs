@@ -202,4 +202,44 @@ mod tests {
         }
         assert!(r.0.lock().unwrap().is_empty());
     }
+
+    #[test]
+    fn reserve_counts_live_sandboxes_and_refuses_over_a_quota_with_retry_after() {
+        let r = Reservations::default();
+        let mib = |n: u64| SandboxLimits {
+            memory_bytes: n << 20,
+            ..SandboxLimits::default()
+        };
+        let quota = WorkspaceQuota {
+            memory_bytes: Some(1024 << 20),
+            ..Default::default()
+        };
+        // 512 MiB live and 256 MiB starting: another 256 MiB fits.
+        let starting = reserve(&r, quota, 8, "w", &mib(256), Vec::new).unwrap();
+        let live = || vec![mib(512)];
+        let fits = reserve(&r, quota, 8, "w", &mib(256), live).unwrap();
+        // The next one does not; another workspace is not affected.
+        let e = reserve(&r, quota, 8, "w", &mib(1), live).unwrap_err();
+        assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(e.retry_after, Some(5));
+        assert!(
+            e.message.starts_with(
+                "workspace quota reached: this sandbox's 1 MiB memory limit on top of the 1 GiB"
+            ),
+            "{}",
+            e.message
+        );
+        assert!(reserve(&r, quota, 8, "other", &mib(1), Vec::new).is_ok());
+        // The sandbox count: live and starting ones count.
+        let e = reserve(&r, WorkspaceQuota::default(), 3, "w", &mib(1), live).unwrap_err();
+        assert!(
+            e.message.contains(
+                "3 sandboxes are running or starting in this workspace and its limit is 3"
+            ),
+            "{}",
+            e.message
+        );
+        drop((starting, fits));
+        assert!(reserve(&r, quota, 8, "w", &mib(256), live).is_ok());
+    }
 }

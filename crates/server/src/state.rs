@@ -152,16 +152,7 @@ impl AppState {
     /// persistent, and never past the maximum lifetime. It holds even while
     /// the daemon is down.
     pub fn agent_deadline(&self, r: &Record) -> u64 {
-        let hard = r
-            .created_at
-            .saturating_mul(1000)
-            .saturating_add(self.max_lifetime_ms());
-        let idle = r
-            .last_activity_ms
-            .saturating_add(ttl_ms(r.ttl_seconds))
-            .saturating_add(AGENT_DEADLINE_GRACE_MS);
-        let deadline = if r.persistent { hard } else { idle.min(hard) };
-        u64::try_from(deadline).unwrap_or(0)
+        agent_deadline(r, self.max_lifetime_ms())
     }
 
     /// The maximum lifetime in milliseconds.
@@ -354,4 +345,62 @@ fn ttl_ms(ttl_seconds: u64) -> i64 {
     i64::try_from(ttl_seconds)
         .unwrap_or(i64::MAX)
         .saturating_mul(1000)
+}
+
+/// The agent-enforced deadline (unix ms) of a record when no sandbox may
+/// live longer than `max_lifetime_ms`: see [`AppState::agent_deadline`].
+fn agent_deadline(r: &Record, max_lifetime_ms: i64) -> u64 {
+    let hard = r
+        .created_at
+        .saturating_mul(1000)
+        .saturating_add(max_lifetime_ms);
+    let idle = r
+        .last_activity_ms
+        .saturating_add(ttl_ms(r.ttl_seconds))
+        .saturating_add(AGENT_DEADLINE_GRACE_MS);
+    let deadline = if r.persistent { hard } else { idle.min(hard) };
+    u64::try_from(deadline).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(ttl_seconds: u64, persistent: bool) -> Record {
+        Record {
+            id: "a".into(),
+            workspace: "w".into(),
+            template: "host".into(),
+            metadata: Default::default(),
+            limits: Default::default(),
+            env: Default::default(),
+            ttl_seconds,
+            persistent,
+            created_at: 1_000,
+            last_activity_ms: 2_000_000,
+            status: "running".into(),
+            end_reason: None,
+        }
+    }
+
+    /// The idle TTL plus the grace, never past the maximum lifetime; a
+    /// persistent sandbox gets the maximum lifetime only; huge TTLs
+    /// saturate instead of wrapping.
+    #[test]
+    fn the_agent_deadline_is_the_idle_ttl_plus_grace_capped_by_the_lifetime() {
+        let day = 24 * 3600 * 1000;
+        assert_eq!(
+            agent_deadline(&record(60, false), day),
+            2_000_000 + 60_000 + 30_000
+        );
+        assert_eq!(
+            agent_deadline(&record(60, true), day),
+            1_000_000 + day as u64
+        );
+        assert_eq!(
+            agent_deadline(&record(u64::MAX, false), day),
+            1_000_000 + day as u64
+        );
+        assert_eq!(agent_deadline(&record(60, false), 1_000), 1_001_000);
+    }
 }
