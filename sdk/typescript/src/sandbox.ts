@@ -99,10 +99,12 @@ export interface FileStat {
 
 /** Callbacks and cancellation for a long call. */
 export interface StreamOptions {
-  /** Called with each piece of standard output as it arrives (exec) or once when the cell ends (runCode). */
+  /** Called with each piece of standard output as it arrives. */
   onStdout?: (chunk: string) => void;
-  /** Called with each piece of standard error, likewise. */
+  /** Called with each piece of standard error as it arrives. */
   onStderr?: (chunk: string) => void;
+  /** runCode only: called with each rich result (a `display()`, a figure, the last expression's value) as the cell produces it. */
+  onResult?: (result: Result) => void;
   /** Cancels the call: it rejects with the signal's reason. See the README for what keeps running. */
   signal?: AbortSignal;
 }
@@ -959,6 +961,7 @@ export class CodeContext {
   async runCode(code: string, opts: { timeoutSeconds?: number } & StreamOptions = {}): Promise<RunResult> {
     const body: Record<string, unknown> = { code };
     if (opts.timeoutSeconds !== undefined) body.timeout_ms = Math.max(1, Math.round(opts.timeoutSeconds * 1000));
+    if (opts.onStdout || opts.onStderr || opts.onResult) return this.#runStream(body, opts);
     let r: RunResult;
     try {
       r = toRunResult(
@@ -973,11 +976,45 @@ export class CodeContext {
       if (!b) throw e;
       r = toRunResult(b);
     }
-    // The daemon's cell API answers once, when the cell ends: the callbacks
-    // get each stream's text then.
-    if (r.stdout) opts.onStdout?.(r.stdout);
-    if (r.stderr) opts.onStderr?.(r.stderr);
     return r;
+  }
+
+  /** A cell through `run/stream`: output and results reach the callbacks as the cell produces them. */
+  async #runStream(body: Record<string, unknown>, opts: StreamOptions): Promise<RunResult> {
+    const what = `run code in ${this.language} context ${this.id} of sandbox ${this.sandboxId}`;
+    const resp = await this.#client.request("POST", `${this.#path}/run/stream`, {
+      json: body,
+      what,
+      signal: opts.signal,
+      accept: "text/event-stream",
+    });
+    let done: RunResult | undefined;
+    try {
+      await readSse(resp, (event, data) => {
+        let d: Record<string, unknown>;
+        try {
+          d = JSON.parse(data) as Record<string, unknown>;
+        } catch {
+          return; // not one of the daemon's events (a keep-alive)
+        }
+        if (event === "stdout" || event === "stderr") {
+          (event === "stdout" ? opts.onStdout : opts.onStderr)?.(typeof d.chunk === "string" ? d.chunk : "");
+        } else if (event === "result") {
+          const [result] = toResults([d]);
+          if (result) opts.onResult?.(result);
+        } else if (event === "done") {
+          done = toRunResult(d as CellWire);
+        } else if (event === "error") {
+          throw new ServerError(`Could not ${what}: ${String(d.error ?? "the cell failed")}.`, { body: d });
+        }
+      });
+    } catch (e) {
+      if (opts.signal?.aborted) throw opts.signal.reason;
+      if (e instanceof RuncellError) throw e;
+      throw new ConnectionError(`Could not ${what}: the output stream broke off (${String(e)}).`, { cause: e });
+    }
+    if (!done) throw new ConnectionError(`Could not ${what}: the output stream ended before the cell's result.`);
+    return done;
   }
 
   /** Restarts the interpreter: every variable and import is gone afterwards. */

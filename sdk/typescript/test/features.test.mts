@@ -35,17 +35,36 @@ test("exec with onStdout/onStderr streams each chunk as it is written, before th
   assert.match(slow.messages.join(" "), /timeout/);
 });
 
-test("runCode's onStdout/onStderr get the cell's output", { timeout: 60_000 }, async () => {
+test("runCode's onStdout/onStderr/onResult stream the cell's output and results while it runs", { timeout: 60_000 }, async () => {
   const sb = await newSandbox();
   let out = "";
   let err = "";
-  const r = await sb.runCode("import sys\nprint('to out')\nprint('to err', file=sys.stderr)\n1", {
-    onStdout: (c) => (out += c),
-    onStderr: (c) => (err += c),
-  });
+  const seen: { what: string; at: number }[] = [];
+  const t0 = Date.now();
+  const r = await sb.runCode(
+    "import sys, time\nprint('to out', flush=True)\nprint('to err', file=sys.stderr, flush=True)\ndisplay(41)\ntime.sleep(1.5)\n1",
+    {
+      onStdout: (c) => ((out += c), seen.push({ what: "stdout", at: Date.now() - t0 })),
+      onStderr: (c) => ((err += c), seen.push({ what: "stderr", at: Date.now() - t0 })),
+      onResult: (res) => seen.push({ what: `result ${res.text}`, at: Date.now() - t0 }),
+    },
+  );
+  const total = Date.now() - t0;
   assert.equal(out, "to out\n");
   assert.equal(err, "to err\n");
-  assert.equal(r.results[0]?.text, "1");
+  assert.deepEqual(r.results.map((x) => x.text), ["41", "1"]);
+  assert.equal(r.stdout, "to out\n");
+  // The output and the display() came while the cell slept, not at its end.
+  for (const what of ["stdout", "stderr", "result 41"]) {
+    const ev = seen.find((s) => s.what === what);
+    assert.ok(ev, `no ${what} event: ${JSON.stringify(seen)}`);
+    assert.ok(ev.at < total - 1000, `${what} arrived at ${ev.at} ms of ${total} ms: ${JSON.stringify(seen)}`);
+  }
+  assert.ok(seen.some((s) => s.what === "result 1"), JSON.stringify(seen));
+  // A streamed cell that times out resolves like a plain one.
+  const slow = await sb.runCode("import time\ntime.sleep(5)", { timeoutSeconds: 1, onStdout: () => {} });
+  assert.equal(slow.timedOut, true);
+  assert.equal(slow.error?.name, "TimeoutError");
 });
 
 test("network: a typed policy on create, getNetwork and setNetwork; a bad one is a 400", { timeout: 60_000 }, async () => {

@@ -71,6 +71,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/sandboxes/{id}/repl/sessions/{sid}/run", post(repl::run))
         .route(
+            "/sandboxes/{id}/repl/sessions/{sid}/run/stream",
+            post(repl::run_stream),
+        )
+        .route(
             "/sandboxes/{id}/repl/sessions/{sid}/restart",
             post(repl::restart),
         )

@@ -57,6 +57,7 @@ Every error is `{\"error\": \"...\"}` with `application/json`."
         repl::create,
         repl::list,
         repl::run,
+        repl::run_stream,
         repl::restart,
         repl::delete
     ),

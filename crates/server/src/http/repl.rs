@@ -173,37 +173,47 @@ fn cell_timeout(state: &AppState, e: &Entry, req: &RunReq) -> AppResult<Duration
     }
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/repl/sessions/{sid}/run", tag = "code contexts", operation_id = "runCell", params(("id" = String, Path, description = "The sandbox id"), ("sid" = String, Path, description = "The session id")), request_body = RunReq,
-    responses((status = 200, body = CellView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox or session", body = ErrorView), (status = 409, description = "The sandbox stopped running during the request", body = ErrorView), (status = 413, description = "The request body is larger than the daemon allows", body = ErrorView), (status = 500, description = "The cell timed out: `error` contains \"timeout\", with the CellView fields", body = ErrorView)))]
-pub(crate) async fn run(
-    axum::extract::State(state): St,
-    Path((_, sid)): Path<(String, String)>,
-    Sandboxed(e, JsonBody(req)): Sandboxed<JsonBody<RunReq>>,
-) -> AppResult<axum::response::Response> {
+/// A cell's code and timeout, checked before anything runs.
+fn checked(state: &AppState, e: &Entry, req: &RunReq) -> AppResult<Duration> {
     if req.code.trim().is_empty() {
         return Err(ApiError::bad_request("code required"));
     }
     validate::code(&req.code)?;
-    let timeout = cell_timeout(&state, &e, &req)?;
-    state.touch(&e).await;
+    cell_timeout(state, e, req)
+}
+
+/// Runs a cell to its end, handing each output chunk and result to `on` as
+/// it comes, and returns the whole answer.
+async fn execute(
+    state: &AppState,
+    e: &Entry,
+    sid: &str,
+    code: &str,
+    timeout: Duration,
+    mut on: impl FnMut(&CellEvent<'_>),
+) -> AppResult<CellView> {
+    state.touch(e).await;
     let started = std::time::Instant::now();
     let (mut stdout, mut stderr, mut results) = (Vec::new(), Vec::new(), Vec::new());
     let report = e
         .sandbox
-        .run_cell_streaming(&sid, &req.code, Some(timeout), |ev| match ev {
-            CellEvent::Output(s, b) => {
-                e.log.append(s, b);
-                match s {
-                    Output::Stdout => stdout.extend_from_slice(b),
-                    Output::Stderr => stderr.extend_from_slice(b),
+        .run_cell_streaming(sid, code, Some(timeout), |ev| {
+            on(&ev);
+            match ev {
+                CellEvent::Output(s, b) => {
+                    e.log.append(s, b);
+                    match s {
+                        Output::Stdout => stdout.extend_from_slice(b),
+                        Output::Stderr => stderr.extend_from_slice(b),
+                    }
                 }
+                CellEvent::Result(r) => results.push(r),
             }
-            CellEvent::Result(r) => results.push(r),
         })
         .await
         .map_err(session_error)?;
     state.metrics.exec_latency.observe(started.elapsed());
-    state.touch(&e).await;
+    state.touch(e).await;
     let o = &report.outcome;
     let mut messages = Vec::new();
     if o.timed_out || o.crashed.is_some() {
@@ -238,7 +248,7 @@ pub(crate) async fn run(
         (None, Some(_)) => Some(messages.join(" ")),
         (None, None) => None,
     };
-    let view = CellView {
+    Ok(CellView {
         stdout: with_marker(
             super::stream::into_text(stdout),
             o.stdout_truncated,
@@ -269,20 +279,95 @@ pub(crate) async fn run(
         stderr_truncated: o.stderr_truncated,
         stdout_bytes: o.stdout_bytes,
         stderr_bytes: o.stderr_bytes,
-        messages: messages.clone(),
-    };
-    if !o.timed_out {
+        messages,
+    })
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/repl/sessions/{sid}/run", tag = "code contexts", operation_id = "runCell", params(("id" = String, Path, description = "The sandbox id"), ("sid" = String, Path, description = "The session id")), request_body = RunReq,
+    responses((status = 200, body = CellView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox or session", body = ErrorView), (status = 409, description = "The sandbox stopped running during the request", body = ErrorView), (status = 413, description = "The request body is larger than the daemon allows", body = ErrorView), (status = 500, description = "The cell timed out: `error` contains \"timeout\", with the CellView fields", body = ErrorView)))]
+pub(crate) async fn run(
+    axum::extract::State(state): St,
+    Path((_, sid)): Path<(String, String)>,
+    Sandboxed(e, JsonBody(req)): Sandboxed<JsonBody<RunReq>>,
+) -> AppResult<axum::response::Response> {
+    let timeout = checked(&state, &e, &req)?;
+    let view = execute(&state, &e, &sid, &req.code, timeout, |_| {}).await?;
+    if !view.timed_out {
         let len = view.stdout.len() + view.stderr.len();
         return super::stream::exec_answer(view, len).await;
     }
     // The PandaStack clients raise SandboxTimeout for a 5xx whose message
     // contains "timeout" (contract, section 8.2).
+    let first = view.messages.first().cloned().unwrap_or_default();
     let body = serde_json::to_value(view).expect("cell result serializes");
     let mut err = ApiError::internal(format!(
-        "cell timeout after {}s: {}",
+        "cell timeout after {}s: {first}",
         runcell_core::format_secs(timeout),
-        messages.first().cloned().unwrap_or_default()
     ));
     err.extra = body.as_object().cloned();
     Err(err)
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/repl/sessions/{sid}/run/stream", tag = "code contexts", operation_id = "runCellStream", params(("id" = String, Path, description = "The sandbox id"), ("sid" = String, Path, description = "The session id")), request_body = RunReq,
+    responses((status = 200, description = "SSE, while the cell runs: `stdout`/`stderr` events {chunk}, a `result` event per rich result (a MIME bundle), then one `done` event with the whole CellView (a timeout too: `timed_out` is true), or `error` {error}", content_type = "text/event-stream", body = CellView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 413, description = "The request body is larger than the daemon allows", body = ErrorView)))]
+pub(crate) async fn run_stream(
+    axum::extract::State(state): St,
+    Path((_, sid)): Path<(String, String)>,
+    Sandboxed(e, JsonBody(req)): Sandboxed<JsonBody<RunReq>>,
+) -> AppResult<axum::response::Response> {
+    use super::stream::{error_event, Utf8Carry};
+    use axum::response::sse::Event as SseEvent;
+    let timeout = checked(&state, &e, &req)?;
+    // A missing session is a 404 before the stream starts, as for `run`.
+    if !e.sandbox.list_contexts().await?.iter().any(|c| c.id == sid) {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "session not found"));
+    }
+    let (mut tx, response) = super::stream::sse_channel();
+    tokio::spawn(async move {
+        // The cell's callback cannot wait; events queue here and go out at
+        // the client's pace. The queue holds at most one cell's output,
+        // which the sandbox's output limit bounds.
+        let (events, mut queue) = tokio::sync::mpsc::unbounded_channel::<SseEvent>();
+        let forward = tokio::spawn(async move {
+            while let Some(ev) = queue.recv().await {
+                if tx.send(ev).await.is_err() {
+                    break;
+                }
+            }
+            tx
+        });
+        let (mut out, mut err) = (Utf8Carry::default(), Utf8Carry::default());
+        let result = execute(&state, &e, &sid, &req.code, timeout, |ev| {
+            let event = match ev {
+                CellEvent::Output(s, b) => {
+                    let (name, text) = match s {
+                        Output::Stdout => ("stdout", out.push(b)),
+                        Output::Stderr => ("stderr", err.push(b)),
+                    };
+                    if text.is_empty() {
+                        return;
+                    }
+                    SseEvent::default()
+                        .event(name)
+                        .data(serde_json::json!({ "chunk": text }).to_string())
+                }
+                CellEvent::Result(r) => SseEvent::default()
+                    .event("result")
+                    .data(serde_json::to_string(r).unwrap_or_else(|_| "{}".into())),
+            };
+            let _ = events.send(event);
+        })
+        .await;
+        let last = match result {
+            Ok(view) => SseEvent::default()
+                .event("done")
+                .data(serde_json::to_string(&view).expect("cell result serializes")),
+            Err(e) => error_event(&e.message),
+        };
+        let _ = events.send(last);
+        drop(events);
+        // Ends the stream once the last event is out (or the client left).
+        let _ = forward.await;
+    });
+    Ok(response)
 }
