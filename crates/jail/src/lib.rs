@@ -10,15 +10,19 @@
 //! * [`seccomp`] builds the syscall filter every sandboxed process runs under,
 //!   and [`inside::drop_privileges`] turns a forked child into the unprivileged
 //!   sandbox user.
+//! * [`SandboxCommand`] (sandbox side) starts a [`std::process::Command`] as
+//!   the sandbox user, so the agent needs no `unsafe` `pre_exec` of its own.
 //!
 //! See docs/SECURITY.md for what each layer stops.
 
 pub mod cgroup;
+mod command;
 pub mod inside;
 pub mod seccomp;
 mod spawn;
 mod spec;
 mod sys;
 
+pub use command::{SandboxCommand, MAX_EXTRA_FDS};
 pub use spawn::{list_sandboxes, Jail, JailConfig, SpawnError, Standby};
 pub use spec::{IdMap, InitSpec, Limits, RootfsSpec, SandboxUser, EGRESS_SOCKET};
