@@ -4,7 +4,9 @@
 //!
 //! * [`Jail::spawn`] (host side) creates cgroups, clones the agent into new
 //!   user, pid, mount, net, ipc and uts namespaces, writes its id maps and waits
-//!   until the sandbox is ready.
+//!   until the sandbox is ready; [`Standby::prepare`] ([`PrepareConfig`]) and
+//!   [`Standby::start`] ([`StartConfig`]) are its two halves. `runcell-core`
+//!   uses it as its `JailBackend`.
 //! * [`inside::bootstrap`] (sandbox side, run by the agent as PID 1) builds the
 //!   root filesystem, pivots into it and brings up loopback.
 //! * [`seccomp`] builds the syscall filter every sandboxed process runs under,
@@ -24,5 +26,7 @@ mod spec;
 mod sys;
 
 pub use command::{SandboxCommand, MAX_EXTRA_FDS};
-pub use spawn::{list_sandboxes, Jail, JailConfig, SpawnError, Standby};
+pub use spawn::{
+    check_id, list_sandboxes, EgressSocket, Jail, PrepareConfig, SpawnError, Standby, StartConfig,
+};
 pub use spec::{IdMap, InitSpec, Limits, RootfsSpec, SandboxUser, EGRESS_SOCKET};
