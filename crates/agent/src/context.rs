@@ -11,15 +11,15 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nix::sys::signal::Signal;
+use runcell_jail::SandboxCommand;
 use runcell_protocol::{
     CellError, CellOutcome, ContextCreateRequest, ContextInfo, ErrorKind, Event, Language,
 };
@@ -378,16 +378,8 @@ impl Kernel {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let (uid, gid) = (user.uid, user.gid);
-        let (cr, ew) = (ctrl_r.as_raw_fd(), ev_w.as_raw_fd());
-        // SAFETY: place_fds and drop_privileges only make async-signal-safe
-        // syscalls on descriptors and ids captured by value.
-        unsafe {
-            cmd.pre_exec(move || {
-                runcell_jail::inside::place_fds(&[cr, ew])?;
-                runcell_jail::inside::drop_privileges(uid, gid)
-            });
-        }
+        // Cells in at fd 3, events out at fd 4.
+        cmd.as_user_with_fds(user.uid, user.gid, &[ctrl_r.as_fd(), ev_w.as_fd()]);
         let mut child = cmd.spawn().map_err(|e| {
             (
                 ErrorKind::SpawnFailed,

@@ -5,12 +5,12 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use runcell_jail::SandboxCommand;
 use runcell_protocol::{
     Command as Cmd, ErrorKind, Event, ExecRequest, ExecUser, ExitInfo, RunCodeRequest,
 };
@@ -191,12 +191,8 @@ async fn run(agent: &Agent, conn: u64, id: u64, plan: Plan, out: &Outbox) {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let (uid, gid, keep) = (user.uid, user.gid, plan.background);
-    // SAFETY: supervise_exec only makes async-signal-safe syscalls. The
-    // child std forks becomes the exec's supervisor; it forks the command.
-    unsafe {
-        cmd.pre_exec(move || runcell_jail::inside::supervise_exec(uid, gid, keep));
-    }
+    // The child std forks becomes the exec's supervisor; it forks the command.
+    cmd.supervise_as(user.uid, user.gid, plan.background);
     let started = Instant::now();
     // PATH lookup happens in the parent with the child's PATH.
     let mut child = match cmd.spawn() {

@@ -20,6 +20,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod backend;
 pub mod build;
 mod client;
 mod context;
@@ -46,9 +47,9 @@ pub use time::{civil, rfc3339};
 /// Errors from the core.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The jail could not be created or destroyed.
+    /// The isolation backend could not create, find or remove the sandbox.
     #[error(transparent)]
-    Jail(#[from] runcell_jail::SpawnError),
+    Jail(#[from] backend::BackendError),
     /// Talking to the agent failed.
     #[error(transparent)]
     Agent(#[from] ClientError),

@@ -5,8 +5,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use runcell_jail::{IdMap, Jail, JailConfig, Standby};
+use runcell_jail::IdMap;
 
+use crate::backend::{
+    AgentChannel, Backend, EgressSocket, Instance, JailBackend, PrepareSpec, Prepared, StartSpec,
+};
 use crate::egress::{proxy, Egress, EgressConfig, NetworkPolicy};
 use crate::limits::SandboxLimits;
 use crate::sandbox::Sandbox;
@@ -77,11 +80,11 @@ impl Default for SandboxOptions {
     }
 }
 
-/// Creates and finds sandboxes.
+/// Creates and finds sandboxes, through its isolation [`Backend`].
 #[derive(Debug, Clone)]
 pub struct Runtime {
     config: RuntimeConfig,
-    agent: PathBuf,
+    backend: Arc<dyn Backend>,
     pool: Arc<Pool>,
     egress: EgressConfig,
 }
@@ -92,20 +95,28 @@ const REFILL_DELAY: Duration = Duration::from_millis(100);
 /// Prepared sandboxes waiting to be claimed. Each is claimed at most once.
 #[derive(Debug, Default)]
 struct Pool {
-    ready: Mutex<std::collections::VecDeque<Standby>>,
+    ready: Mutex<std::collections::VecDeque<Box<dyn Prepared>>>,
     refilling: AtomicBool,
 }
 
 impl Runtime {
-    /// A runtime with `config`; fails if the agent binary cannot be found.
+    /// A runtime with `config` whose sandboxes are namespace jails
+    /// ([`JailBackend`]); fails if the agent binary cannot be found.
     pub fn new(config: RuntimeConfig) -> Result<Self, Error> {
         let agent = match &config.agent {
             Some(p) => p.clone(),
             None => find_agent()?,
         };
+        let backend = JailBackend::new(
+            agent,
+            config.state_dir.clone(),
+            config.cgroup_parent.clone(),
+            config.id_map,
+            config.agent_log.clone(),
+        );
         Ok(Self {
             config,
-            agent,
+            backend: Arc::new(backend),
             pool: Arc::default(),
             egress: EgressConfig::default(),
         })
@@ -123,37 +134,38 @@ impl Runtime {
         &self.egress
     }
 
-    fn jail_config(
-        &self,
-        id: String,
-        template: &Template,
-        opts: &SandboxOptions,
-        host_network: bool,
-    ) -> JailConfig {
+    /// What a sandbox of `template` with `opts` is started with.
+    fn start_spec(template: &Template, opts: &SandboxOptions, host_network: bool) -> StartSpec {
         let deadline_unix_ms = opts.max_lifetime.map(|d| {
             (SystemTime::now() + d)
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or_default()
                 .as_millis() as u64
         });
-        JailConfig {
-            id,
-            agent: self.agent.clone(),
-            state_dir: self.config.state_dir.clone(),
-            cgroup_parent: self.config.cgroup_parent.clone(),
+        let egress = match &opts.network {
+            Some(policy) if !host_network => EgressSocket::Socket {
+                enabled: policy.has_egress(),
+            },
+            _ => EgressSocket::None,
+        };
+        StartSpec {
             rootfs: template.rootfs.clone(),
             limits: opts.limits.jail(),
-            id_map: self.config.id_map,
             user: template.user.clone().unwrap_or_default(),
-            exit_on_host_close: opts.tied_to_process,
+            tied_to_process: opts.tied_to_process,
             deadline_unix_ms,
-            ready_timeout: Duration::from_secs(10),
-            agent_log: self.config.agent_log.clone(),
-            host_network,
             env: template.env.clone(),
             workdir: template.workdir.clone(),
-            egress_socket: opts.network.is_some() && !host_network,
-            egress_enabled: opts.network.as_ref().is_some_and(NetworkPolicy::has_egress),
+            egress,
+        }
+    }
+
+    /// What a new sandbox is prepared with.
+    fn prepare_spec(limits: &SandboxLimits, host_network: bool) -> PrepareSpec {
+        PrepareSpec {
+            id: uuid::Uuid::new_v4().to_string(),
+            limits: limits.jail(),
+            host_network,
         }
     }
 
@@ -188,13 +200,9 @@ impl Runtime {
     async fn refill_now(&self) {
         self.pool.refilling.store(true, Ordering::Release);
         while self.standby_ready() < self.config.standby {
-            let cfg = self.jail_config(
-                uuid::Uuid::new_v4().to_string(),
-                &Template::host(),
-                &SandboxOptions::default(),
-                false,
-            );
-            match tokio::task::spawn_blocking(move || Standby::prepare(&cfg)).await {
+            let spec = Self::prepare_spec(&SandboxLimits::default(), false);
+            let backend = self.backend.clone();
+            match tokio::task::spawn_blocking(move || backend.prepare(&spec)).await {
                 Ok(Ok(standby)) => self
                     .pool
                     .ready
@@ -274,18 +282,18 @@ impl Runtime {
                 .pop_front()
         };
         let network = opts.network.clone().filter(|_| !host_network);
+        let spec = Self::start_spec(&template, &opts, host_network);
         let started = match standby {
             Some(standby) => {
-                let cfg = self.jail_config(standby.id().to_string(), &template, &opts, false);
                 let r = tokio::task::spawn_blocking(move || {
                     // Limits the kernel refuses fail here, before the
                     // standby is used up; it then goes back to the pool.
-                    if let Err(e) = standby.set_limits(&cfg.limits) {
+                    if let Err(e) = standby.set_limits(&spec.limits) {
                         let back = (standby.reset_limits().is_ok() && standby.is_alive())
-                            .then_some(Box::new(standby));
+                            .then_some(standby);
                         return Err((e, back));
                     }
-                    standby.start(&cfg).map_err(|e| (e, None))
+                    standby.start(&spec).map_err(|e| (e, None))
                 })
                 .await
                 .map_err(Error::Task)?;
@@ -295,19 +303,15 @@ impl Runtime {
                             .ready
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .push_front(*standby);
+                            .push_front(standby);
                     }
                     e
                 })
             }
             None => {
-                let cfg = self.jail_config(
-                    uuid::Uuid::new_v4().to_string(),
-                    &template,
-                    &opts,
-                    host_network,
-                );
-                tokio::task::spawn_blocking(move || Jail::spawn(&cfg))
+                let prepare = Self::prepare_spec(&opts.limits, host_network);
+                let backend = self.backend.clone();
+                tokio::task::spawn_blocking(move || backend.prepare(&prepare)?.start(&spec))
                     .await
                     .map_err(Error::Task)?
             }
@@ -319,7 +323,7 @@ impl Runtime {
         self.refill();
         let mut jail = started?;
         let id = jail.id().to_string();
-        let agent = match AgentClient::connect(&jail.socket_path()).await {
+        let agent = match connect(jail.as_ref()).await {
             Ok(a) => a,
             Err(e) => {
                 let _ = tokio::task::spawn_blocking(move || jail.destroy()).await;
@@ -355,21 +359,21 @@ impl Runtime {
         limits: SandboxLimits,
         network: Option<NetworkPolicy>,
     ) -> Result<Sandbox, Error> {
-        let state_dir = self.config.state_dir.clone();
+        let backend = self.backend.clone();
         let owned = id.to_string();
         let rebind = network.is_some();
         let (jail, listener) = tokio::task::spawn_blocking(move || {
-            let mut jail = Jail::attach(&state_dir, &owned)?;
+            let mut jail = backend.attach(&owned)?;
             let listener = if rebind {
                 jail.rebind_egress()
             } else {
                 Ok(None)
             };
-            Ok::<_, runcell_jail::SpawnError>((jail, listener))
+            Ok::<_, crate::backend::BackendError>((jail, listener))
         })
         .await
         .map_err(Error::Task)??;
-        let agent = AgentClient::connect(&jail.socket_path()).await?;
+        let agent = connect(jail.as_ref()).await?;
         let mut sandbox = Sandbox::new(jail, agent, template, limits);
         // Egress that cannot be served again leaves the sandbox running
         // without it (nothing leaves), which is said, not silent.
@@ -401,24 +405,36 @@ impl Runtime {
 
     /// Ids of the sandboxes with state on this host.
     pub fn list(&self) -> Vec<String> {
-        runcell_jail::list_sandboxes(&self.config.state_dir)
+        self.backend.list()
+    }
+
+    /// Kills the sandbox `id` if it still runs and removes what it had (its
+    /// cgroup and directory), whether or not this process holds it: for
+    /// orphans, sandboxes that could not be re-attached, and a sandbox a
+    /// request still holds when it is deleted.
+    pub async fn remove_sandbox(&self, id: &str) -> Result<(), Error> {
+        let backend = self.backend.clone();
+        let id = id.to_string();
+        tokio::task::spawn_blocking(move || backend.remove(&id))
+            .await
+            .map_err(Error::Task)??;
+        Ok(())
     }
 
     /// Removes every sandbox whose agent is no longer running (left behind by
     /// a process that was killed), with its cgroup and directory. Returns the
     /// ids removed.
     pub fn sweep_dead(&self) -> Vec<String> {
-        let mut removed = Vec::new();
-        for id in self.list() {
-            // Ready timeout plus margin: younger half-made sandboxes belong to
-            // a process that is still creating them.
-            if Jail::is_dead(&self.config.state_dir, &id, Duration::from_secs(60))
-                && Jail::remove(&self.config.state_dir, &self.config.cgroup_parent, &id).is_ok()
-            {
-                removed.push(id);
-            }
-        }
-        removed
+        // Ready timeout plus margin: younger half-made sandboxes belong to
+        // a process that is still creating them.
+        self.backend.sweep(Duration::from_secs(60))
+    }
+}
+
+/// Connects to a sandbox's agent.
+async fn connect(instance: &dyn Instance) -> Result<AgentClient, crate::ClientError> {
+    match instance.agent_channel() {
+        AgentChannel::Unix(path) => AgentClient::connect(&path).await,
     }
 }
 
@@ -426,15 +442,16 @@ impl Runtime {
 /// broke while it started (nothing of the caller's ran in it yet), as
 /// opposed to a refused limit, a missing template or binary, or a timeout.
 fn is_transient(e: &Error) -> bool {
-    use runcell_jail::SpawnError as S;
+    if let Error::Jail(e) = e {
+        return e.is_transient();
+    }
     matches!(
         e,
-        Error::Jail(S::Setup(_) | S::AgentDied(_))
-            | Error::Agent(
-                crate::ClientError::Connect(_)
-                    | crate::ClientError::Codec(_)
-                    | crate::ClientError::Closed
-            )
+        Error::Agent(
+            crate::ClientError::Connect(_)
+                | crate::ClientError::Codec(_)
+                | crate::ClientError::Closed
+        )
     )
 }
 

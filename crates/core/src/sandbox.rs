@@ -3,8 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use runcell_jail::cgroup::Counters;
-use runcell_jail::Jail;
+use crate::backend::{Counters, Instance};
 use runcell_protocol::{
     AgentStats, Command, ErrorKind, Event, ExecRequest, ExecUser, ExitInfo, FileStat, Language,
     Request, RunCodeRequest,
@@ -142,7 +141,7 @@ pub struct ExecResult {
 /// A running sandbox.
 #[derive(Debug)]
 pub struct Sandbox {
-    jail: Option<Jail>,
+    jail: Option<Box<dyn Instance>>,
     agent: AgentClient,
     template: Template,
     limits: SandboxLimits,
@@ -165,7 +164,7 @@ impl Drop for EgressHandle {
 
 impl Sandbox {
     pub(crate) fn new(
-        jail: Jail,
+        jail: Box<dyn Instance>,
         agent: AgentClient,
         template: Template,
         limits: SandboxLimits,
@@ -214,8 +213,8 @@ impl Sandbox {
         Ok(())
     }
 
-    fn jail(&self) -> &Jail {
-        self.jail.as_ref().expect("present until destroy")
+    fn jail(&self) -> &dyn Instance {
+        self.jail.as_deref().expect("present until destroy")
     }
 
     /// The sandbox id.

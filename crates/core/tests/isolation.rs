@@ -414,12 +414,8 @@ fn host_free_bytes() -> u64 {
 }
 
 fn nix_statvfs(p: &str) -> (u64, u64) {
-    let c = std::ffi::CString::new(p).unwrap();
-    // SAFETY: statvfs fills a zeroed struct from a valid C string path.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
-    (st.f_bavail, st.f_frsize)
+    let st = nix::sys::statvfs::statvfs(p).unwrap();
+    (st.blocks_available(), st.fragment_size())
 }
 
 #[tokio::test(flavor = "multi_thread")]

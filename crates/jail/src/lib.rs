@@ -4,16 +4,21 @@
 //!
 //! * [`Jail::spawn`] (host side) creates cgroups, clones the agent into new
 //!   user, pid, mount, net, ipc and uts namespaces, writes its id maps and waits
-//!   until the sandbox is ready.
+//!   until the sandbox is ready; [`Standby::prepare`] ([`PrepareConfig`]) and
+//!   [`Standby::start`] ([`StartConfig`]) are its two halves. `runcell-core`
+//!   uses it as its `JailBackend`.
 //! * [`inside::bootstrap`] (sandbox side, run by the agent as PID 1) builds the
 //!   root filesystem, pivots into it and brings up loopback.
 //! * [`seccomp`] builds the syscall filter every sandboxed process runs under,
 //!   and [`inside::drop_privileges`] turns a forked child into the unprivileged
 //!   sandbox user.
+//! * [`SandboxCommand`] (sandbox side) starts a [`std::process::Command`] as
+//!   the sandbox user, so the agent needs no `unsafe` `pre_exec` of its own.
 //!
 //! See docs/SECURITY.md for what each layer stops.
 
 pub mod cgroup;
+mod command;
 pub mod inside;
 pub mod probe;
 pub mod seccomp;
@@ -21,5 +26,8 @@ mod spawn;
 mod spec;
 mod sys;
 
-pub use spawn::{list_sandboxes, Jail, JailConfig, SpawnError, Standby};
+pub use command::{SandboxCommand, MAX_EXTRA_FDS};
+pub use spawn::{
+    check_id, list_sandboxes, EgressSocket, Jail, PrepareConfig, SpawnError, Standby, StartConfig,
+};
 pub use spec::{IdMap, InitSpec, Limits, RootfsSpec, SandboxUser, EGRESS_SOCKET};

@@ -80,6 +80,9 @@ pub enum SpawnError {
     /// The sandbox's state file is unreadable.
     #[error("The state of sandbox {0} is unreadable.")]
     BadState(String, #[source] serde_json::Error),
+    /// The id is not a plain name.
+    #[error("The sandbox id {0:?} is not a plain name (1 to 64 letters, digits, '-', '_' or '.', not starting with '.').")]
+    BadId(String),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> SpawnError + '_ {
@@ -89,10 +92,12 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> SpawnError + '_ {
     }
 }
 
-/// Everything needed to create one sandbox.
+/// What [`Standby::prepare`] needs: where the sandbox lives and how its
+/// namespaces, cgroup and agent process are made. Nothing here depends on
+/// what will run in it.
 #[derive(Debug, Clone)]
-pub struct JailConfig {
-    /// Sandbox id (a path-safe string, normally a UUID).
+pub struct PrepareConfig {
+    /// Sandbox id: a plain name (see [`check_id`]), normally a UUID.
     pub id: String,
     /// The `runcell-agent` binary.
     pub agent: PathBuf,
@@ -100,12 +105,28 @@ pub struct JailConfig {
     pub state_dir: PathBuf,
     /// Cgroup parent name, e.g. `runcell`.
     pub cgroup_parent: String,
-    /// Root filesystem.
-    pub rootfs: RootfsSpec,
-    /// Limits.
+    /// Limits the cgroup is created with (a claim may change them with
+    /// [`Standby::set_limits`]; [`Standby::reset_limits`] restores these).
     pub limits: Limits,
     /// Id mapping.
     pub id_map: IdMap,
+    /// How long to wait for the child to acknowledge its go-ahead.
+    pub setup_timeout: Duration,
+    /// Log filter for the agent (`RUST_LOG` syntax), written to `agent.log`.
+    pub agent_log: Option<String>,
+    /// Keep the host's network namespace (no `CLONE_NEWNET`). Only template
+    /// builds set this, for `RUN apt-get ...`; such a sandbox never gets an
+    /// egress socket.
+    pub host_network: bool,
+}
+
+/// What [`Standby::start`] needs: what runs in the sandbox and how.
+#[derive(Debug, Clone)]
+pub struct StartConfig {
+    /// Root filesystem.
+    pub rootfs: RootfsSpec,
+    /// Limits (the cgroup's, and `disk_bytes` for the writable layer).
+    pub limits: Limits,
     /// The unprivileged user code runs as.
     pub user: SandboxUser,
     /// Stop the sandbox when this process (the [`Jail`] value) goes away.
@@ -114,22 +135,45 @@ pub struct JailConfig {
     pub deadline_unix_ms: Option<u64>,
     /// How long to wait for the agent to report ready.
     pub ready_timeout: Duration,
-    /// Log filter for the agent (`RUST_LOG` syntax), written to `agent.log`.
-    pub agent_log: Option<String>,
-    /// Keep the host's network namespace (no `CLONE_NEWNET`). Only template
-    /// builds set this, for `RUN apt-get ...`; a standby prepared without it
-    /// keeps its own namespace whatever `start` is given.
-    pub host_network: bool,
     /// Environment of every process in the sandbox (the template's `ENV`).
     pub env: std::collections::BTreeMap<String, String>,
     /// Default working directory (the template's `WORKDIR`).
     pub workdir: Option<String>,
-    /// Bind an egress socket (`<dir>/egress/sock`) for the host's proxy and
-    /// mount it in the sandbox; take its listener with
-    /// [`Jail::take_egress_listener`].
-    pub egress_socket: bool,
-    /// Start the agent's proxy listener at once (the policy is not `none`).
-    pub egress_enabled: bool,
+    /// Whether the sandbox gets an egress socket.
+    pub egress: EgressSocket,
+}
+
+/// A sandbox's egress socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EgressSocket {
+    /// None: nothing can leave, and the policy cannot be changed later.
+    #[default]
+    None,
+    /// `<dir>/egress/sock` is bound for the host's proxy and mounted in the
+    /// sandbox (take its listener with [`Jail::take_egress_listener`]);
+    /// `enabled` starts the agent's proxy listener at once (the policy is
+    /// not `none`). Ignored for a sandbox prepared with `host_network`.
+    Socket {
+        /// Start the agent's proxy listener at once.
+        enabled: bool,
+    },
+}
+
+/// Checks that `id` is a plain name that stays inside the state directory
+/// and the cgroup parent when joined to them: 1 to 64 ASCII letters, digits,
+/// `-`, `_` or `.`, not starting with `.`.
+pub fn check_id(id: &str) -> Result<(), SpawnError> {
+    let plain = !id.is_empty()
+        && id.len() <= 64
+        && !id.starts_with('.')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if plain {
+        Ok(())
+    } else {
+        Err(SpawnError::BadId(id.into()))
+    }
 }
 
 /// What is written to `<dir>/jail.json` so a later process can find the sandbox.
@@ -203,6 +247,10 @@ pub struct Standby {
     host_network: bool,
     /// The limits it was prepared with, restored when others are refused.
     prepared_limits: Limits,
+    /// Fixed by the prepare phase, needed by the start phase.
+    cgroup_parent: String,
+    /// Root of the sandbox on the host (owner of its egress directory).
+    root_id: u32,
     pidfd: OwnedFd,
     host_end: UnixStream,
     cleanup: Cleanup,
@@ -210,16 +258,15 @@ pub struct Standby {
 
 impl Jail {
     /// Creates a sandbox and waits until its agent is ready.
-    pub fn spawn(cfg: &JailConfig) -> Result<Jail, SpawnError> {
-        Standby::prepare(cfg)?.start(cfg)
+    pub fn spawn(prepare: &PrepareConfig, start: &StartConfig) -> Result<Jail, SpawnError> {
+        Standby::prepare(prepare)?.start(start)
     }
 }
 
 impl Standby {
-    /// Does everything that does not depend on the sandbox's spec. Uses
-    /// `id`, `agent`, `state_dir`, `cgroup_parent`, `limits`, `id_map` and
-    /// `host_network` of `cfg`.
-    pub fn prepare(cfg: &JailConfig) -> Result<Standby, SpawnError> {
+    /// Does everything that does not depend on the sandbox's spec.
+    pub fn prepare(cfg: &PrepareConfig) -> Result<Standby, SpawnError> {
+        check_id(&cfg.id)?;
         if !nix::unistd::geteuid().is_root() {
             return Err(SpawnError::NotRoot);
         }
@@ -338,7 +385,7 @@ impl Standby {
         // thread that cloned, not the process).
         host_end.write_all(b"G").map_err(SpawnError::Setup)?;
         host_end
-            .set_read_timeout(Some(cfg.ready_timeout))
+            .set_read_timeout(Some(cfg.setup_timeout))
             .map_err(SpawnError::Setup)?;
         let mut ack = [0u8; 1];
         match host_end.read_exact(&mut ack) {
@@ -365,6 +412,8 @@ impl Standby {
             id: cfg.id.clone(),
             host_network: cfg.host_network,
             prepared_limits: cfg.limits,
+            cgroup_parent: cfg.cgroup_parent.clone(),
+            root_id: cfg.id_map.host_base,
             pidfd,
             host_end,
             cleanup,
@@ -397,23 +446,26 @@ impl Standby {
         !sys::pidfd_wait_exit(self.pidfd.as_raw_fd(), 0).unwrap_or(true)
     }
 
-    /// Sends the spec and waits until the sandbox is ready. Uses everything in
-    /// `cfg` except `id`, `agent`, `state_dir`, `cgroup_parent`, `id_map`
-    /// and `host_network`, which were fixed by [`Standby::prepare`].
-    pub fn start(mut self, cfg: &JailConfig) -> Result<Jail, SpawnError> {
+    /// Sends the spec and waits until the sandbox is ready.
+    pub fn start(mut self, cfg: &StartConfig) -> Result<Jail, SpawnError> {
         let t0 = std::time::Instant::now();
         let dir = self.cleanup.dir.clone();
         let pid = self.cleanup.pid.expect("prepared");
         if let Some(cg) = &self.cleanup.cgroup {
             cg.set_limits(&cfg.limits)?;
         }
-        let egress = if cfg.egress_socket {
+        // The host's network namespace has no use for the proxy.
+        let egress_enabled = match cfg.egress {
+            EgressSocket::Socket { enabled } if !self.host_network => Some(enabled),
+            _ => None,
+        };
+        let egress = if egress_enabled.is_some() {
             let sockets = dir.join(EGRESS_DIR);
             fs::create_dir_all(&sockets).map_err(io_err(&sockets))?;
             // Only root of the sandbox (the agent) may enter it, not the
             // sandbox user.
-            let root = nix::unistd::Uid::from_raw(cfg.id_map.host_base);
-            let root_gid = nix::unistd::Gid::from_raw(cfg.id_map.host_base);
+            let root = nix::unistd::Uid::from_raw(self.root_id);
+            let root_gid = nix::unistd::Gid::from_raw(self.root_id);
             nix::unistd::chown(sockets.as_path(), Some(root), Some(root_gid))
                 .map_err(|e| io_err(&sockets)(e.into()))?;
             fs::set_permissions(&sockets, fs::Permissions::from_mode(0o700))
@@ -435,7 +487,7 @@ impl Standby {
             env: cfg.env.clone(),
             workdir: cfg.workdir.clone(),
             egress_socket: egress.as_ref().map(|(_, p)| p.clone()),
-            egress_enabled: egress.is_some() && cfg.egress_enabled,
+            egress_enabled: egress_enabled.unwrap_or(false),
         };
         let spec = serde_json::to_vec(&spec).expect("spec serializes");
         let mut msg = Vec::with_capacity(4 + spec.len());
@@ -463,7 +515,7 @@ impl Standby {
             id: self.id.clone(),
             pid,
             start_time: start_time(pid).unwrap_or(0),
-            cgroup_parent: cfg.cgroup_parent.clone(),
+            cgroup_parent: self.cgroup_parent.clone(),
         };
         // Written whole or not at all (a temporary file renamed over): other
         // processes sweeping the same state directory read it to tell a
@@ -494,6 +546,7 @@ impl Standby {
 impl Jail {
     /// Finds a running sandbox again (after a restart of the host process).
     pub fn attach(state_dir: &Path, id: &str) -> Result<Jail, SpawnError> {
+        check_id(id)?;
         let dir = state_dir.join(id);
         let raw = fs::read(dir.join("jail.json")).map_err(|_| SpawnError::NotRunning(id.into()))?;
         let state: StateFile =
@@ -539,6 +592,9 @@ impl Jail {
     /// `grace` (so a sandbox that another process is creating right now is
     /// left alone).
     pub fn is_dead(state_dir: &Path, id: &str, grace: Duration) -> bool {
+        if check_id(id).is_err() {
+            return false;
+        }
         let dir = state_dir.join(id);
         if dir.join("jail.json").exists() {
             match Jail::attach(state_dir, id) {
@@ -558,6 +614,7 @@ impl Jail {
     /// Removes what is left of a sandbox that is not running (its cgroup and
     /// directory), or destroys it if it still is.
     pub fn remove(state_dir: &Path, cgroup_parent: &str, id: &str) -> Result<(), SpawnError> {
+        check_id(id)?;
         if let Ok(jail) = Jail::attach(state_dir, id) {
             return jail.destroy();
         }
@@ -900,4 +957,70 @@ fn bind_egress(sockets: &Path) -> Result<(UnixListener, PathBuf), SpawnError> {
     .map_err(|e| io_err(&path)(e.into()))?;
     fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).map_err(io_err(&path))?;
     Ok((listener, path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prepare_config(state_dir: &Path, id: &str) -> PrepareConfig {
+        PrepareConfig {
+            id: id.into(),
+            agent: PathBuf::from("/nonexistent/runcell-agent"),
+            state_dir: state_dir.into(),
+            cgroup_parent: "runcell-test".into(),
+            limits: Limits::default(),
+            id_map: IdMap::default(),
+            setup_timeout: Duration::from_secs(1),
+            agent_log: None,
+            host_network: false,
+        }
+    }
+
+    #[test]
+    fn ids_are_plain_names() {
+        for good in ["0b6f6a52-9a4c-4c43-a6b1-1f1f5d3c9e20", "a", "build_1.x"] {
+            assert!(check_id(good).is_ok(), "{good}");
+        }
+        let long = "a".repeat(65);
+        for bad in [
+            "",
+            ".",
+            "..",
+            "../x",
+            "a/b",
+            ".hidden",
+            "a b",
+            "é",
+            long.as_str(),
+        ] {
+            assert!(
+                matches!(check_id(bad), Err(SpawnError::BadId(_))),
+                "{bad:?} was accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn a_sandbox_with_a_path_for_an_id_is_never_prepared() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().join("state");
+        let err = Standby::prepare(&prepare_config(&state, "../escaped")).unwrap_err();
+        assert!(matches!(err, SpawnError::BadId(_)), "{err}");
+        assert!(!tmp.path().join("escaped").exists());
+        assert!(!state.exists(), "nothing is made for a refused id");
+    }
+
+    #[test]
+    fn removing_by_a_path_for_an_id_leaves_what_is_outside_alone() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().join("state");
+        let outside = tmp.path().join("precious");
+        fs::create_dir_all(&state).unwrap();
+        fs::create_dir_all(&outside).unwrap();
+        let err = Jail::remove(&state, "runcell-test", "../precious").unwrap_err();
+        assert!(matches!(err, SpawnError::BadId(_)), "{err}");
+        assert!(outside.exists());
+        assert!(!Jail::is_dead(&state, "../precious", Duration::ZERO));
+    }
 }

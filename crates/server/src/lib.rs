@@ -327,8 +327,6 @@ async fn reconcile(state: &Arc<AppState>) {
             Vec::new()
         }
     };
-    let state_dir = state.runtime.config().state_dir.clone();
-    let parent = state.config.cgroup_parent.clone();
     let now = state::now_ms();
     let mut known = std::collections::HashSet::new();
     for rec in running {
@@ -337,7 +335,7 @@ async fn reconcile(state: &Arc<AppState>) {
             && now - rec.last_activity_ms > rec.ttl_seconds as i64 * 1000)
             || now - rec.created_at * 1000 > state.config.max_lifetime.as_millis() as i64;
         if expired {
-            let _ = runcell_jail::Jail::remove(&state_dir, &parent, &rec.id);
+            let _ = state.runtime.remove_sandbox(&rec.id).await;
             let _ = state
                 .registry
                 .end(&rec.id, "deleted", "expired while the daemon was down");
@@ -383,7 +381,7 @@ async fn reconcile(state: &Arc<AppState>) {
             }
             Err(e) => {
                 tracing::warn!(sandbox = %rec.id, "could not re-attach, marking failed: {e}");
-                let _ = runcell_jail::Jail::remove(&state_dir, &parent, &rec.id);
+                let _ = state.runtime.remove_sandbox(&rec.id).await;
                 let _ = state
                     .registry
                     .end(&rec.id, "failed", "not running after a daemon restart");
@@ -398,7 +396,7 @@ async fn reconcile(state: &Arc<AppState>) {
     for id in state.runtime.list() {
         if !known.contains(&id) {
             tracing::info!(sandbox = %id, "removing an orphaned sandbox");
-            let _ = runcell_jail::Jail::remove(&state_dir, &parent, &id);
+            let _ = state.runtime.remove_sandbox(&id).await;
         }
     }
 }

@@ -230,11 +230,7 @@ impl AppState {
             }
             Err(shared) => {
                 // A request still holds it: kill it now; the handle goes with the request.
-                let _ = runcell_jail::Jail::remove(
-                    &self.runtime.config().state_dir,
-                    &self.config.cgroup_parent,
-                    shared.sandbox.id(),
-                );
+                let _ = self.runtime.remove_sandbox(shared.sandbox.id()).await;
             }
         }
         if let Err(e) = self.registry.end(id, "deleted", reason) {

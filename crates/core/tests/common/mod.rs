@@ -13,8 +13,7 @@ use runcell_protocol::{Command, Language};
 
 /// Fails the test loudly unless running as root.
 pub fn require_root() {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let euid = unsafe { libc::geteuid() };
+    let euid = nix::unistd::geteuid().as_raw();
     assert_eq!(
         euid, 0,
         "these tests create real sandboxes and must run as root (CI runs them as root); run `sudo ./scripts/test.sh`"

@@ -1,0 +1,213 @@
+//! The namespace jail (`runcell-jail`) as a [`Backend`].
+
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use runcell_jail::{IdMap, Jail, PrepareConfig, Standby, StartConfig};
+
+use super::{
+    AgentChannel, Backend, BackendError, Counters, Instance, Limits, PrepareSpec, Prepared,
+    StartSpec,
+};
+
+/// How long the host waits for a jail's child to acknowledge its go-ahead,
+/// and for its agent to report ready.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Sandboxes in Linux namespaces with an overlay root, seccomp and cgroups.
+#[derive(Debug, Clone)]
+pub struct JailBackend {
+    agent: PathBuf,
+    state_dir: PathBuf,
+    cgroup_parent: String,
+    id_map: IdMap,
+    agent_log: Option<String>,
+}
+
+impl JailBackend {
+    /// A jail backend that starts `agent`, keeps one directory per sandbox
+    /// in `state_dir` and one cgroup per sandbox under `cgroup_parent`,
+    /// maps sandbox ids to `id_map`, and has agents log with the filter
+    /// `agent_log`.
+    pub fn new(
+        agent: PathBuf,
+        state_dir: PathBuf,
+        cgroup_parent: String,
+        id_map: IdMap,
+        agent_log: Option<String>,
+    ) -> Self {
+        Self {
+            agent,
+            state_dir,
+            cgroup_parent,
+            id_map,
+            agent_log,
+        }
+    }
+
+    /// The directory holding one subdirectory per sandbox.
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+}
+
+impl Backend for JailBackend {
+    fn prepare(&self, spec: &PrepareSpec) -> Result<Box<dyn Prepared>, BackendError> {
+        let cfg = PrepareConfig {
+            id: spec.id.clone(),
+            agent: self.agent.clone(),
+            state_dir: self.state_dir.clone(),
+            cgroup_parent: self.cgroup_parent.clone(),
+            limits: spec.limits,
+            id_map: self.id_map,
+            setup_timeout: SETUP_TIMEOUT,
+            agent_log: self.agent_log.clone(),
+            host_network: spec.host_network,
+        };
+        Ok(Box::new(Standby::prepare(&cfg)?))
+    }
+
+    fn attach(&self, id: &str) -> Result<Box<dyn Instance>, BackendError> {
+        Ok(Box::new(Jail::attach(&self.state_dir, id)?))
+    }
+
+    fn list(&self) -> Vec<String> {
+        runcell_jail::list_sandboxes(&self.state_dir)
+    }
+
+    fn is_dead(&self, id: &str, grace: Duration) -> bool {
+        Jail::is_dead(&self.state_dir, id, grace)
+    }
+
+    fn remove(&self, id: &str) -> Result<(), BackendError> {
+        Ok(Jail::remove(&self.state_dir, &self.cgroup_parent, id)?)
+    }
+}
+
+impl Prepared for Standby {
+    fn id(&self) -> &str {
+        Standby::id(self)
+    }
+
+    fn set_limits(&self, limits: &Limits) -> Result<(), BackendError> {
+        Ok(Standby::set_limits(self, limits)?)
+    }
+
+    fn reset_limits(&self) -> Result<(), BackendError> {
+        Ok(Standby::reset_limits(self)?)
+    }
+
+    fn is_alive(&self) -> bool {
+        Standby::is_alive(self)
+    }
+
+    fn start(self: Box<Self>, spec: &StartSpec) -> Result<Box<dyn Instance>, BackendError> {
+        let cfg = StartConfig {
+            rootfs: spec.rootfs.clone(),
+            limits: spec.limits,
+            user: spec.user.clone(),
+            exit_on_host_close: spec.tied_to_process,
+            deadline_unix_ms: spec.deadline_unix_ms,
+            ready_timeout: SETUP_TIMEOUT,
+            env: spec.env.clone(),
+            workdir: spec.workdir.clone(),
+            egress: spec.egress,
+        };
+        Ok(Box::new(Standby::start(*self, &cfg)?))
+    }
+}
+
+impl Instance for Jail {
+    fn id(&self) -> &str {
+        Jail::id(self)
+    }
+
+    fn pid(&self) -> i32 {
+        Jail::pid(self)
+    }
+
+    fn agent_channel(&self) -> AgentChannel {
+        AgentChannel::Unix(self.socket_path())
+    }
+
+    fn take_egress_listener(&mut self) -> Option<UnixListener> {
+        Jail::take_egress_listener(self)
+    }
+
+    fn rebind_egress(&mut self) -> Result<Option<UnixListener>, BackendError> {
+        Ok(Jail::rebind_egress(self)?)
+    }
+
+    fn counters(&self) -> Counters {
+        Jail::counters(self)
+    }
+
+    fn is_alive(&self) -> bool {
+        Jail::is_alive(self)
+    }
+
+    fn kill(&self) {
+        Jail::kill(self)
+    }
+
+    fn destroy(self: Box<Self>) -> Result<(), BackendError> {
+        Ok(Jail::destroy(*self)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backend(state_dir: &Path) -> JailBackend {
+        JailBackend::new(
+            PathBuf::from("/nonexistent/runcell-agent"),
+            state_dir.into(),
+            format!("runcell-unit-{}", std::process::id()),
+            IdMap::default(),
+            None,
+        )
+    }
+
+    #[test]
+    fn sweep_removes_a_half_made_sandbox_past_its_grace_and_keeps_a_young_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let b = backend(tmp.path());
+        // Left behind by a process killed while preparing: a directory with
+        // no state file and no process.
+        std::fs::create_dir_all(tmp.path().join("orphan/rootfs")).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            b.sweep(Duration::from_millis(10)),
+            vec!["orphan".to_string()]
+        );
+        assert!(!tmp.path().join("orphan").exists());
+
+        // One another process is preparing right now is not touched.
+        std::fs::create_dir_all(tmp.path().join("young")).unwrap();
+        assert!(b.sweep(Duration::from_secs(60)).is_empty());
+        assert!(tmp.path().join("young").exists());
+    }
+
+    #[test]
+    fn a_sandbox_whose_agent_is_gone_is_dead_and_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let b = backend(tmp.path());
+        let dir = tmp.path().join("gone");
+        std::fs::create_dir_all(&dir).unwrap();
+        // A state file naming a process that exited.
+        let mut child = std::process::Command::new("/bin/true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        std::fs::write(
+            dir.join("jail.json"),
+            format!(r#"{{"id":"gone","pid":{pid},"start_time":1,"cgroup_parent":"runcell-unit"}}"#),
+        )
+        .unwrap();
+        assert!(b.is_dead("gone", Duration::from_secs(60)));
+        assert!(b.attach("gone").is_err());
+        assert_eq!(b.sweep(Duration::from_secs(60)), vec!["gone".to_string()]);
+        assert!(!dir.exists());
+    }
+}

@@ -1,0 +1,176 @@
+//! The isolation-backend seam: how a sandbox's isolation is made, found
+//! again and removed, whatever does the isolating.
+//!
+//! A [`Backend`] makes sandboxes in two phases, so a pool can do the slow
+//! half ahead of demand: [`Backend::prepare`] gives a [`Prepared`] sandbox
+//! (isolation made, agent running, waiting for its spec; nothing depends on
+//! what will run in it), and [`Prepared::start`] sends it a [`StartSpec`]
+//! and gives a running [`Instance`]. Every backend runs the same
+//! `runcell-agent` as PID 1 of the sandbox and speaks the same protocol to
+//! it over the instance's [`AgentChannel`], so everything above the seam
+//! (exec, code, files, contexts, egress) is shared.
+//!
+//! The traits are object-safe: a [`Runtime`](crate::Runtime) holds an
+//! `Arc<dyn Backend>`. Their methods block (process creation, cgroup
+//! writes, waiting for the agent); the runtime calls them on tokio's
+//! blocking pool.
+//!
+//! Re-attaching after a restart needs only the sandbox's id: a backend
+//! records what it needs to find a sandbox again in that sandbox's
+//! directory under the runtime's state directory (the jail: `jail.json`).
+//!
+//! The first backend is [`JailBackend`], the namespace jail of
+//! `runcell-jail`.
+
+mod jail;
+
+use std::fmt;
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use jail::JailBackend;
+pub use runcell_jail::cgroup::Counters;
+pub use runcell_jail::{EgressSocket, Limits, RootfsSpec, SandboxUser};
+
+/// Errors of a backend.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The namespace jail failed.
+    #[error(transparent)]
+    Jail(#[from] runcell_jail::SpawnError),
+}
+
+impl BackendError {
+    /// Whether a failed start may be retried with another sandbox: the
+    /// agent died or its setup channel broke while it started (nothing of
+    /// the caller's ran yet), as opposed to a refused limit, a missing
+    /// binary or a timeout.
+    pub fn is_transient(&self) -> bool {
+        use runcell_jail::SpawnError as S;
+        matches!(self, BackendError::Jail(S::Setup(_) | S::AgentDied(_)))
+    }
+}
+
+/// What the prepare phase takes: nothing about what will run.
+#[derive(Debug, Clone)]
+pub struct PrepareSpec {
+    /// Sandbox id, a plain name (normally a UUID).
+    pub id: String,
+    /// Limits to prepare with (a claim may change them before it starts).
+    pub limits: Limits,
+    /// Keep the host's network (template builds only). Such a sandbox gets
+    /// no egress socket, whatever it is started with.
+    pub host_network: bool,
+}
+
+/// What the start phase takes: what runs in the sandbox and how.
+#[derive(Debug, Clone)]
+pub struct StartSpec {
+    /// Root filesystem.
+    pub rootfs: RootfsSpec,
+    /// Limits.
+    pub limits: Limits,
+    /// The unprivileged user code runs as.
+    pub user: SandboxUser,
+    /// Stop the sandbox when the [`Instance`] value goes away.
+    pub tied_to_process: bool,
+    /// Hard deadline (unix ms) the agent enforces by itself.
+    pub deadline_unix_ms: Option<u64>,
+    /// Environment of every process (the template's `ENV`).
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Default working directory (the template's `WORKDIR`).
+    pub workdir: Option<String>,
+    /// The egress socket.
+    pub egress: EgressSocket,
+}
+
+/// How the host reaches a sandbox's agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentChannel {
+    /// A unix socket the host binds and the agent accepts on.
+    Unix(PathBuf),
+}
+
+/// Makes, finds and removes sandboxes of one kind of isolation.
+pub trait Backend: Send + Sync + fmt::Debug {
+    /// Does the slow, spec-independent half of creating a sandbox.
+    fn prepare(&self, spec: &PrepareSpec) -> Result<Box<dyn Prepared>, BackendError>;
+
+    /// Finds a running sandbox again (after a restart of the host process).
+    fn attach(&self, id: &str) -> Result<Box<dyn Instance>, BackendError>;
+
+    /// Ids of the sandboxes (running, dead or half made) with state on
+    /// this host.
+    fn list(&self) -> Vec<String>;
+
+    /// Whether the sandbox `id` is dead and its leftovers may be removed:
+    /// gone, or never finished starting and older than `grace` (so one
+    /// that another process is creating right now is left alone).
+    fn is_dead(&self, id: &str, grace: Duration) -> bool;
+
+    /// Kills the sandbox `id` if it runs and removes everything it had.
+    fn remove(&self, id: &str) -> Result<(), BackendError>;
+
+    /// Removes every sandbox that [`Backend::is_dead`] with `grace`;
+    /// returns the ids removed.
+    fn sweep(&self, grace: Duration) -> Vec<String> {
+        self.list()
+            .into_iter()
+            .filter(|id| self.is_dead(id, grace) && self.remove(id).is_ok())
+            .collect()
+    }
+}
+
+/// A sandbox whose isolation and agent are ready, waiting for its spec.
+/// Dropping it kills it and removes what it had.
+pub trait Prepared: Send + fmt::Debug {
+    /// The id it will have.
+    fn id(&self) -> &str;
+
+    /// Applies `limits` ahead of [`Prepared::start`], so limits the host
+    /// refuses fail before the sandbox is used up.
+    fn set_limits(&self, limits: &Limits) -> Result<(), BackendError>;
+
+    /// Puts back the limits it was prepared with (after
+    /// [`Prepared::set_limits`] failed half-way), so it can serve another claim.
+    fn reset_limits(&self) -> Result<(), BackendError>;
+
+    /// Whether its agent is still waiting.
+    fn is_alive(&self) -> bool;
+
+    /// Sends the spec and waits until the sandbox is ready.
+    fn start(self: Box<Self>, spec: &StartSpec) -> Result<Box<dyn Instance>, BackendError>;
+}
+
+/// A running sandbox, host side.
+pub trait Instance: Send + Sync + fmt::Debug {
+    /// The sandbox id.
+    fn id(&self) -> &str;
+
+    /// Host pid of the process that holds the sandbox (the jail: its agent).
+    fn pid(&self) -> i32;
+
+    /// Where its agent listens.
+    fn agent_channel(&self) -> AgentChannel;
+
+    /// The listener of its egress socket, for the host's proxy (once;
+    /// `None` without one, and for re-attached sandboxes).
+    fn take_egress_listener(&mut self) -> Option<UnixListener>;
+
+    /// Binds its egress socket again after a restart (the old one died
+    /// with the process that listened on it). `None`: it has none.
+    fn rebind_egress(&mut self) -> Result<Option<UnixListener>, BackendError>;
+
+    /// Resource counters (OOM kills, pids-limit hits, memory, CPU).
+    fn counters(&self) -> Counters;
+
+    /// Whether it is still running.
+    fn is_alive(&self) -> bool;
+
+    /// Kills every process in it without waiting for the teardown.
+    fn kill(&self);
+
+    /// Kills every process in it, waits, and removes everything it had.
+    fn destroy(self: Box<Self>) -> Result<(), BackendError>;
+}
