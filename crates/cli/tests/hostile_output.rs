@@ -32,8 +32,9 @@ fn cpu_time(pid: u32) -> Duration {
     let f: Vec<&str> = rest.split_whitespace().collect();
     // Fields 14 and 15 of stat (utime, stime), counted after the command.
     let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .unwrap()
+        .expect("the clock tick rate") as u64;
     Duration::from_millis(ticks * 1000 / hz)
 }
 

@@ -16,8 +16,7 @@ const CONTEXT: &str = "/var/lib/runcell-test-template-context";
 const SECRET: &str = "/var/lib/runcell-test-template-secret";
 
 fn runcell(templates: &Path) -> Command {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let euid = unsafe { libc::geteuid() };
+    let euid = nix::unistd::geteuid().as_raw();
     assert_eq!(
         euid, 0,
         "template builds run debootstrap and create real sandboxes: run as root (CI does)"

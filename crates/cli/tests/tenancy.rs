@@ -137,14 +137,7 @@ async fn an_ended_sandbox_says_why_and_when_to_its_owner_only() {
         .send()
         .await
         .unwrap();
-    let b: Value = d
-        .req(reqwest::Method::GET, &format!("/v1/sandboxes/{id}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let b: Value = d.get(&format!("/v1/sandboxes/{id}")).await;
     assert!(
         b["error"]
             .as_str()
