@@ -11,11 +11,8 @@ use serde_json::{json, Value};
 
 /// Whether the sandbox is still listed.
 async fn alive(d: &Daemon, id: &str) -> bool {
-    d.req(reqwest::Method::GET, &format!("/v1/sandboxes/{id}"))
-        .send()
+    d.status(reqwest::Method::GET, &format!("/v1/sandboxes/{id}"), None)
         .await
-        .unwrap()
-        .status()
         == 200
 }
 

@@ -61,16 +61,8 @@ async fn bad_input_gets_clear_errors() {
     assert_eq!(list.len(), 1);
     // The sandbox's log has the output of its execs, as text and as SSE.
     let log = d
-        .req(
-            reqwest::Method::GET,
-            &format!("/v1/sandboxes/{id}/logs?stream=stdout"),
-        )
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+        .text(&format!("/v1/sandboxes/{id}/logs?stream=stdout"))
+        .await;
     assert_eq!(log, "fine\n");
     let follow = d
         .req(

@@ -47,13 +47,8 @@ impl EgressRequests for Daemon {
     }
 
     async fn patch_network(&self, id: &str, body: Value) -> (u16, Value) {
-        let r = self
-            .req(Method::PATCH, &format!("/v1/sandboxes/{id}/network"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        (r.status().as_u16(), r.json().await.unwrap())
+        let path = format!("/v1/sandboxes/{id}/network");
+        self.send_json(Method::PATCH, &path, body).await
     }
 }
 

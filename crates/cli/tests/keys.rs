@@ -18,11 +18,7 @@ async fn workspaces_only_see_their_own_sandboxes_and_keys_can_be_revoked() {
     // The database never holds the key itself.
     let db = std::fs::read(data.join("registry.db")).unwrap();
     assert!(!String::from_utf8_lossy(&db).contains(&other_key[3..]));
-    let other = |method: reqwest::Method, path: &str| {
-        reqwest::Client::new()
-            .request(method, format!("{}{path}", d.url))
-            .bearer_auth(&other_key)
-    };
+    let other = |method: reqwest::Method, path: &str| d.req_as(&other_key, method, path);
     let mine = d
         .create(json!({"metadata": {"workspace": "team-b", "kind": "x", "threadId": "t"}}))
         .await;
@@ -49,21 +45,9 @@ async fn workspaces_only_see_their_own_sandboxes_and_keys_can_be_revoked() {
         .await
         .unwrap();
     assert_eq!(r.status(), 404);
-    let list: Vec<Value> = other(reqwest::Method::GET, "/v1/sandboxes")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list: Vec<Value> = d.get_as(&other_key, "/v1/sandboxes").await;
     assert!(list.is_empty(), "{list:?}");
-    let me: Value = other(reqwest::Method::GET, "/v1/me")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let me: Value = d.get_as(&other_key, "/v1/me").await;
     assert_eq!(me["user_id"], "team-b");
     // The owner still has it.
     let (s, _) = d.exec(&mine, "true").await;

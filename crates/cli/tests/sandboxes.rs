@@ -128,20 +128,10 @@ async fn templates_files_lifecycle_and_limits_through_the_api() {
     let d = Daemon::start(&data, free_port(), &[]);
     let get = |path: String| d.req(reqwest::Method::GET, &path).send();
     // Templates: the built-in one and the aliases; unknown is 404.
-    let list: Vec<Value> = get("/v1/templates".into())
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list: Vec<Value> = d.get("/v1/templates").await;
     let names: Vec<&str> = list.iter().map(|t| t["name"].as_str().unwrap()).collect();
     assert_eq!(names, vec!["host", "code-interpreter", "ubuntu-24.04"]);
-    let t: Value = get("/v1/templates/code-interpreter".into())
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let t: Value = d.get("/v1/templates/code-interpreter").await;
     assert_eq!(t["alias_of"], "host");
     assert_eq!(
         get("/v1/templates/nope".into()).await.unwrap().status(),
@@ -149,14 +139,9 @@ async fn templates_files_lifecycle_and_limits_through_the_api() {
     );
 
     // Limits ride on create and are enforced.
-    let r = d
-        .req(reqwest::Method::POST, "/v1/sandboxes")
-        .json(&json!({"limits": {"memory_mb": 64, "pids": 32, "timeout_seconds": 5}}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 201);
-    let sb: Value = r.json().await.unwrap();
+    let sb = d
+        .create_json(json!({"limits": {"memory_mb": 64, "pids": 32, "timeout_seconds": 5}}))
+        .await;
     assert_eq!(
         (
             sb["limits"]["memory_mb"].as_u64(),
@@ -205,20 +190,14 @@ async fn templates_files_lifecycle_and_limits_through_the_api() {
         (w["path"].as_str(), w["bytes"].as_u64()),
         (Some("/home/user/d/a.txt"), Some(5))
     );
-    let dir: Value = get(format!("/v1/sandboxes/{id}/fs/dir?path=/home/user/d"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let dir: Value = d
+        .get(&format!("/v1/sandboxes/{id}/fs/dir?path=/home/user/d"))
+        .await;
     assert_eq!(dir["entries"][0]["name"], "a.txt");
     assert_eq!(dir["entries"][0]["mode"], "f");
-    let st: Value = get(format!("/v1/sandboxes/{id}/fs/stat?path=/home/user/d"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let st: Value = d
+        .get(&format!("/v1/sandboxes/{id}/fs/stat?path=/home/user/d"))
+        .await;
     assert_eq!(
         (st["is_dir"].as_bool(), st["mode"].as_str()),
         (Some(true), Some("d"))

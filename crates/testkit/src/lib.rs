@@ -114,30 +114,35 @@ impl Daemon {
 
     /// A request to `path` with the daemon's key, on a client of its own.
     pub fn req(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
-        self.request(&reqwest::Client::new(), method, path)
+        self.req_as(&self.key, method, path)
     }
 
-    /// Sends `method path` with `body` as JSON (when given) and returns the
-    /// status and the answer's JSON (`null` when it has none).
-    pub async fn call(&self, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
-        let mut rb = self.req(method, path);
-        if let Some(b) = body {
-            rb = rb.json(&b);
-        }
-        let r = rb.send().await.expect("request");
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
+    /// A request to `path` with another `key` (another workspace's, a
+    /// revoked or a wrong one), on a client of its own.
+    pub fn req_as(&self, key: &str, method: Method, path: &str) -> reqwest::RequestBuilder {
+        reqwest::Client::new()
+            .request(method, format!("{}{path}", self.url))
+            .bearer_auth(key)
     }
 
     /// GETs `path` and decodes its JSON, whatever the status.
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> T {
-        self.req(Method::GET, path)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        self.get_as(&self.key, path).await
+    }
+
+    /// GETs `path` with another `key` and decodes its JSON, whatever the
+    /// status.
+    pub async fn get_as<T: DeserializeOwned>(&self, key: &str, path: &str) -> T {
+        self.fetch(key, path).await.json().await.unwrap()
+    }
+
+    /// GETs `path` and returns its body as text, whatever the status.
+    pub async fn text(&self, path: &str) -> String {
+        self.fetch(&self.key, path).await.text().await.unwrap()
+    }
+
+    async fn fetch(&self, key: &str, path: &str) -> reqwest::Response {
+        self.req_as(key, Method::GET, path).send().await.unwrap()
     }
 
     /// GETs `path`, which must answer 200, and returns its JSON.
@@ -163,14 +168,7 @@ impl Daemon {
 
     /// Creates a sandbox, which must answer 201, and returns its view.
     pub async fn create_json(&self, body: Value) -> Value {
-        let r = self
-            .req(Method::POST, "/v1/sandboxes")
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        let status = r.status();
-        let v: Value = r.json().await.unwrap();
+        let (status, v) = self.post("/v1/sandboxes", body).await;
         assert_eq!(status, 201, "{v}");
         v
     }
@@ -186,14 +184,8 @@ impl Daemon {
     /// Opens a code context (REPL session) in sandbox `id` with `body`
     /// (e.g. `{"language": "python"}`), which must answer 201; returns its view.
     pub async fn create_session(&self, id: &str, body: Value) -> Value {
-        let r = self
-            .req(Method::POST, &format!("/v1/sandboxes/{id}/repl/sessions"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        let status = r.status();
-        let v: Value = r.json().await.unwrap();
+        let path = format!("/v1/sandboxes/{id}/repl/sessions");
+        let (status, v) = self.post(&path, body).await;
         assert_eq!(status, 201, "{v}");
         v
     }
@@ -210,12 +202,12 @@ impl Daemon {
 
     /// POSTs `body` as JSON to `path`: the status and the answer's JSON.
     pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        let r = self
-            .req(Method::POST, path)
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        self.send_json(Method::POST, path, body).await
+    }
+
+    /// Sends `body` as JSON: the status and the answer's JSON.
+    pub async fn send_json(&self, method: Method, path: &str, body: Value) -> (u16, Value) {
+        let r = self.req(method, path).json(&body).send().await.unwrap();
         (r.status().as_u16(), r.json().await.unwrap())
     }
 
