@@ -11,8 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use reqwest::Method;
 use runcell_core::{RunOptions, Runtime, RuntimeConfig, SandboxOptions};
 use runcell_protocol::Command as Cmd;
+use runcell_testkit::{free_port, Daemon};
 use serde_json::{json, Value};
 
 #[derive(Debug, Parser)]
@@ -33,19 +35,21 @@ fn pct(sorted: &[Duration], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1000.0
 }
 
+/// The daemon and one client (with its connection pool) for every request.
 struct Api {
-    url: String,
-    key: String,
+    daemon: Daemon,
     http: reqwest::Client,
 }
 
 impl Api {
+    fn req(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        self.daemon.request(&self.http, method, path)
+    }
+
     async fn cycle(&self) -> Result<Duration, String> {
         let t = Instant::now();
         let r = self
-            .http
-            .post(format!("{}/v1/sandboxes", self.url))
-            .bearer_auth(&self.key)
+            .req(Method::POST, "/v1/sandboxes")
             .json(&json!({"template": "host"}))
             .send()
             .await
@@ -58,9 +62,7 @@ impl Api {
             .unwrap_or_default()
             .to_string();
         let r = self
-            .http
-            .post(format!("{}/v1/sandboxes/{id}/exec", self.url))
-            .bearer_auth(&self.key)
+            .req(Method::POST, &format!("/v1/sandboxes/{id}/exec"))
             .json(&json!({"cmd": "/usr/bin/python3 -c pass"}))
             .send()
             .await
@@ -70,9 +72,7 @@ impl Api {
             return Err(format!("exec: {body}"));
         }
         let r = self
-            .http
-            .delete(format!("{}/v1/sandboxes/{id}", self.url))
-            .bearer_auth(&self.key)
+            .req(Method::DELETE, &format!("/v1/sandboxes/{id}"))
             .send()
             .await
             .map_err(|e| e.to_string())?;
@@ -125,40 +125,16 @@ async fn main() {
         .and_then(|p| p.parent().map(PathBuf::from))
         .expect("own directory");
     let runcell = dir.join("runcell");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
     let data = PathBuf::from(format!("/run/runcell-bench/api-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&data);
-    let mut daemon = Command::new(&runcell)
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--standby",
-            "2",
-            "--max-sandboxes",
-            "128",
-            "--data-dir",
-        ])
-        .arg(&data)
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("runcell serve");
-    let until = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < until, "the daemon did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let key = std::fs::read_to_string(data.join("api-key"))
-        .unwrap()
-        .trim()
-        .to_string();
+    let daemon = Daemon::spawn(
+        &runcell,
+        &data,
+        free_port(),
+        ["--standby", "2", "--max-sandboxes", "128"],
+    );
     let api = Arc::new(Api {
-        url: format!("http://127.0.0.1:{port}"),
-        key,
+        daemon,
         http: reqwest::Client::new(),
     });
     let direct = Runtime::new(RuntimeConfig {
@@ -220,8 +196,10 @@ async fn main() {
     }
     let (c16, e16, w16) = concurrent(&api, 16, args.per_client).await;
     let (c64, e64, w64) = concurrent(&api, 64, args.per_client).await;
-    let _ = daemon.kill();
-    let _ = daemon.wait();
+    // Every client task has finished: this is the last reference.
+    if let Ok(mut api) = Arc::try_unwrap(api) {
+        api.daemon.kill9();
+    }
 
     println!(
         "create + exec `python3 -c pass` + delete; iterations {}; {} ops per concurrent client\n",

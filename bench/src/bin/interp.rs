@@ -13,6 +13,7 @@
 //! Needs the template built (default `code-interpreter`, see README). Run
 //! with `sudo ./scripts/bench.sh --interp`.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -21,6 +22,7 @@ use clap::Parser;
 use runcell_core::{RunOptions, Runtime, RuntimeConfig, SandboxOptions, Template};
 use runcell_jail::RootfsSpec;
 use runcell_protocol::Language;
+use runcell_testkit::{free_port, Daemon};
 use serde_json::{json, Value};
 
 const CODE: &str = "import pandas as pd; pd.DataFrame({\"a\": [1, 2]}).sum()";
@@ -65,18 +67,15 @@ fn mount_template(t: &Template, at: &Path) {
     assert!(ok, "could not mount the template's layers");
 }
 
+/// The daemon and one client (with its connection pool) for every request.
 struct Api {
-    url: String,
-    key: String,
+    daemon: Daemon,
     http: reqwest::Client,
 }
 
 impl Api {
     async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
-        let mut rb = self
-            .http
-            .request(method, format!("{}{path}", self.url))
-            .bearer_auth(&self.key);
+        let mut rb = self.daemon.request(&self.http, method, path);
         if let Some(b) = body {
             rb = rb.json(&b);
         }
@@ -121,18 +120,7 @@ impl Api {
     }
 
     async fn metric(&self, sample: &str) -> f64 {
-        let text = self
-            .http
-            .get(format!("{}/metrics", self.url))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix(sample)?.trim().parse().ok())
-            .unwrap_or(0.0)
+        self.daemon.metric(sample).await.unwrap_or(0.0)
     }
 }
 
@@ -204,41 +192,19 @@ async fn main() {
         .ok()
         .and_then(|p| p.parent().map(PathBuf::from))
         .expect("own directory");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
     let data = PathBuf::from(format!("/run/runcell-bench/interp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&data);
-    let mut daemon = Command::new(dir.join("runcell"))
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--standby",
-            "2",
-        ])
-        .arg("--warm-pool")
-        .arg(format!("{}=2", template.name))
-        .arg("--templates-dir")
-        .arg(&args.templates_dir)
-        .arg("--data-dir")
-        .arg(&data)
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("runcell serve");
-    let until = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < until, "the daemon did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let pool = format!("{}=2", template.name);
+    let flags: [&OsStr; 6] = [
+        "--standby".as_ref(),
+        "2".as_ref(),
+        "--warm-pool".as_ref(),
+        pool.as_ref(),
+        "--templates-dir".as_ref(),
+        args.templates_dir.as_ref(),
+    ];
     let api = Api {
-        url: format!("http://127.0.0.1:{port}"),
-        key: std::fs::read_to_string(data.join("api-key"))
-            .unwrap()
-            .trim()
-            .into(),
+        daemon: Daemon::spawn(&dir.join("runcell"), &data, free_port(), flags),
         http: reqwest::Client::new(),
     };
     let ready = format!("runcell_warm_pool_ready{{template=\"{}\"}}", template.name);
@@ -306,9 +272,8 @@ async fn main() {
             None,
         )
         .await;
-    // SIGTERM: the daemon destroys its pool on the way out.
-    let _ = Command::new("kill").arg(daemon.id().to_string()).status();
-    let _ = daemon.wait();
+    // Dropping the daemon SIGTERMs it: it destroys its pool on the way out.
+    drop(api);
     let _ = std::fs::remove_dir_all(&data);
 
     for v in [&mut bare, &mut fresh, &mut pooled, &mut warm] {

@@ -11,11 +11,8 @@ use serde_json::{json, Value};
 
 /// Whether the sandbox is still listed.
 async fn alive(d: &Daemon, id: &str) -> bool {
-    d.req(reqwest::Method::GET, &format!("/v1/sandboxes/{id}"))
-        .send()
+    d.status(reqwest::Method::GET, &format!("/v1/sandboxes/{id}"), None)
         .await
-        .unwrap()
-        .status()
         == 200
 }
 
@@ -68,15 +65,7 @@ async fn long_work_outlives_the_idle_ttl_and_the_clock_starts_when_it_ends() {
     // the context's state is there for the next cell.
     let id = d.create(json!({"ttl_seconds": 2})).await;
     let sessions = format!("/v1/sandboxes/{id}/repl/sessions");
-    let s: Value = d
-        .req(reqwest::Method::POST, &sessions)
-        .json(&json!({"language": "python"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let s = d.create_session(&id, json!({"language": "python"})).await;
     let sid = s["id"].as_str().unwrap().to_string();
     let run = |code: &str| {
         d.req(reqwest::Method::POST, &format!("{sessions}/{sid}/run"))

@@ -70,12 +70,7 @@ fn finish(d: Daemon) {
 }
 
 async fn kill(d: &Daemon, id: &str) {
-    let r = d
-        .req(Method::DELETE, &format!("/v1/sandboxes/{id}"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 204);
+    d.delete(id).await;
 }
 
 #[tokio::test]
@@ -320,14 +315,7 @@ async fn sandbox_commands_take_limits_print_headers_and_human_views() {
         ],
     );
     let id = ok(&o).trim().to_string();
-    let s: Value = d
-        .req(Method::GET, &format!("/v1/sandboxes/{id}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let s: Value = d.get(&format!("/v1/sandboxes/{id}")).await;
     let l = &s["limits"];
     assert_eq!(
         (

@@ -5,199 +5,50 @@
 //! policy changes on a live sandbox. Needs root. Packets go only to
 //! loopback and the package registries (pypi.org, files.pythonhosted.org).
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::*;
+use reqwest::Method;
 use serde_json::{json, Value};
 
-struct Daemon {
-    child: Child,
-    url: String,
-    key: String,
-    port: u16,
-    data: std::path::PathBuf,
+/// A daemon for the egress tests (no warm `code-interpreter` pool); its data
+/// directory goes with it unless a sandbox was left in it.
+fn start(name: &str, extra: &[&str]) -> Daemon {
+    require_root("egress");
+    let mut args = vec!["--warm-pool", "code-interpreter=0"];
+    args.extend(extra);
+    Daemon::start(&data_dir(&format!("egress-{name}")), free_port(), &args).remove_data_on_drop()
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// What the egress tests send besides the harness's requests.
+trait EgressRequests {
+    /// Runs `cmd` with a timeout in seconds; the answer, whatever the status.
+    async fn run(&self, id: &str, cmd: &str, timeout: u64) -> Value;
+    /// The same, in the background.
+    async fn run_background(&self, id: &str, cmd: &str, timeout: u64) -> Value;
+    /// PATCH /v1/sandboxes/{id}/network: the status and the answer.
+    async fn patch_network(&self, id: &str, body: Value) -> (u16, Value);
 }
 
-fn data_dir(name: &str) -> std::path::PathBuf {
-    let d = std::path::PathBuf::from(format!(
-        "/run/runcell-test/egress-{name}-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
-impl Daemon {
-    fn start(name: &str, extra: &[&str]) -> Daemon {
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let euid = unsafe { libc::geteuid() };
-        assert_eq!(euid, 0, "the egress tests must run as root");
-        let data = data_dir(name);
-        let port = free_port();
-        let child = Command::new(env!("CARGO_BIN_EXE_runcell"))
-            .args([
-                "serve",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--data-dir",
-            ])
-            .arg(&data)
-            .args(["--standby", "1", "--warm-pool", "code-interpreter=0"])
-            .arg("--auto-build=false")
-            .args(extra)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let until = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < until, "the daemon did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let key = std::fs::read_to_string(data.join("api-key"))
-            .unwrap()
-            .trim()
-            .to_string();
-        Daemon {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-            key,
-            port,
-            data,
-        }
+impl EgressRequests for Daemon {
+    async fn run(&self, id: &str, cmd: &str, timeout: u64) -> Value {
+        let body = json!({"cmd": cmd, "timeout": timeout});
+        self.exec_json(id, body).await.1
     }
 
-    fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        reqwest::Client::new()
-            .request(method, format!("{}{path}", self.url))
-            .bearer_auth(&self.key)
-    }
-
-    async fn create(&self, body: Value) -> (String, Value) {
-        let r = self
-            .req(reqwest::Method::POST, "/v1/sandboxes")
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 201);
-        let v: Value = r.json().await.unwrap();
-        (v["id"].as_str().unwrap().to_string(), v)
-    }
-
-    async fn get(&self, id: &str) -> Value {
-        self.req(reqwest::Method::GET, &format!("/v1/sandboxes/{id}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
-    }
-
-    async fn exec(&self, id: &str, cmd: &str, timeout: u64) -> Value {
-        let r = self
-            .req(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/exec"))
-            .json(&json!({"cmd": cmd, "timeout": timeout}))
-            .send()
-            .await
-            .unwrap();
-        r.json().await.unwrap()
-    }
-
-    async fn exec_background(&self, id: &str, cmd: &str, timeout: u64) -> Value {
-        let r = self
-            .req(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/exec"))
-            .json(&json!({"cmd": cmd, "timeout": timeout, "background": true}))
-            .send()
-            .await
-            .unwrap();
-        r.json().await.unwrap()
+    async fn run_background(&self, id: &str, cmd: &str, timeout: u64) -> Value {
+        let body = json!({"cmd": cmd, "timeout": timeout, "background": true});
+        self.exec_json(id, body).await.1
     }
 
     async fn patch_network(&self, id: &str, body: Value) -> (u16, Value) {
-        let r = self
-            .req(
-                reqwest::Method::PATCH,
-                &format!("/v1/sandboxes/{id}/network"),
-            )
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        (r.status().as_u16(), r.json().await.unwrap())
-    }
-
-    async fn delete(&self, id: &str) {
-        let r = self
-            .req(reqwest::Method::DELETE, &format!("/v1/sandboxes/{id}"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 204);
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // Sandboxes outlive the daemon by design: delete what a failed
-        // test left (on a thread with its own runtime; drop is sync).
-        let (url, key) = (self.url.clone(), self.key.clone());
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let http = reqwest::Client::new();
-                let Ok(r) = http
-                    .get(format!("{url}/v1/sandboxes"))
-                    .bearer_auth(&key)
-                    .send()
-                    .await
-                else {
-                    return;
-                };
-                let list: Vec<Value> = r.json().await.unwrap_or_default();
-                for sb in list {
-                    if let Some(id) = sb["id"].as_str() {
-                        let _ = http
-                            .delete(format!("{url}/v1/sandboxes/{id}"))
-                            .bearer_auth(&key)
-                            .send()
-                            .await;
-                    }
-                }
-            });
-        })
-        .join();
-        // SAFETY: kill has no memory preconditions; the pid is our child's.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let until = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < until {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if !matches!(self.child.try_wait(), Ok(Some(_))) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        // Only when no sandbox is left (a leftover keeps its state dir).
-        let sandboxes = self.data.join("sandboxes");
-        if std::fs::read_dir(&sandboxes).map_or(true, |mut d| d.next().is_none()) {
-            let _ = std::fs::remove_dir_all(&self.data);
-        }
+        let path = format!("/v1/sandboxes/{id}/network");
+        self.send_json(Method::PATCH, &path, body).await
     }
 }
 
@@ -225,8 +76,9 @@ print(json.dumps(r))
 
 #[tokio::test(flavor = "multi_thread")]
 async fn network_none_dns_and_tcp_fail_fast() {
-    let d = Daemon::start("none", &[]);
-    let (id, created) = d.create(json!({})).await;
+    let d = start("none", &[]);
+    let created = d.create_json(json!({})).await;
+    let id = created["id"].as_str().unwrap().to_string();
     assert_eq!(created["network"]["mode"], "none");
     d.req(
         reqwest::Method::PUT,
@@ -236,7 +88,7 @@ async fn network_none_dns_and_tcp_fail_fast() {
     .send()
     .await
     .unwrap();
-    let r = d.exec(&id, "python3 /tmp/probe.py", 30).await;
+    let r = d.run(&id, "python3 /tmp/probe.py", 30).await;
     assert_eq!(r["exit_code"], 0, "{}", out(&r));
     let p: Value = serde_json::from_str(r["stdout"].as_str().unwrap().trim()).unwrap();
     for k in ["dns", "tcp", "tcp_ip"] {
@@ -251,7 +103,7 @@ async fn network_none_dns_and_tcp_fail_fast() {
     // curl by name and by address, and no proxy in the environment.
     let t = Instant::now();
     let r = d
-        .exec(
+        .run(
             &id,
             "curl -sS -m 5 https://pypi.org/simple/six/; echo \"rc=$?\"; curl -sS -m 5 https://151.101.0.223/; echo \"rc=$?\"",
             30,
@@ -273,19 +125,20 @@ async fn network_none_dns_and_tcp_fail_fast() {
         elapsed < Duration::from_secs(2),
         "two curls took {elapsed:?}"
     );
-    let r = d.exec(&id, "env | grep -ic proxy || true", 10).await;
+    let r = d.run(&id, "env | grep -ic proxy || true", 10).await;
     assert_eq!(r["stdout"].as_str().unwrap().trim(), "0", "{}", out(&r));
-    let net = &d.get(&id).await["network"];
+    let net = &d.sandbox(&id).await["network"];
     assert_eq!(net["connections_allowed"], 0);
     d.delete(&id).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn allowlist_package_index_installs_from_pypi_and_refuses_other_hosts() {
-    let d = Daemon::start("allowlist", &[]);
-    let (id, created) = d
-        .create(json!({"network": {"mode": "allowlist", "allow": ["*.pythonhosted.org:443"], "presets": ["package-index"]}}))
+    let d = start("allowlist", &[]);
+    let created = d
+        .create_json(json!({"network": {"mode": "allowlist", "allow": ["*.pythonhosted.org:443"], "presets": ["package-index"]}}))
         .await;
+    let id = created["id"].as_str().unwrap().to_string();
     assert_eq!(created["network"]["mode"], "allowlist");
     assert_eq!(
         created["network"]["allow"],
@@ -293,7 +146,7 @@ async fn allowlist_package_index_installs_from_pypi_and_refuses_other_hosts() {
     );
     assert_eq!(created["network"]["presets"], json!(["package-index"]));
     let r = d
-        .exec(
+        .run(
             &id,
             "python3 -m pip install --disable-pip-version-check --no-cache-dir --target /tmp/pkgs six==1.16.0 \
              && PYTHONPATH=/tmp/pkgs python3 -c 'import six; print(\"six\", six.__version__)'",
@@ -306,7 +159,7 @@ async fn allowlist_package_index_installs_from_pypi_and_refuses_other_hosts() {
         "{}",
         out(&r)
     );
-    let net = d.get(&id).await["network"].clone();
+    let net = d.sandbox(&id).await["network"].clone();
     let allowed = net["connections_allowed"].as_u64().unwrap();
     assert!(
         allowed >= 2,
@@ -318,7 +171,7 @@ async fn allowlist_package_index_installs_from_pypi_and_refuses_other_hosts() {
     // example.com resolves, but it is not on the list: refused with the
     // message, and the proxy never connects.
     let r = d
-        .exec(
+        .run(
             &id,
             "curl -sS -m 10 http://example.com/; echo; curl -sS -m 10 https://example.com/; echo \"rc=$?\"",
             30,
@@ -334,7 +187,7 @@ async fn allowlist_package_index_installs_from_pypi_and_refuses_other_hosts() {
     assert!(r["stderr"].as_str().unwrap().contains("403"), "{}", out(&r));
     // Python's urllib through the proxy gets the same refusal.
     let r = d
-        .exec(
+        .run(
             &id,
             "python3 -c 'import urllib.request as u\ntry:\n  u.urlopen(\"http://example.com/\", timeout=10)\nexcept Exception as e:\n  print(e.code, e.read().decode())'",
             30,
@@ -348,7 +201,7 @@ async fn allowlist_package_index_installs_from_pypi_and_refuses_other_hosts() {
         "{}",
         out(&r)
     );
-    let net = d.get(&id).await["network"].clone();
+    let net = d.sandbox(&id).await["network"].clone();
     assert_eq!(
         net["connections_allowed"].as_u64().unwrap(),
         allowed,
@@ -359,7 +212,7 @@ async fn allowlist_package_index_installs_from_pypi_and_refuses_other_hosts() {
 
     // The sandbox user cannot use the egress socket directly.
     let r = d
-        .exec(
+        .run(
             &id,
             "python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); s.connect(\"/run/runcell/egress/sock\")'",
             10,
@@ -371,12 +224,7 @@ async fn allowlist_package_index_installs_from_pypi_and_refuses_other_hosts() {
         "{}",
         out(&r)
     );
-    let metrics = reqwest::get(format!("{}/metrics", d.url))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = d.metrics().await;
     assert!(
         metrics.contains("runcell_egress_connections_total{outcome=\"refused_policy\"} 3"),
         "{metrics}"
@@ -426,8 +274,9 @@ async fn open_sandbox_cannot_reach_host_loopback_but_operator_override_can() {
     let (secret, secret_seen) = host_listener(None);
     let (mirror, mirror_seen) = host_listener(Some(format!("http://localhost:{secret}/")));
     let allow = format!("127.0.0.1:{mirror}");
-    let d = Daemon::start("open", &["--egress-allow-private", &allow]);
-    let (id, created) = d.create(json!({"network": "open"})).await;
+    let d = start("open", &["--egress-allow-private", &allow]);
+    let created = d.create_json(json!({"network": "open"})).await;
+    let id = created["id"].as_str().unwrap().to_string();
     assert_eq!(created["network"]["mode"], "open");
     let targets = [
         format!("http://127.0.0.1:{secret}/"),
@@ -441,7 +290,7 @@ async fn open_sandbox_cannot_reach_host_loopback_but_operator_override_can() {
     for t in &targets {
         // NO_PROXY lists loopback (the sandbox's own); force the proxy.
         let r = d
-            .exec(&id, &format!("{VIA_PROXY} '{t}'; echo \" rc=$?\""), 30)
+            .run(&id, &format!("{VIA_PROXY} '{t}'; echo \" rc=$?\""), 30)
             .await;
         let stdout = r["stdout"].as_str().unwrap();
         if t.starts_with("http:") {
@@ -458,7 +307,7 @@ async fn open_sandbox_cannot_reach_host_loopback_but_operator_override_can() {
     }
     // Without the proxy, the sandbox's own loopback has nothing there.
     let r = d
-        .exec(
+        .run(
             &id,
             &format!("curl -sS -m 5 --noproxy '*' http://127.0.0.1:{secret}/; echo \" rc=$?\""),
             30,
@@ -481,14 +330,14 @@ async fn open_sandbox_cannot_reach_host_loopback_but_operator_override_can() {
     );
     // The operator opened 127.0.0.1:<mirror>: that one address works.
     let r = d
-        .exec(&id, &format!("{VIA_PROXY} http://127.0.0.1:{mirror}/"), 30)
+        .run(&id, &format!("{VIA_PROXY} http://127.0.0.1:{mirror}/"), 30)
         .await;
     assert_eq!(r["stdout"], "hello, host\n", "{}", out(&r));
     assert_eq!(mirror_seen.load(std::sync::atomic::Ordering::SeqCst), 1);
     // A redirect from the opened address to the host's loopback: the
     // client's next request is checked again and refused.
     let r = d
-        .exec(
+        .run(
             &id,
             &format!("{VIA_PROXY} -L http://127.0.0.1:{mirror}/redirect"),
             30,
@@ -508,7 +357,7 @@ async fn open_sandbox_cannot_reach_host_loopback_but_operator_override_can() {
         0,
         "the redirect reached the host listener"
     );
-    let net = d.get(&id).await["network"].clone();
+    let net = d.sandbox(&id).await["network"].clone();
     assert_eq!(net["connections_allowed"], 2, "{net}");
     assert_eq!(
         net["connections_refused"].as_u64().unwrap(),
@@ -520,8 +369,8 @@ async fn open_sandbox_cannot_reach_host_loopback_but_operator_override_can() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn network_policy_changes_on_a_live_sandbox() {
-    let d = Daemon::start("patch", &[]);
-    let (id, _) = d.create(json!({"network": "none"})).await;
+    let d = start("patch", &[]);
+    let id = d.create(json!({"network": "none"})).await;
     let (status, v) = d
         .patch_network(&id, json!({"mode": "allowlist", "presets": ["nope"]}))
         .await;
@@ -538,9 +387,12 @@ async fn network_policy_changes_on_a_live_sandbox() {
         .await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["mode"], "allowlist");
-    assert_eq!(d.get(&id).await["network"]["allow"], json!(["pypi.org"]));
+    assert_eq!(
+        d.sandbox(&id).await["network"]["allow"],
+        json!(["pypi.org"])
+    );
     let r = d
-        .exec(
+        .run(
             &id,
             "echo $HTTPS_PROXY; curl -sS -m 10 http://example.com/",
             30,
@@ -558,7 +410,7 @@ async fn network_policy_changes_on_a_live_sandbox() {
     // Sandboxed code that takes the proxy's port makes the switch fail, and
     // the policy stays what it was. (`background`: the holder must outlive
     // the exec that starts it.)
-    d.exec_background(
+    d.run_background(
         &id,
         "nohup python3 -c 'import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((\"127.0.0.1\", 3128)); s.listen(); print(\"ready\", flush=True); time.sleep(30)' >/tmp/holder.out 2>&1 & echo $! > /tmp/holder.pid; \
          for i in $(seq 200); do grep -q ready /tmp/holder.out && break; sleep 0.05; done",
@@ -568,11 +420,11 @@ async fn network_policy_changes_on_a_live_sandbox() {
     let (status, v) = d.patch_network(&id, json!("open")).await;
     assert_eq!(status, 400, "{v}");
     assert!(v["error"].as_str().unwrap().contains("3128"), "{v}");
-    assert_eq!(d.get(&id).await["network"]["mode"], "none");
-    d.exec(&id, "kill $(cat /tmp/holder.pid)", 10).await;
+    assert_eq!(d.sandbox(&id).await["network"]["mode"], "none");
+    d.run(&id, "kill $(cat /tmp/holder.pid)", 10).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let t = Instant::now();
-    let r = d.exec(&id, "echo \"[$HTTPS_PROXY]\"; curl -sS -m 5 -x http://127.0.0.1:3128 http://pypi.org/; echo \" rc=$?\"", 30).await;
+    let r = d.run(&id, "echo \"[$HTTPS_PROXY]\"; curl -sS -m 5 -x http://127.0.0.1:3128 http://pypi.org/; echo \" rc=$?\"", 30).await;
     assert!(t.elapsed() < Duration::from_secs(2));
     let stdout = r["stdout"].as_str().unwrap();
     assert!(stdout.starts_with("[]\n"), "{}", out(&r));
@@ -586,9 +438,7 @@ async fn network_policy_changes_on_a_live_sandbox() {
 
 #[test]
 fn runcell_run_takes_a_network_policy() {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(euid, 0, "the egress tests must run as root");
+    require_root("egress");
     let run = |args: &[&str]| {
         let o = Command::new(env!("CARGO_BIN_EXE_runcell"))
             .arg("run")

@@ -15,14 +15,7 @@ const COUNT_SLEEPS: &str =
     "n=0; for c in /proc/[0-9]*/comm; do [ \"$(cat $c 2>/dev/null)\" = sleep ] && n=$((n+1)); done; echo $n";
 
 async fn exec_body(d: &Daemon, id: &str, body: Value) -> Value {
-    let r = d
-        .req(Method::POST, &format!("/v1/sandboxes/{id}/exec"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    let v: Value = r.json().await.unwrap();
+    let (status, v) = d.exec_json(id, body).await;
     assert_eq!(status, 200, "{v}");
     v
 }

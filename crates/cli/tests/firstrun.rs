@@ -7,10 +7,12 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::*;
+use nix::sys::signal::Signal;
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -19,13 +21,8 @@ use serde_json::{json, Value};
 fn banner(want: &str) -> String {
     let data = data_dir("banner");
     let port = free_port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_runcell"))
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-        ])
+    let mut child = serve_command(Path::new(RUNCELL), port)
+        .arg("--data-dir")
         .arg(&data)
         .args(["--standby", "0", "--auto-build=false"])
         .stdout(Stdio::piped())
@@ -49,8 +46,7 @@ fn banner(want: &str) -> String {
             text.push('\n');
         }
     }
-    // SAFETY: kill has no memory preconditions; the pid is our child's.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    signal(&mut child, Signal::SIGTERM);
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(&data);
     text
@@ -81,8 +77,7 @@ fn banner_prints_the_runcell_variables_as_well_as_pandastack_ones() {
 fn serve_fails(args: &[&std::ffi::OsStr]) -> String {
     let port = free_port();
     let started = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_runcell"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+    let mut child = serve_command(Path::new(RUNCELL), port)
         .args(args)
         .args(["--standby", "0", "--auto-build=false"])
         .stdout(Stdio::null())
@@ -198,16 +193,11 @@ async fn reattached_sandbox_keeps_its_egress_policy() {
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let data = data_dir("egress-restart");
     let mut d = Daemon::start(&data, free_port(), &flags);
-    let r = d
-        .req(Method::POST, "/v1/sandboxes")
-        .json(&json!({"network": {"mode": "allowlist", "allow": [format!("127.0.0.1:{allowed}")]}}))
-        .send()
-        .await
-        .unwrap();
-    let status = r.status();
-    let created: Value = r.json().await.unwrap();
-    assert_eq!(status, 201, "{created}");
-    let id = created["id"].as_str().unwrap().to_string();
+    let id = d
+        .create(
+            json!({"network": {"mode": "allowlist", "allow": [format!("127.0.0.1:{allowed}")]}}),
+        )
+        .await;
     let before_ok = through_proxy(&d, &id, allowed).await;
     assert!(
         before_ok.contains("hello, host") && before_ok.contains("status=200"),
@@ -217,21 +207,15 @@ async fn reattached_sandbox_keeps_its_egress_policy() {
     assert!(before_refused.contains("status=403"), "{before_refused}");
 
     // A policy set later (PATCH) is kept as well.
-    let r = d
-        .req(Method::POST, "/v1/sandboxes")
-        .json(&json!({"network": "none"}))
-        .send()
-        .await
-        .unwrap();
-    let patched: Value = r.json().await.unwrap();
-    let patched = patched["id"].as_str().unwrap().to_string();
-    let r = d
-        .req(Method::PATCH, &format!("/v1/sandboxes/{patched}/network"))
-        .json(&json!({"mode": "allowlist", "allow": [format!("127.0.0.1:{allowed}")]}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    let patched = d.create(json!({"network": "none"})).await;
+    let status = d
+        .status(
+            Method::PATCH,
+            &format!("/v1/sandboxes/{patched}/network"),
+            Some(json!({"mode": "allowlist", "allow": [format!("127.0.0.1:{allowed}")]})),
+        )
+        .await;
+    assert_eq!(status, 200);
 
     d.kill9();
     let d = Daemon::start(&data, free_port(), &flags);
@@ -240,14 +224,7 @@ async fn reattached_sandbox_keeps_its_egress_policy() {
         after.contains("hello, host") && after.contains("status=200"),
         "{after}"
     );
-    let view: Value = d
-        .req(Method::GET, &format!("/v1/sandboxes/{id}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let view = d.sandbox(&id).await;
     assert_eq!(view["network"]["mode"], "allowlist", "{view}");
     assert_eq!(
         view["network"]["allow"],
@@ -267,34 +244,6 @@ async fn reattached_sandbox_keeps_its_egress_policy() {
 /// Where the end-to-end build test keeps its templates between runs on the
 /// same machine (the Debian base layer is bootstrapped once).
 const TEMPLATE_CACHE: &str = "/var/cache/runcell-test/templates";
-
-async fn get_json(d: &Daemon, path: &str) -> Value {
-    let r = d.req(Method::GET, path).send().await.unwrap();
-    assert_eq!(r.status(), 200, "GET {path}");
-    r.json().await.unwrap()
-}
-
-async fn create_json(d: &Daemon, body: Value) -> Value {
-    let r = d
-        .req(Method::POST, "/v1/sandboxes")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status();
-    let v: Value = r.json().await.unwrap();
-    assert_eq!(status, 201, "{v}");
-    v
-}
-
-async fn delete(d: &Daemon, id: &str) {
-    let r = d
-        .req(Method::DELETE, &format!("/v1/sandboxes/{id}"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 204);
-}
 
 /// What the new user's first `code-interpreter` sandbox must offer: the data
 /// stack from the template's own Debian (its dpkg database lists it; the
@@ -330,12 +279,12 @@ async fn first_start_builds_code_interpreter_and_a_second_start_reuses_it() {
     let d = Daemon::start(&data_dir("autobuild"), free_port(), &flags);
 
     // While it builds: served from host, and said so.
-    let view = get_json(&d, "/v1/templates/code-interpreter").await;
+    let view = d.get_ok("/v1/templates/code-interpreter").await;
     assert_eq!(view["alias_of"], "host", "{view}");
     assert_eq!(view["building"], true, "{view}");
     let state = view["build"]["state"].as_str().unwrap_or_default();
     assert!(state == "queued" || state == "building", "{view}");
-    let early = create_json(&d, json!({"template": "code-interpreter"})).await;
+    let early = d.create_json(json!({"template": "code-interpreter"})).await;
     assert_eq!(early["alias_of"], "host", "{early}");
     assert_eq!(early["building"], true, "{early}");
     let early_id = early["id"].as_str().unwrap();
@@ -343,13 +292,13 @@ async fn first_start_builds_code_interpreter_and_a_second_start_reuses_it() {
         .exec(early_id, "test -e /var/lib/dpkg/status; echo dpkg=$?")
         .await;
     assert!(r["stdout"].as_str().unwrap().contains("dpkg=1"), "{r}");
-    delete(&d, early_id).await;
+    d.delete(early_id).await;
 
     // Progress until ready (bounded: a first run bootstraps Debian too).
     let mut steps = std::collections::BTreeSet::new();
     let until = Instant::now() + Duration::from_secs(1200);
     let view = loop {
-        let view = get_json(&d, "/v1/templates/code-interpreter").await;
+        let view = d.get_ok("/v1/templates/code-interpreter").await;
         if let Some(step) = view["build"]["step"].as_str() {
             steps.insert(step.to_string());
         }
@@ -371,27 +320,20 @@ async fn first_start_builds_code_interpreter_and_a_second_start_reuses_it() {
     assert_eq!(view["building"], false, "{view}");
 
     // New sandboxes get the built template, without a restart.
-    let built = create_json(&d, json!({"template": "code-interpreter"})).await;
+    let built = d.create_json(json!({"template": "code-interpreter"})).await;
     assert!(built["alias_of"].is_null(), "{built}");
     let id = built["id"].as_str().unwrap();
     let (_, r) = d.exec(id, DATA_STACK).await;
     assert_eq!(r["exit_code"], 0, "{r}");
     let out = r["stdout"].as_str().unwrap();
     assert!(out.contains("stack ") && out.contains("bookworm"), "{r}");
-    delete(&d, id).await;
+    d.delete(id).await;
 
     // Its warm pool (the default `code-interpreter=2`) starts too, without a
     // restart, and serves the next create.
     let until = Instant::now() + Duration::from_secs(120);
     loop {
-        let text = d
-            .req(Method::GET, "/metrics")
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = d.metrics().await;
         if text.contains("runcell_warm_pool_ready{template=\"code-interpreter\"} 2") {
             break;
         }
@@ -405,35 +347,28 @@ async fn first_start_builds_code_interpreter_and_a_second_start_reuses_it() {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let pooled = create_json(&d, json!({"template": "code-interpreter"})).await;
-    let metrics = d
-        .req(Method::GET, "/metrics")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let pooled = d.create_json(json!({"template": "code-interpreter"})).await;
+    let metrics = d.metrics().await;
     assert!(
         metrics.contains("runcell_warm_pool_hits_total{template=\"code-interpreter\"} 1"),
         "{metrics}"
     );
-    delete(&d, pooled["id"].as_str().unwrap()).await;
+    d.delete(pooled["id"].as_str().unwrap()).await;
     drop(d);
 
     // A second start finds it installed: no build, served at once.
     let t0 = Instant::now();
     let d = Daemon::start(&data_dir("autobuild-again"), free_port(), &flags);
-    let view = get_json(&d, "/v1/templates/code-interpreter").await;
+    let view = d.get_ok("/v1/templates/code-interpreter").await;
     assert!(view["alias_of"].is_null(), "{view}");
     assert!(
         view.get("build").is_none(),
         "a second start built again: {view}"
     );
-    let again = create_json(&d, json!({"template": "code-interpreter"})).await;
+    let again = d.create_json(json!({"template": "code-interpreter"})).await;
     let id = again["id"].as_str().unwrap();
     let (_, r) = d.exec(id, DATA_STACK).await;
     assert_eq!(r["exit_code"], 0, "{r}");
     assert!(t0.elapsed() < Duration::from_secs(60), "{:?}", t0.elapsed());
-    delete(&d, id).await;
+    d.delete(id).await;
 }

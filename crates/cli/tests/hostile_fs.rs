@@ -189,13 +189,12 @@ async fn the_agents_proc_entries_are_hidden_from_the_files_api() {
         assert!(status == 403 || status == 404, "{path}: {status} {body}");
     }
     // The sandbox user's own processes stay readable, and so does the rest of /proc.
-    let r = d
-        .req(Method::POST, &format!("/v1/sandboxes/{id}/exec"))
-        .json(&json!({"cmd": "sleep 100 & echo $!", "background": true}))
-        .send()
-        .await
-        .unwrap();
-    let v: Value = r.json().await.unwrap();
+    let (_, v) = d
+        .exec_json(
+            &id,
+            json!({"cmd": "sleep 100 & echo $!", "background": true}),
+        )
+        .await;
     let pid = v["stdout"].as_str().unwrap().trim().to_string();
     let (status, body, _) = fs(&d, Method::GET, "fs", &id, &format!("/proc/{pid}/cmdline")).await;
     assert_eq!(status, 200, "{v} {body}");
@@ -239,13 +238,7 @@ async fn the_number_of_files_is_capped_and_the_sandbox_recovers() {
     let id = d
         .create(json!({"limits": {"disk_mb": 128, "memory_mb": 256}}))
         .await;
-    let r = d
-        .req(Method::POST, &format!("/v1/sandboxes/{id}/exec"))
-        .json(&json!({"cmd": "mkdir /tmp/m && cd /tmp/m && python3 -c '\nn = 0\ntry:\n    while n < 60000:\n        open(str(n), \"w\").close()\n        n += 1\nexcept OSError as e:\n    print(n, e)\n'", "timeout_seconds": 120}))
-        .send()
-        .await
-        .unwrap();
-    let v: Value = r.json().await.unwrap();
+    let (_, v) = d.exec_json(&id, json!({"cmd": "mkdir /tmp/m && cd /tmp/m && python3 -c '\nn = 0\ntry:\n    while n < 60000:\n        open(str(n), \"w\").close()\n        n += 1\nexcept OSError as e:\n    print(n, e)\n'", "timeout_seconds": 120})).await;
     let out = v["stdout"].as_str().unwrap();
     assert!(out.contains("No space left on device"), "{v}");
     let made: u64 = out.split_whitespace().next().unwrap().parse().unwrap();

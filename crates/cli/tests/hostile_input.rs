@@ -20,13 +20,7 @@ async fn still_serving(d: &Daemon) {
 }
 
 async fn sandboxes(d: &Daemon) -> Vec<Value> {
-    d.req(Method::GET, "/v1/sandboxes")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    d.get("/v1/sandboxes").await
 }
 
 /// Asserts that a create with `body` is refused with `status` and an error
@@ -146,14 +140,7 @@ async fn out_of_range_create_numbers_are_a_400_naming_field_and_range() {
     let ok = d
         .create(json!({"ttl_seconds": 7200, "limits": {"timeout_seconds": 120, "cpu": 0.01, "pids": 8, "memory_mb": 64, "disk_mb": 1}}))
         .await;
-    let got: Value = d
-        .req(Method::GET, &format!("/v1/sandboxes/{ok}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let got: Value = d.get(&format!("/v1/sandboxes/{ok}")).await;
     assert_eq!(got["limits"]["timeout_seconds"], json!(120.0), "{got}");
     assert_eq!(got["limits"]["cpu"], json!(0.01), "{got}");
     assert_eq!(got["limits"]["pids"], json!(8), "{got}");
@@ -181,17 +168,8 @@ async fn out_of_range_exec_and_cell_timeouts_are_a_400_and_the_daemon_lives() {
         }
     }
     // A cell's timeout in milliseconds, the same promise.
-    let r = d
-        .req(Method::POST, &format!("/v1/sandboxes/{id}/repl/sessions"))
-        .json(&json!({"language": "bash"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 201);
-    let sid = r.json::<Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let session = d.create_session(&id, json!({"language": "bash"})).await;
+    let sid = session["id"].as_str().unwrap().to_string();
     for ms in [
         json!(9_000_000_000_000_000_000u64),
         json!(120_001),
@@ -367,17 +345,8 @@ async fn oversized_request_fields_are_a_413_naming_the_limit() {
     )
     .await;
     // A cell's code goes in a frame body (8 MiB at most).
-    let r = d
-        .req(Method::POST, &format!("/v1/sandboxes/{id}/repl/sessions"))
-        .json(&json!({"language": "bash"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 201);
-    let sid = r.json::<Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let session = d.create_session(&id, json!({"language": "bash"})).await;
+    let sid = session["id"].as_str().unwrap().to_string();
     expect_error(
         d.req(
             Method::POST,

@@ -32,20 +32,16 @@ fn cpu_time(pid: u32) -> Duration {
     let f: Vec<&str> = rest.split_whitespace().collect();
     // Fields 14 and 15 of stat (utime, stime), counted after the command.
     let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .unwrap()
+        .expect("the clock tick rate") as u64;
     Duration::from_millis(ticks * 1000 / hz)
 }
 
 async fn exec_json(d: &Daemon, id: &str, cmd: &str) -> Value {
-    let r = d
-        .req(Method::POST, &format!("/v1/sandboxes/{id}/exec"))
-        .json(&json!({"cmd": cmd, "timeout_seconds": 120}))
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    let v: Value = r.json().await.unwrap();
+    let (status, v) = d
+        .exec_json(id, json!({"cmd": cmd, "timeout_seconds": 120}))
+        .await;
     assert_eq!(
         status,
         200,
@@ -99,14 +95,7 @@ async fn short_line_floods_are_exact_linear_and_bounded() {
         );
     }
     // The log keeps a bounded tail of it, as lines.
-    let log = d
-        .req(Method::GET, &format!("/v1/sandboxes/{id}/logs"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let log = d.text(&format!("/v1/sandboxes/{id}/logs")).await;
     assert!(log.len() <= 256 << 10 && log.len() > 1000, "{}", log.len());
     assert!(log.lines().rev().skip(1).take(1000).all(|l| l == "y"));
     d.delete_all().await;

@@ -7,8 +7,7 @@ use std::time::{Duration, Instant};
 const STATE: &str = "/run/runcell-test/cli";
 
 fn runcell() -> Command {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let euid = unsafe { libc::geteuid() };
+    let euid = nix::unistd::geteuid().as_raw();
     assert_eq!(
         euid, 0,
         "these tests create real sandboxes and must run as root (CI runs them as root)"

@@ -279,14 +279,7 @@ async fn soak_sandboxes_leave_nothing_behind() {
     );
     let left: Vec<String> = state_ids(&d.data).intersection(&soaked).cloned().collect();
     assert!(left.is_empty(), "state directories remain: {left:?}");
-    let listed: Vec<Value> = d
-        .req(Method::GET, "/v1/sandboxes")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed: Vec<Value> = d.get("/v1/sandboxes").await;
     assert!(listed.is_empty(), "sandboxes still listed: {listed:?}");
     assert_eq!(
         after.mounts, before.mounts,

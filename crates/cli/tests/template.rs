@@ -5,9 +5,13 @@
 //! sequence on one templates directory and every later build reuses the base
 //! layer from the cache.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use runcell_testkit::{free_port, Daemon};
 
 const STATE: &str = "/run/runcell-test/template";
 const TEMPLATES: &str = "/var/lib/runcell-test-template";
@@ -16,8 +20,7 @@ const CONTEXT: &str = "/var/lib/runcell-test-template-context";
 const SECRET: &str = "/var/lib/runcell-test-template-secret";
 
 fn runcell(templates: &Path) -> Command {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let euid = unsafe { libc::geteuid() };
+    let euid = nix::unistd::geteuid().as_raw();
     assert_eq!(
         euid, 0,
         "template builds run debootstrap and create real sandboxes: run as root (CI does)"
@@ -275,47 +278,25 @@ fn build_run_cache_fail_and_remove() {
 fn daemon_serves(templates: &Path) {
     let data = PathBuf::from("/var/lib/runcell-test-template-daemon");
     let _ = std::fs::remove_dir_all(&data);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut child = runcell(templates)
-        .args(["serve", "--auto-build=false", "--standby", "0", "--listen"])
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--data-dir")
-        .arg(&data)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let until = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < until, "the daemon did not start");
-        assert!(child.try_wait().unwrap().is_none(), "the daemon exited");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let child = Kill(child);
-    let key = std::fs::read_to_string(data.join("api-key")).unwrap();
-    let url = format!("http://127.0.0.1:{port}");
+    // The same environment as `runcell(templates)`, as flags.
+    let flags: [&OsStr; 7] = [
+        "--state-dir".as_ref(),
+        STATE.as_ref(),
+        "--templates-dir".as_ref(),
+        templates.as_ref(),
+        "--auto-build=false".as_ref(),
+        "--standby".as_ref(),
+        "0".as_ref(),
+    ];
+    let d = Daemon::spawn(
+        Path::new(env!("CARGO_BIN_EXE_runcell")),
+        &data,
+        free_port(),
+        flags,
+    );
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let c = reqwest::Client::new();
-        let list: serde_json::Value = c
-            .get(format!("{url}/v1/templates"))
-            .bearer_auth(key.trim())
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let list: serde_json::Value = d.get("/v1/templates").await;
         let t = list
             .as_array()
             .unwrap()
@@ -327,40 +308,20 @@ fn daemon_serves(templates: &Path) {
         assert_eq!(t["defaults"]["preload"], serde_json::json!(["json", "os"]));
         assert!(t["size_bytes"].as_u64().unwrap() > 50 << 20, "{t}");
 
-        let r: serde_json::Value = c
-            .post(format!("{url}/v1/sandboxes"))
-            .bearer_auth(key.trim())
-            .json(&serde_json::json!({"template": "testimg"}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let (_, r) = d
+            .post("/v1/sandboxes", serde_json::json!({"template": "testimg"}))
+            .await;
         let id = r["id"]
             .as_str()
             .unwrap_or_else(|| panic!("{r}"))
             .to_string();
-        let r: serde_json::Value = c
-            .post(format!("{url}/v1/sandboxes/{id}/exec"))
-            .bearer_auth(key.trim())
-            .json(&serde_json::json!({"cmd": "pwd; id -un; echo $GREETING"}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let (_, r) = d.exec(&id, "pwd; id -un; echo $GREETING").await;
         assert_eq!(r["stdout"], "/srv/app\nanalyst\nhello\n", "{r}");
-        let s = c
-            .delete(format!("{url}/v1/sandboxes/{id}"))
-            .bearer_auth(key.trim())
-            .send()
-            .await
-            .unwrap()
-            .status();
-        assert!(s.is_success(), "{s}");
+        let s = d
+            .status(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
+            .await;
+        assert!((200..300).contains(&s), "{s}");
     });
-    drop(child);
+    drop(d);
     let _ = std::fs::remove_dir_all(&data);
 }

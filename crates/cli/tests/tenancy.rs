@@ -11,9 +11,8 @@ use serde_json::{json, Value};
 
 /// Creates a sandbox with `key`; returns the status and body.
 async fn create_as(d: &Daemon, key: &str, body: Value) -> (u16, Value) {
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/sandboxes", d.url))
-        .bearer_auth(key)
+    let r = d
+        .req_as(key, reqwest::Method::POST, "/v1/sandboxes")
         .json(&body)
         .send()
         .await
@@ -81,12 +80,14 @@ async fn one_workspace_cannot_take_every_slot() {
     assert_eq!(s, 201, "{b}");
 
     d.delete_all().await;
-    let c = reqwest::Client::new();
-    c.delete(format!("{}/v1/sandboxes/{theirs}", d.url))
-        .bearer_auth(&other)
-        .send()
-        .await
-        .unwrap();
+    d.req_as(
+        &other,
+        reqwest::Method::DELETE,
+        &format!("/v1/sandboxes/{theirs}"),
+    )
+    .send()
+    .await
+    .unwrap();
     drop(d);
     let _ = std::fs::remove_dir_all(&data);
 }
@@ -122,9 +123,8 @@ async fn an_ended_sandbox_says_why_and_when_to_its_owner_only() {
     let (s, b) = d.exec(&id, "true").await;
     assert_eq!((s, b["error"].as_str()), (404, Some(msg)));
     // Another workspace learns nothing.
-    let r = reqwest::Client::new()
-        .get(format!("{}/v1/sandboxes/{id}", d.url))
-        .bearer_auth(&other)
+    let r = d
+        .req_as(&other, reqwest::Method::GET, &format!("/v1/sandboxes/{id}"))
         .send()
         .await
         .unwrap();
@@ -137,14 +137,7 @@ async fn an_ended_sandbox_says_why_and_when_to_its_owner_only() {
         .send()
         .await
         .unwrap();
-    let b: Value = d
-        .req(reqwest::Method::GET, &format!("/v1/sandboxes/{id}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let b: Value = d.get(&format!("/v1/sandboxes/{id}")).await;
     assert!(
         b["error"]
             .as_str()
