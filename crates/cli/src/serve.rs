@@ -77,8 +77,8 @@ pub struct ServeArgs {
     /// [default: code-interpreter=2]
     #[arg(long = "warm-pool", env = "RUNCELL_WARM_POOLS", value_delimiter = ',', value_parser = parse_pool)]
     warm_pools: Vec<(String, usize)>,
-    /// Template alias, NAME=TEMPLATE (repeatable).
-    /// [default: code-interpreter=host, ubuntu-24.04=host]
+    /// Template alias, NAME=TEMPLATE (repeatable), added to the defaults
+    /// code-interpreter=host and ubuntu-24.04=host (naming one overrides it).
     #[arg(long = "alias", env = "RUNCELL_ALIASES", value_delimiter = ',', value_parser = parse_alias)]
     aliases: Vec<(String, String)>,
     /// Private or loopback destination sandboxes may reach through the
@@ -241,10 +241,14 @@ fn settings(
         // otherwise (the default matches `runcell template build`'s).
         templates_dir: Some(templates_dir.unwrap_or_else(|| data_dir.join("templates"))),
         data_dir,
-        aliases: if !args.aliases.is_empty() {
-            args.aliases.into_iter().collect()
-        } else {
-            file.aliases.unwrap_or(d.aliases)
+        // Aliases add to the defaults (code-interpreter and ubuntu-24.04 are
+        // served from host until installed), the file's first, then the
+        // flags'; naming a default alias overrides it.
+        aliases: {
+            let mut aliases = d.aliases;
+            aliases.extend(file.aliases.unwrap_or_default());
+            aliases.extend(args.aliases);
+            aliases
         },
         default_ttl_seconds: dur(
             args.default_ttl,
