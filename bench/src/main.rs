@@ -49,7 +49,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }
-    let idx = ((sorted.len() - 1) as f64 * p).round() as usize;
+    let idx = runcell_testkit::percentile_index(sorted.len(), p);
     sorted[idx]
 }
 

@@ -32,7 +32,7 @@ fn pct(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1000.0
+    sorted[runcell_testkit::percentile_index(sorted.len(), p)].as_secs_f64() * 1000.0
 }
 
 /// The daemon and one client (with its connection pool) for every request.

@@ -76,7 +76,7 @@ fn parse(line: &str) -> (f64, f64, f64) {
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
-    v[((v.len() - 1) as f64 * p).round() as usize]
+    v[runcell_testkit::percentile_index(v.len(), p)]
 }
 
 #[derive(Default)]

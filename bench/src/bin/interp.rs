@@ -46,7 +46,7 @@ fn pct(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1000.0
+    sorted[runcell_testkit::percentile_index(sorted.len(), p)].as_secs_f64() * 1000.0
 }
 
 /// Mounts the template's layers read-only at `at` (an overlay, as a sandbox

@@ -16,7 +16,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use nix::sys::signal::Signal;
 use runcell_jail::SandboxCommand;
@@ -175,10 +175,7 @@ impl EventReader {
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as u64
+    runcell_protocol::units::unix_millis(SystemTime::now())
 }
 
 fn new_id() -> String {
@@ -285,7 +282,8 @@ async fn deliver(sink: &mut Sink, data: &[u8], total: &mut u64, forwarded: &mut 
             limit,
         } => {
             if *forwarded < *limit {
-                let take = (*limit - *forwarded).min(data.len() as u64) as usize;
+                let room = usize::try_from(*limit - *forwarded).unwrap_or(usize::MAX);
+                let take = room.min(data.len());
                 *forwarded += take as u64;
                 if !send(out, *id, event.clone(), data[..take].to_vec()).await {
                     *forwarded = *limit;
@@ -719,7 +717,7 @@ pub async fn run(
             tracing::warn!("context {context_id}: could not restart the interpreter: {msg}");
         }
     }
-    outcome.duration_ms = started.elapsed().as_millis() as u64;
+    outcome.duration_ms = runcell_protocol::units::millis(started.elapsed());
     send(out, id, Event::CellDone(outcome), Vec::new()).await;
 }
 

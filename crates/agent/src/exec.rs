@@ -280,7 +280,7 @@ async fn run(agent: &Agent, conn: u64, id: u64, plan: Plan, out: &Outbox) {
         exit_code,
         signal,
         timed_out,
-        duration_ms: started.elapsed().as_millis() as u64,
+        duration_ms: runcell_protocol::units::millis(started.elapsed()),
         stdout_bytes: out_total,
         stderr_bytes: err_total,
         stdout_truncated: out_trunc,
@@ -414,7 +414,9 @@ async fn pump(
             }
         }
         if forwarded < limit {
-            let take = (limit - forwarded).min(n as u64) as usize;
+            let take = usize::try_from(limit - forwarded)
+                .unwrap_or(usize::MAX)
+                .min(n);
             forwarded += take as u64;
             if !send(&out, id, event.clone(), buf[..take].to_vec()).await {
                 // The host went away; keep draining so the process is not blocked.

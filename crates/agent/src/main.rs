@@ -44,7 +44,10 @@ fn main() -> ExitCode {
         .with_ansi(false)
         .init();
 
-    tracing::debug!(us = started.elapsed().as_micros() as u64, "agent started");
+    tracing::debug!(
+        us = runcell_protocol::units::micros(started.elapsed()),
+        "agent started"
+    );
     let boot = match runcell_jail::inside::bootstrap() {
         Ok(b) => b,
         Err(e) => {
@@ -70,7 +73,10 @@ fn main() -> ExitCode {
         tracing::error!("could not make the agent non-dumpable: {e}");
         return ExitCode::FAILURE;
     }
-    tracing::debug!(us = started.elapsed().as_micros() as u64, "agent set up");
+    tracing::debug!(
+        us = runcell_protocol::units::micros(started.elapsed()),
+        "agent set up"
+    );
     // One thread runs the protocol and the processes (the reaper relies on
     // it); file operations go to a small blocking pool, so a slow one never
     // holds up the rest.

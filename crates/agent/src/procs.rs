@@ -140,7 +140,8 @@ fn page_size() -> u64 {
     nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
         .ok()
         .flatten()
-        .unwrap_or(4096) as u64
+        .and_then(|n| u64::try_from(n).ok())
+        .unwrap_or(4096)
 }
 
 /// Kills every process in the pid namespace except the agent.

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::os::unix::net::UnixListener as StdListener;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use runcell_jail::inside::Bootstrap;
 use runcell_jail::InitSpec;
@@ -138,10 +138,7 @@ async fn enforce_deadline(mut rx: watch::Receiver<Option<u64>>) {
                 }
             }
             Some(ms) => {
-                let now = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .unwrap_or_default()
-                    .as_millis() as u64;
+                let now = runcell_protocol::units::unix_millis(SystemTime::now());
                 let wait = Duration::from_millis(ms.saturating_sub(now));
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {
@@ -312,7 +309,7 @@ async fn handle(
                 disk_used_bytes,
                 disk_total_bytes,
                 agent_rss_bytes: procs::self_rss(),
-                uptime_ms: agent.started.elapsed().as_millis() as u64,
+                uptime_ms: runcell_protocol::units::millis(agent.started.elapsed()),
             };
             send(&out, id, Event::Stats(stats), Vec::new()).await;
         }

@@ -273,7 +273,7 @@ pub(crate) fn cell_status(c: &Cell, saved: bool) -> u8 {
     if c.timed_out {
         124
     } else if c.exit_code != 0 {
-        c.exit_code.clamp(1, 255) as u8
+        u8::try_from(c.exit_code.clamp(1, 255)).unwrap_or(1)
     } else if !saved {
         1
     } else {

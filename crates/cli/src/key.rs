@@ -80,7 +80,7 @@ pub fn main(args: KeyArgs) -> ExitCode {
                     println!("No keys; `runcell key create` makes one.");
                     return Ok(());
                 }
-                let time = |t: i64| crate::template::format_time(t.max(0) as u64);
+                let time = |t: i64| crate::template::format_time(u64::try_from(t).unwrap_or(0));
                 println!(
                     "{:<12} {:<20} {:<16} {:<20} REVOKED",
                     "PREFIX", "WORKSPACE", "NAME", "CREATED"

@@ -435,7 +435,7 @@ pub async fn exec(args: ExecArgs) -> u8 {
                 json!({"stdout": r.stdout, "stderr": r.stderr, "exit_code": r.exit_code,
                     "timed_out": r.timed_out, "duration_ms": r.duration_ms, "messages": r.messages})
             );
-            Ok(r.exit_code.clamp(0, 255) as u8)
+            Ok(u8::try_from(r.exit_code.clamp(0, 255)).unwrap_or(1))
         })
         .await;
     }
@@ -480,7 +480,7 @@ pub async fn exec(args: ExecArgs) -> u8 {
         } else if let Some(e) = &end.error {
             eprintln!("runcell: {e}");
         }
-        Ok(end.exit_code.clamp(0, 255) as u8)
+        Ok(u8::try_from(end.exit_code.clamp(0, 255)).unwrap_or(1))
     })
     .await
 }

@@ -487,7 +487,11 @@ impl Client {
                 }
                 "exit" => {
                     end = Some(ExecEnd {
-                        exit_code: v.get("exit_code").and_then(Value::as_i64).unwrap_or(1) as i32,
+                        exit_code: v
+                            .get("exit_code")
+                            .and_then(Value::as_i64)
+                            .and_then(|c| i32::try_from(c).ok())
+                            .unwrap_or(1),
                         timed_out: false,
                         error: None,
                     });
@@ -657,7 +661,7 @@ impl Client {
     ) -> Result<Cell, ClientError> {
         let mut body = serde_json::json!({ "code": code });
         if let Some(t) = timeout {
-            body["timeout_ms"] = (t.as_millis() as u64).into();
+            body["timeout_ms"] = u64::try_from(t.as_millis()).unwrap_or(u64::MAX).into();
         }
         let path = format!(
             "/v1/sandboxes/{}/repl/sessions/{}/run",

@@ -133,7 +133,7 @@ impl Sandbox {
         let timeout = timeout.unwrap_or(self.limits().timeout);
         let req = Request::ContextRun {
             context_id: context_id.into(),
-            timeout_ms: timeout.as_millis() as u64,
+            timeout_ms: runcell_protocol::units::millis(timeout),
             output_limit: self.limits().output_bytes,
         };
         let before = self.counters();

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use runcell_jail::IdMap;
 
@@ -136,12 +136,9 @@ impl Runtime {
 
     /// What a sandbox of `template` with `opts` is started with.
     fn start_spec(template: &Template, opts: &SandboxOptions, host_network: bool) -> StartSpec {
-        let deadline_unix_ms = opts.max_lifetime.map(|d| {
-            (SystemTime::now() + d)
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_millis() as u64
-        });
+        let deadline_unix_ms = opts
+            .max_lifetime
+            .map(|d| runcell_protocol::units::unix_millis(SystemTime::now() + d));
         let egress = match &opts.network {
             Some(policy) if !host_network => EgressSocket::Socket {
                 enabled: policy.has_egress(),

@@ -265,7 +265,7 @@ impl Sandbox {
             command,
             env: opts.env.clone(),
             cwd: opts.cwd.clone(),
-            timeout_ms: Some(timeout.as_millis() as u64),
+            timeout_ms: Some(runcell_protocol::units::millis(timeout)),
             output_limit: self.limits.output_bytes,
             user: opts.user.clone(),
             background: opts.background,
@@ -286,7 +286,7 @@ impl Sandbox {
             args: opts.args.clone(),
             env: opts.env.clone(),
             cwd: opts.cwd.clone(),
-            timeout_ms: Some(timeout.as_millis() as u64),
+            timeout_ms: Some(runcell_protocol::units::millis(timeout)),
             output_limit: self.limits.output_bytes,
         });
         self.start(req, code.as_bytes().to_vec(), timeout).await

@@ -97,8 +97,10 @@ pub fn bootstrap() -> Result<Bootstrap, SetupError> {
         Err(e) => {
             let msg = e.to_string();
             let mut out = vec![b'E'];
-            out.extend_from_slice(&(msg.len() as u32).to_be_bytes());
-            out.extend_from_slice(msg.as_bytes());
+            // An error sentence is far below 4 GiB; cut it if not.
+            let msg = &msg.as_bytes()[..msg.len().min(64 << 10)];
+            out.extend_from_slice(&u32::try_from(msg.len()).unwrap_or(0).to_be_bytes());
+            out.extend_from_slice(msg);
             let _ = sock.write_all(&out);
             Err(e)
         }
@@ -197,9 +199,9 @@ fn build(spec: &InitSpec) -> Result<(), SetupError> {
         crate::sys::loopback_up().map_err(step("bringing up loopback"))?;
     }
     tracing::debug!(
-        root_us = t_root.as_micros() as u64,
-        populate_us = (t_populate - t_root).as_micros() as u64,
-        pivot_us = (t0.elapsed() - t_populate).as_micros() as u64,
+        root_us = crate::sys::micros(t_root),
+        populate_us = crate::sys::micros(t_populate - t_root),
+        pivot_us = crate::sys::micros(t0.elapsed() - t_populate),
         "sandbox filesystem built"
     );
     Ok(())
@@ -640,6 +642,13 @@ pub fn drop_privileges(uid: u32, gid: u32) -> io::Result<()> {
             Ok(())
         }
     }
+    fn check_long(rc: libc::c_long) -> io::Result<()> {
+        if rc < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
     // SAFETY: each call is a plain syscall with valid scalar or static
     // arguments; none allocates, so they are safe between fork and exec.
     unsafe {
@@ -670,11 +679,13 @@ pub fn drop_privileges(uid: u32, gid: u32) -> io::Result<()> {
         ))?;
         // Raw syscalls, not the libc wrappers, which coordinate a credential
         // change across all threads of the process (see spawn::child_exec).
-        check(
-            libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) as libc::c_int,
-        )?;
-        check(libc::syscall(libc::SYS_setresgid, gid, gid, gid) as libc::c_int)?;
-        check(libc::syscall(libc::SYS_setresuid, uid, uid, uid) as libc::c_int)?;
+        check_long(libc::syscall(
+            libc::SYS_setgroups,
+            0,
+            std::ptr::null::<libc::gid_t>(),
+        ))?;
+        check_long(libc::syscall(libc::SYS_setresgid, gid, gid, gid))?;
+        check_long(libc::syscall(libc::SYS_setresuid, uid, uid, uid))?;
         check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
         let no_core = libc::rlimit {
             rlim_cur: 0,
@@ -722,8 +733,9 @@ pub fn place_fds(fds: &[std::os::fd::RawFd]) -> io::Result<()> {
             }
             high[i] = h;
         }
-        for (i, &h) in high[..fds.len()].iter().enumerate() {
-            if libc::dup2(h, 3 + i as libc::c_int) < 0 {
+        // At most 8 descriptors (checked above): targets 3 to 10.
+        for (&h, target) in high[..fds.len()].iter().zip(3..) {
+            if libc::dup2(h, target) < 0 {
                 return Err(io::Error::last_os_error());
             }
             libc::close(h);
@@ -928,10 +940,11 @@ fn read_children(path: &std::ffi::CStr, stack: &mut [libc::pid_t], mut len: usiz
         };
         loop {
             let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
-            if n <= 0 {
+            // Negative is an error, zero the end of the file.
+            let Ok(n @ 1..) = usize::try_from(n) else {
                 break;
-            }
-            for &b in &buf[..n as usize] {
+            };
+            for &b in &buf[..n] {
                 if b.is_ascii_digit() {
                     pid = pid
                         .saturating_mul(10)

@@ -180,6 +180,14 @@ pub const DENIED: &[(&str, i64, &str)] = &[
     ),
 ];
 
+/// clone3's syscall number as a BPF immediate.
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "435 fits"
+)]
+const CLONE3: u32 = libc::SYS_clone3 as u32;
+
 fn rule(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompRule, SeccompError> {
     let len = match op {
         SeccompCmpOp::MaskedEq(_) => SeccompCmpArgLen::Qword,
@@ -280,7 +288,8 @@ pub fn guard() -> BpfProgram {
         ]);
     }
     prog.extend([
-        jump(BPF_JMP | BPF_JEQ | BPF_K, libc::SYS_clone3 as u32, 0, 1),
+        // clone3 is syscall 435: it fits a BPF immediate.
+        jump(BPF_JMP | BPF_JEQ | BPF_K, CLONE3, 0, 1),
         stmt(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
         stmt(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     ]);

@@ -404,8 +404,8 @@ impl Standby {
         host_end.set_read_timeout(None).map_err(SpawnError::Setup)?;
         tracing::debug!(
             sandbox = %cfg.id,
-            clone_us = t_clone.as_micros() as u64,
-            attach_us = (t0.elapsed() - t_clone).as_micros() as u64,
+            clone_us = crate::sys::micros(t_clone),
+            attach_us = crate::sys::micros(t0.elapsed() - t_clone),
             "sandbox prepared"
         );
         Ok(Standby {
@@ -491,7 +491,9 @@ impl Standby {
         };
         let spec = serde_json::to_vec(&spec).expect("spec serializes");
         let mut msg = Vec::with_capacity(4 + spec.len());
-        msg.extend_from_slice(&(spec.len() as u32).to_be_bytes());
+        let len = u32::try_from(spec.len())
+            .map_err(|_| SpawnError::Setup(io::Error::other("the sandbox spec is over 4 GiB")))?;
+        msg.extend_from_slice(&len.to_be_bytes());
         msg.extend_from_slice(&spec);
         let host_end = &mut self.host_end;
         host_end.write_all(&msg).map_err(SpawnError::Setup)?;
@@ -507,7 +509,7 @@ impl Standby {
         host_end.set_read_timeout(None).map_err(SpawnError::Setup)?;
         tracing::debug!(
             sandbox = %self.id,
-            setup_us = t0.elapsed().as_micros() as u64,
+            setup_us = crate::sys::micros(t0.elapsed()),
             "sandbox started"
         );
 
@@ -687,8 +689,8 @@ impl Jail {
         self.cgroup.destroy(Duration::from_secs(5))?;
         tracing::debug!(
             sandbox = %self.id,
-            kill_us = t_kill.as_micros() as u64,
-            cgroup_us = (t0.elapsed() - t_kill).as_micros() as u64,
+            kill_us = crate::sys::micros(t_kill),
+            cgroup_us = crate::sys::micros(t0.elapsed() - t_kill),
             "sandbox destroyed"
         );
         match fs::remove_dir_all(&self.dir) {

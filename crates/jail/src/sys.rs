@@ -10,8 +10,9 @@ pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
+    let fd = RawFd::try_from(fd).map_err(|_| io::Error::other("pidfd_open returned no fd"))?;
     // SAFETY: the kernel just returned this fd to us; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Sends `signal` to the process behind `pidfd` (immune to pid reuse).
@@ -83,6 +84,7 @@ pub fn loopback_up() -> io::Result<()> {
     }
     // SAFETY: ifru_flags is the active union member after SIOCGIFFLAGS.
     unsafe {
+        // Both flags are in the low 16 bits (0x1 and 0x40).
         req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
     }
     // SAFETY: SIOCSIFFLAGS reads req, which names "lo" and carries the new flags.
@@ -117,7 +119,7 @@ pub unsafe fn clone_fork(flags: libc::c_ulong) -> io::Result<i32> {
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(rc as i32)
+    i32::try_from(rc).map_err(|_| io::Error::other(format!("the kernel returned pid {rc}")))
 }
 
 /// Closes every file descriptor of the calling process except those in
@@ -142,15 +144,17 @@ pub unsafe fn close_all_except(keep: &mut [RawFd]) {
     }
     let mut lo: u32 = 0;
     for &fd in keep.iter() {
-        if fd < 0 || (fd as u32) < lo {
+        // A negative descriptor is no descriptor.
+        let Ok(fd) = u32::try_from(fd) else { continue };
+        if fd < lo {
             continue;
         }
-        if fd as u32 > lo {
+        if fd > lo {
             // SAFETY: the caller guarantees nothing in this process uses the
             // descriptors being closed.
-            unsafe { close_range(lo, fd as u32 - 1) };
+            unsafe { close_range(lo, fd - 1) };
         }
-        lo = fd as u32 + 1;
+        lo = fd + 1;
     }
     // SAFETY: as above.
     unsafe { close_range(lo, u32::MAX) };
@@ -234,4 +238,9 @@ pub fn kvm_api_version() -> io::Result<i32> {
         return Err(io::Error::last_os_error());
     }
     Ok(rc)
+}
+
+/// Whole microseconds in `d`, saturating (for timing logs).
+pub fn micros(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }

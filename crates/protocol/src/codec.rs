@@ -111,10 +111,16 @@ where
             body: frame.body.len(),
         });
     }
-    let total = 4 + header.len() + frame.body.len();
+    // Both lengths were checked against MAX_HEADER and MAX_BODY above.
+    let too_large = || CodecError::TooLarge {
+        header: header.len(),
+        body: frame.body.len(),
+    };
+    let total = u32::try_from(4 + header.len() + frame.body.len()).map_err(|_| too_large())?;
+    let header_len = u32::try_from(header.len()).map_err(|_| too_large())?;
     let mut prefix = [0u8; 8];
-    prefix[..4].copy_from_slice(&(total as u32).to_be_bytes());
-    prefix[4..].copy_from_slice(&(header.len() as u32).to_be_bytes());
+    prefix[..4].copy_from_slice(&total.to_be_bytes());
+    prefix[4..].copy_from_slice(&header_len.to_be_bytes());
     writer.write_all(&prefix).await?;
     writer.write_all(&header).await?;
     writer.write_all(&frame.body).await?;
@@ -151,7 +157,7 @@ mod tests {
     #[tokio::test]
     async fn rejects_oversized_and_malformed_frames() {
         let mut buf = Vec::new();
-        buf.extend_from_slice(&((MAX_BODY + 100) as u32).to_be_bytes());
+        buf.extend_from_slice(&u32::try_from(MAX_BODY + 100).unwrap().to_be_bytes());
         buf.extend_from_slice(&2u32.to_be_bytes());
         let err = read_frame::<ServerMessage, _>(&mut &buf[..])
             .await

@@ -4,8 +4,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Now, unix milliseconds.
 pub fn now_ms() -> i64 {
-    SystemTime::now()
+    let ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
-        .as_millis() as i64
+        .as_millis();
+    i64::try_from(ms).unwrap_or(i64::MAX)
 }

@@ -333,7 +333,8 @@ async fn reconcile(state: &Arc<AppState>) {
         known.insert(rec.id.clone());
         let expired = (!rec.persistent
             && now - rec.last_activity_ms > rec.ttl_seconds as i64 * 1000)
-            || now - rec.created_at * 1000 > state.config.max_lifetime.as_millis() as i64;
+            || now - rec.created_at * 1000
+                > i64::try_from(state.config.max_lifetime.as_millis()).unwrap_or(i64::MAX);
         if expired {
             let _ = state.runtime.remove_sandbox(&rec.id).await;
             let _ = state

@@ -45,7 +45,7 @@ impl From<LimitsReq> for LimitsRequest {
 
 /// CPU in whole cores, rounded up and at least one (PandaStack's `cpu`).
 pub(crate) fn whole_cores(l: &SandboxLimits) -> u64 {
-    (l.cpu_millis as f64 / 1000.0).ceil().max(1.0) as u64
+    l.cpu_millis.div_ceil(1000).max(1)
 }
 
 /// The `limits` of a sandbox view.
@@ -90,7 +90,7 @@ pub struct StoredLimits {
 /// A number as a whole count: any JSON number, cut towards zero (as older
 /// versions read them).
 fn whole<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    Ok(Option::<f64>::deserialize(d)?.map(|n| n as u64))
+    Ok(Option::<f64>::deserialize(d)?.map(runcell_protocol::units::saturating_u64))
 }
 
 impl From<&SandboxLimits> for StoredLimits {
@@ -114,7 +114,7 @@ impl StoredLimits {
             l.memory_bytes = m << 20;
         }
         if let Some(c) = self.cpu {
-            l.cpu_millis = (c * 1000.0) as u64;
+            l.cpu_millis = runcell_protocol::units::saturating_u64(c * 1000.0);
         }
         if let Some(p) = self.pids {
             l.pids = p;

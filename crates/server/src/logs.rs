@@ -88,7 +88,8 @@ impl Inner {
             if c_end <= from {
                 continue;
             }
-            let begin = first.max(from.saturating_sub(c.start) as usize);
+            let begin =
+                first.max(usize::try_from(from.saturating_sub(c.start)).unwrap_or(usize::MAX));
             match out.last_mut() {
                 Some((s, buf)) if *s == c.stream => buf.extend_from_slice(&c.data[begin..]),
                 _ => out.push((c.stream, c.data[begin..].to_vec())),

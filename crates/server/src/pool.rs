@@ -226,7 +226,7 @@ impl WarmPool {
         opts.preload = self.preload.clone();
         let ready = async {
             sandbox
-                .set_deadline(Some(deadline.as_millis() as u64))
+                .set_deadline(Some(runcell_protocol::units::millis(deadline)))
                 .await?;
             sandbox.create_context(opts).await
         }

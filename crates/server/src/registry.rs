@@ -381,7 +381,7 @@ fn decode(r: RawRow) -> Result<Record, RegistryError> {
         metadata: serde_json::from_str(&r.3)?,
         limits: serde_json::from_str(&r.4)?,
         env: serde_json::from_str(&r.5)?,
-        ttl_seconds: r.6.max(0) as u64,
+        ttl_seconds: u64::try_from(r.6).unwrap_or(0),
         persistent: r.7,
         created_at: r.8,
         last_activity_ms: r.9,

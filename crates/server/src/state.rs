@@ -391,11 +391,11 @@ mod tests {
         );
         assert_eq!(
             agent_deadline(&record(60, true), day),
-            1_000_000 + day as u64
+            1_000_000 + day.unsigned_abs()
         );
         assert_eq!(
             agent_deadline(&record(u64::MAX, false), day),
-            1_000_000 + day as u64
+            1_000_000 + day.unsigned_abs()
         );
         assert_eq!(agent_deadline(&record(60, false), 1_000), 1_001_000);
     }

@@ -360,3 +360,16 @@ pub async fn wait_gone(path: &Path) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The index of the `p` quantile (0.0 to 1.0, nearest rank) in a sorted
+/// sample of `len` values (`len` > 0).
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss,
+    reason = "the rounded product lies in 0..len, which a usize holds"
+)]
+pub fn percentile_index(len: usize, p: f64) -> usize {
+    let last = len.saturating_sub(1);
+    ((last as f64 * p.clamp(0.0, 1.0)).round() as usize).min(last)
+}

@@ -512,7 +512,7 @@ fn apply_label(
                 .ok()
                 .filter(|c: &f64| *c > 0.0 && c.is_finite())
                 .ok_or_else(|| format!("LABEL {key}: \"{value}\" is not a positive number of cores."))?;
-            defaults.cpu_millis = Some((cores * 1000.0).round().max(10.0) as u64);
+            defaults.cpu_millis = Some(runcell_protocol::units::cpu_millis(cores));
         }
         "runcell.timeout" => {
             defaults.timeout_secs = Some(parse_secs(value).ok_or_else(|| {

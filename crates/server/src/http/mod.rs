@@ -135,7 +135,7 @@ async fn observe(State(state): St, req: Request, next: Next) -> Response {
     span.in_scope(|| {
         tracing::debug!(
             status = status.as_u16(),
-            ms = started.elapsed().as_millis() as u64,
+            ms = runcell_protocol::units::millis(started.elapsed()),
             "request done"
         )
     });

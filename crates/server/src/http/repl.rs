@@ -225,7 +225,7 @@ async fn execute(
             .into_iter()
             .find(|c| c.id == sid)
             .map_or(Language::Python, |c| c.language);
-        messages = o.messages(language, timeout.as_millis() as u64);
+        messages = o.messages(language, runcell_protocol::units::millis(timeout));
     } else if o.results_dropped > 0 {
         messages = o.messages(Language::Python, 0);
     }

@@ -99,7 +99,7 @@ pub(crate) async fn create(
 ) -> AppResult<(StatusCode, Json<CreatedView>)> {
     let created = Service(&state).create_sandbox(&ws.0, req.into()).await?;
     let mut sandbox = sandbox_view(&created.entry);
-    sandbox.boot_ms = Some(created.boot.as_millis() as u64);
+    sandbox.boot_ms = Some(runcell_protocol::units::millis(created.boot));
     // Served from the alias's target (while the template is being built,
     // or because no template of that name is installed).
     Ok((
