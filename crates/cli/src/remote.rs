@@ -75,7 +75,7 @@ enum SandboxCommand {
         persistent: bool,
         /// Network egress: none, open, allowlist:RULE;RULE... or JSON.
         #[arg(long, value_parser = crate::run::parse_network)]
-        network: Option<runcell_core::egress::NetworkPolicy>,
+        network: Option<runcell_egress::NetworkPolicy>,
         #[command(flatten)]
         limits: Box<LimitFlags>,
     },

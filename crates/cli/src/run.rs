@@ -52,7 +52,7 @@ pub struct RunArgs {
     /// *.wildcards, :ports, or presets such as package-index), or a JSON
     /// policy. Loopback and private ranges stay closed. [default: none]
     #[arg(long, value_parser = parse_network)]
-    network: Option<runcell_core::egress::NetworkPolicy>,
+    network: Option<runcell_egress::NetworkPolicy>,
     /// Arguments passed to the program (after --).
     #[arg(last = true)]
     args: Vec<String>,
@@ -63,8 +63,8 @@ fn parse_size_arg(s: &str) -> Result<u64, String> {
 }
 
 /// A `--network` value.
-pub(crate) fn parse_network(s: &str) -> Result<runcell_core::egress::NetworkPolicy, String> {
-    runcell_core::egress::NetworkPolicy::parse_setting(s).map_err(|e| e.to_string())
+pub(crate) fn parse_network(s: &str) -> Result<runcell_egress::NetworkPolicy, String> {
+    runcell_egress::NetworkPolicy::parse_setting(s).map_err(|e| e.to_string())
 }
 
 fn parse_env(s: &str) -> Result<(String, String), String> {
@@ -176,7 +176,7 @@ pub async fn run(config: RuntimeConfig, args: RunArgs) -> u8 {
         network: args
             .network
             .clone()
-            .filter(runcell_core::egress::NetworkPolicy::has_egress),
+            .filter(runcell_egress::NetworkPolicy::has_egress),
     };
     let sandbox = match runtime.create(opts).await {
         Ok(s) => s,

@@ -87,7 +87,7 @@ pub struct ServeArgs {
     /// (mirror.internal:443). Only the operator can open these; the API
     /// cannot.
     #[arg(long = "egress-allow-private", env = "RUNCELL_EGRESS_ALLOW_PRIVATE", value_delimiter = ',', value_parser = parse_private)]
-    egress_allow_private: Vec<runcell_core::egress::PrivateException>,
+    egress_allow_private: Vec<runcell_egress::PrivateException>,
     /// Most sandboxes one workspace may hold at once; creates beyond it get
     /// 429 with Retry-After. [default: when keys of more than one workspace
     /// exist, max-sandboxes less one in sixteen; else max-sandboxes]
@@ -143,9 +143,9 @@ struct FileConfig {
     auto_build: Option<bool>,
 }
 
-fn parse_private(s: &str) -> Result<runcell_core::egress::PrivateException, String> {
+fn parse_private(s: &str) -> Result<runcell_egress::PrivateException, String> {
     s.parse()
-        .map_err(|e: runcell_core::egress::ExceptionError| e.to_string())
+        .map_err(|e: runcell_egress::ExceptionError| e.to_string())
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {

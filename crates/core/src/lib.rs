@@ -23,7 +23,6 @@
 pub mod build;
 mod client;
 mod context;
-pub mod egress;
 pub mod limits;
 mod runtime;
 mod sandbox;

@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use runcell_egress::{proxy, Egress, EgressConfig, NetworkPolicy};
 use runcell_jail::{IdMap, Jail, JailConfig, Standby};
 
-use crate::egress::{proxy, Egress, EgressConfig, NetworkPolicy};
 use crate::limits::SandboxLimits;
 use crate::sandbox::Sandbox;
 use crate::template::Template;

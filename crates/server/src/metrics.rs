@@ -235,7 +235,7 @@ fn escape(s: &str) -> String {
 }
 
 /// The egress proxy's totals across sandboxes.
-pub fn render_egress(out: &mut String, t: &runcell_core::egress::EgressTotals) {
+pub fn render_egress(out: &mut String, t: &runcell_egress::EgressTotals) {
     let _ = writeln!(
         out,
         "# HELP runcell_egress_bytes_total Bytes through the egress proxy, by direction (out: sandbox to network).\n# TYPE runcell_egress_bytes_total counter\nruncell_egress_bytes_total{{direction=\"out\"}} {}\nruncell_egress_bytes_total{{direction=\"in\"}} {}",

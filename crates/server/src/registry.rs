@@ -250,7 +250,7 @@ impl Registry {
     pub fn set_network(
         &self,
         id: &str,
-        policy: &runcell_core::egress::NetworkPolicy,
+        policy: &runcell_egress::NetworkPolicy,
     ) -> Result<(), RegistryError> {
         self.conn
             .lock()
@@ -266,7 +266,7 @@ impl Registry {
     pub fn network(
         &self,
         id: &str,
-    ) -> Result<Option<runcell_core::egress::NetworkPolicy>, RegistryError> {
+    ) -> Result<Option<runcell_egress::NetworkPolicy>, RegistryError> {
         let raw: Option<String> = self
             .conn
             .lock()
@@ -471,7 +471,7 @@ mod tests {
         let reg = Registry::open(&path).unwrap();
         reg.put(&rec).unwrap();
         assert_eq!(reg.network("a").unwrap(), None);
-        let policy: runcell_core::egress::NetworkPolicy =
+        let policy: runcell_egress::NetworkPolicy =
             serde_json::from_value(serde_json::json!({"mode": "allowlist", "allow": ["pypi.org"]}))
                 .unwrap();
         reg.set_network("a", &policy).unwrap();
