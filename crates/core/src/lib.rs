@@ -37,7 +37,7 @@ pub use sandbox::{
     truncation_marker, ExecOutcome, ExecResult, ExecRun, Output, RunEvent, RunOptions, Sandbox,
 };
 pub use template::{layer_path, Manifest, Template, TemplateDefaults, TemplateError, LAYERS_DIR};
-pub use time::{civil, rfc3339};
+pub use time::{rfc3339, timestamp};
 
 /// Errors from the core.
 #[derive(Debug, thiserror::Error)]
