@@ -31,7 +31,9 @@ mod time;
 
 pub use client::{AgentClient, ClientError};
 pub use context::{CellEvent, CellReport, CellRun, ContextOptions, MimeBundle};
-pub use limits::{format_secs, format_size, parse_size, SandboxLimits, SizeError};
+pub use limits::{
+    format_secs, format_size, parse_duration, parse_size, DurationError, SandboxLimits, SizeError,
+};
 pub use runtime::{Runtime, RuntimeConfig, SandboxOptions};
 pub use sandbox::{
     truncation_marker, ExecOutcome, ExecResult, ExecRun, Output, RunEvent, RunOptions, Sandbox,
