@@ -26,7 +26,7 @@ const BUCKETS: [f64; 12] = [
 ];
 
 /// A latency histogram (seconds, [`BUCKETS`]).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Histogram(histogram::Histogram);
 
 impl Default for Histogram {
