@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use runcell_core::egress::{HostRule, NetworkPolicy, PrivateException};
+use runcell_egress::{HostRule, NetworkPolicy, PrivateException};
 
 fuzz_target!(|s: &str| {
     if let Ok(r) = s.parse::<HostRule>() {

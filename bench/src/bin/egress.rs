@@ -12,8 +12,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use clap::Parser;
-use runcell_core::egress::{EgressConfig, NetworkPolicy};
 use runcell_core::{RunOptions, Runtime, RuntimeConfig, SandboxOptions};
+use runcell_egress::{EgressConfig, NetworkPolicy};
 use runcell_protocol::Command as Cmd;
 
 #[derive(Debug, Parser)]

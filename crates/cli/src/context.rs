@@ -7,9 +7,9 @@ use std::time::Duration;
 use base64::Engine;
 use clap::{Args, Subcommand};
 use runcell_client::{Cell, Client, ClientError, Session};
+use runcell_core::parse_duration;
 
 use crate::report;
-use crate::run::parse_duration;
 
 #[derive(Debug, Args)]
 pub struct ContextArgs {

@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use runcell_client::{Client, ClientError, ExecOptions, SandboxInfo, Stream};
+use runcell_core::{parse_duration, parse_size};
 use serde_json::{json, Value};
 
 use crate::context::print_cell;
 use crate::report;
-use crate::run::parse_duration;
 
 /// How to reach the daemon, shared by every remote command.
 #[derive(Debug, Args)]
@@ -75,7 +75,7 @@ enum SandboxCommand {
         persistent: bool,
         /// Network egress: none, open, allowlist:RULE;RULE... or JSON.
         #[arg(long, value_parser = crate::run::parse_network)]
-        network: Option<runcell_core::egress::NetworkPolicy>,
+        network: Option<runcell_egress::NetworkPolicy>,
         #[command(flatten)]
         limits: Box<LimitFlags>,
     },
@@ -111,7 +111,7 @@ enum SandboxCommand {
 #[derive(Debug, Args)]
 struct LimitFlags {
     /// Memory limit (includes files written to the sandbox), e.g. 256M.
-    #[arg(long, value_parser = parse_size_arg)]
+    #[arg(long, value_parser = parse_size)]
     memory: Option<u64>,
     /// CPU limit in cores, e.g. 0.5.
     #[arg(long)]
@@ -120,13 +120,13 @@ struct LimitFlags {
     #[arg(long, value_parser = parse_duration)]
     timeout: Option<Duration>,
     /// Size of the sandbox's writable layer, e.g. 512M.
-    #[arg(long, value_parser = parse_size_arg)]
+    #[arg(long, value_parser = parse_size)]
     disk: Option<u64>,
     /// Maximum number of processes and threads.
     #[arg(long)]
     pids: Option<u64>,
     /// Bytes of each of stdout and stderr kept per exec, e.g. 1M.
-    #[arg(long, value_parser = parse_size_arg)]
+    #[arg(long, value_parser = parse_size)]
     output_limit: Option<u64>,
 }
 
@@ -155,11 +155,6 @@ impl LimitFlags {
         }
         (!m.is_empty()).then_some(Value::Object(m))
     }
-}
-
-/// A size such as `256M` (the parser `runcell run` uses).
-fn parse_size_arg(s: &str) -> Result<u64, String> {
-    runcell_core::parse_size(s).map_err(|e| e.to_string())
 }
 
 fn field<'a>(s: &'a SandboxInfo, k: &str) -> &'a str {

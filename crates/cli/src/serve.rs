@@ -9,12 +9,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use runcell_core::{parse_size, SandboxLimits};
+use runcell_core::{parse_duration, parse_size, SandboxLimits};
 use runcell_server::ServeConfig;
 use serde::Deserialize;
 
 use crate::report;
-use crate::run::parse_duration;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -41,7 +40,7 @@ pub struct ServeArgs {
     #[arg(long, env = "RUNCELL_MAX_EXEC_TIMEOUT", value_parser = parse_duration)]
     max_exec_timeout: Option<Duration>,
     /// Default memory limit of a sandbox. [default: 1G]
-    #[arg(long, env = "RUNCELL_MEMORY", value_parser = parse_size_arg)]
+    #[arg(long, env = "RUNCELL_MEMORY", value_parser = parse_size)]
     memory: Option<u64>,
     /// Default CPU limit of a sandbox, in cores. [default: 1.0]
     #[arg(long, env = "RUNCELL_CPUS")]
@@ -50,17 +49,17 @@ pub struct ServeArgs {
     #[arg(long, env = "RUNCELL_PIDS")]
     pids: Option<u64>,
     /// Default writable-layer size of a sandbox. [default: 512M]
-    #[arg(long, env = "RUNCELL_DISK", value_parser = parse_size_arg)]
+    #[arg(long, env = "RUNCELL_DISK", value_parser = parse_size)]
     disk: Option<u64>,
     /// Bytes of each of stdout and stderr kept per exec. [default: 1M]
-    #[arg(long, env = "RUNCELL_OUTPUT_LIMIT", value_parser = parse_size_arg)]
+    #[arg(long, env = "RUNCELL_OUTPUT_LIMIT", value_parser = parse_size)]
     output_limit: Option<u64>,
     /// Largest output limit (`limits.output_bytes`) a create request may ask
     /// for; larger ones are refused with 400. [default: 64M]
-    #[arg(long, env = "RUNCELL_MAX_OUTPUT_BYTES", value_parser = parse_size_arg)]
+    #[arg(long, env = "RUNCELL_MAX_OUTPUT_BYTES", value_parser = parse_size)]
     max_output_bytes: Option<u64>,
     /// Largest request body (file uploads, code). [default: 32M]
-    #[arg(long, env = "RUNCELL_MAX_BODY", value_parser = parse_size_arg)]
+    #[arg(long, env = "RUNCELL_MAX_BODY", value_parser = parse_size)]
     max_body: Option<u64>,
     /// Most sandboxes alive at once; creates beyond it get 503 with Retry-After. [default: 64]
     #[arg(long, env = "RUNCELL_MAX_SANDBOXES")]
@@ -87,7 +86,7 @@ pub struct ServeArgs {
     /// (mirror.internal:443). Only the operator can open these; the API
     /// cannot.
     #[arg(long = "egress-allow-private", env = "RUNCELL_EGRESS_ALLOW_PRIVATE", value_delimiter = ',', value_parser = parse_private)]
-    egress_allow_private: Vec<runcell_core::egress::PrivateException>,
+    egress_allow_private: Vec<runcell_egress::PrivateException>,
     /// Most sandboxes one workspace may hold at once; creates beyond it get
     /// 429 with Retry-After. [default: when keys of more than one workspace
     /// exist, max-sandboxes less one in sixteen; else max-sandboxes]
@@ -95,11 +94,11 @@ pub struct ServeArgs {
     workspace_max_sandboxes: Option<usize>,
     /// Most memory (the sum of memory limits) one workspace's sandboxes may
     /// hold at once. [default: no quota]
-    #[arg(long, env = "RUNCELL_WORKSPACE_MAX_MEMORY", value_parser = parse_size_arg)]
+    #[arg(long, env = "RUNCELL_WORKSPACE_MAX_MEMORY", value_parser = parse_size)]
     workspace_max_memory: Option<u64>,
     /// Most disk (the sum of disk limits) one workspace's sandboxes may hold
     /// at once. [default: no quota]
-    #[arg(long, env = "RUNCELL_WORKSPACE_MAX_DISK", value_parser = parse_size_arg)]
+    #[arg(long, env = "RUNCELL_WORKSPACE_MAX_DISK", value_parser = parse_size)]
     workspace_max_disk: Option<u64>,
     /// How long why and when a sandbox ended is kept (a 404 for it says
     /// so); never less than the maximum lifetime. [default: 7d]
@@ -143,13 +142,9 @@ struct FileConfig {
     auto_build: Option<bool>,
 }
 
-fn parse_private(s: &str) -> Result<runcell_core::egress::PrivateException, String> {
+fn parse_private(s: &str) -> Result<runcell_egress::PrivateException, String> {
     s.parse()
-        .map_err(|e: runcell_core::egress::ExceptionError| e.to_string())
-}
-
-fn parse_size_arg(s: &str) -> Result<u64, String> {
-    parse_size(s).map_err(|e| e.to_string())
+        .map_err(|e: runcell_egress::ExceptionError| e.to_string())
 }
 
 fn parse_pool(s: &str) -> Result<(String, usize), String> {
@@ -198,7 +193,7 @@ fn settings(
      -> Result<u64, String> {
         match (flag, file) {
             (Some(v), _) => Ok(v),
-            (None, Some(s)) => parse_size_arg(s).map_err(|e| format!("config {key}: {e}")),
+            (None, Some(s)) => parse_size(s).map_err(|e| format!("config {key}: {e}")),
             (None, None) => Ok(default),
         }
     };

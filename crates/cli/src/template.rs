@@ -293,12 +293,9 @@ pub(crate) fn format_time(unix: u64) -> String {
     if unix == 0 {
         return "-".into();
     }
-    let (y, m, d, secs) = runcell_core::civil(unix as i64);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
-        secs / 3600,
-        secs % 3600 / 60
-    )
+    runcell_core::timestamp(i64::try_from(unix).unwrap_or(i64::MAX))
+        .strftime("%Y-%m-%d %H:%M UTC")
+        .to_string()
 }
 
 #[cfg(test)]

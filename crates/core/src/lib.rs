@@ -24,7 +24,6 @@ pub mod backend;
 pub mod build;
 mod client;
 mod context;
-pub mod egress;
 pub mod host;
 pub mod limits;
 mod runtime;
@@ -34,7 +33,9 @@ mod time;
 
 pub use client::{AgentClient, ClientError};
 pub use context::{CellEvent, CellReport, CellRun, ContextOptions, MimeBundle};
-pub use limits::{format_secs, format_size, parse_size, SandboxLimits, SizeError};
+pub use limits::{
+    format_secs, format_size, parse_duration, parse_size, DurationError, SandboxLimits, SizeError,
+};
 pub use runtime::{Runtime, RuntimeConfig, SandboxOptions};
 pub use sandbox::{
     truncation_marker, ExecOutcome, ExecResult, ExecRun, Output, RunEvent, RunOptions, Sandbox,
@@ -42,7 +43,7 @@ pub use sandbox::{
 pub use template::{
     layer_path, Manifest, Template, TemplateDefaults, TemplateError, DEFAULT_TEMPLATE, LAYERS_DIR,
 };
-pub use time::{civil, rfc3339};
+pub use time::{rfc3339, timestamp};
 
 /// Errors from the core.
 #[derive(Debug, thiserror::Error)]

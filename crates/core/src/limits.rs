@@ -511,13 +511,34 @@ pub fn check_encoded(
 #[error("\"{0}\" is not a size; use a number of bytes with an optional K, M, G or T suffix (e.g. 256M).")]
 pub struct SizeError(pub String);
 
-/// Parses `1024`, `512k`, `256M`, `256MiB`, `1G`, `1.5G` (binary units).
-pub fn parse_size(s: &str) -> Result<u64, SizeError> {
+/// A duration that could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    /// Not a number with one of the units.
+    #[error("\"{0}\" is not a duration (e.g. 5s, 500ms, 2m)")]
+    Invalid(String),
+    /// Zero, negative or not finite.
+    #[error("\"{0}\" must be a positive duration")]
+    NotPositive(String),
+    /// More seconds than a `Duration` holds.
+    #[error("\"{0}\" is too long a duration")]
+    TooLong(String),
+}
+
+/// Splits `1.5G` into its number and its unit, after trimming.
+fn number_and_unit(s: &str) -> (&str, &str) {
     let t = s.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
+    t.split_at(split)
+}
+
+/// Parses `1024`, `512k`, `256M`, `256MiB`, `1G`, `1.5G` (binary units:
+/// `K`, `M`, `G`, `T` with an optional `B` or `iB`, any case). Every size
+/// the CLI, its config file and template labels take goes through here.
+pub fn parse_size(s: &str) -> Result<u64, SizeError> {
+    let (num, unit) = number_and_unit(s);
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" | "kib" => 1 << 10,
@@ -533,6 +554,26 @@ pub fn parse_size(s: &str) -> Result<u64, SizeError> {
         return Err(SizeError(s.into()));
     }
     Ok(bytes as u64)
+}
+
+/// Parses `5`, `5s`, `500ms`, `2m`, `1h`, `1.5s` (a bare number is
+/// seconds). Every duration the CLI and its config file take goes through
+/// here.
+pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
+    let (num, unit) = number_and_unit(s);
+    let v: f64 = num.parse().map_err(|_| DurationError::Invalid(s.into()))?;
+    let secs = match unit {
+        "" | "s" => v,
+        "ms" => v / 1000.0,
+        "m" => v * 60.0,
+        "h" => v * 3600.0,
+        _ => return Err(DurationError::Invalid(s.into())),
+    };
+    if !(secs > 0.0 && secs.is_finite()) {
+        return Err(DurationError::NotPositive(s.into()));
+    }
+    // Durations past u64 seconds (about 584 billion years) do not exist.
+    Duration::try_from_secs_f64(secs).map_err(|_| DurationError::TooLong(s.into()))
 }
 
 /// Formats seconds for people: `5`, `1.5`.
@@ -693,6 +734,43 @@ mod properties {
             let n = n >> shift;
             prop_assert_eq!(parse_size(&format!("{n}{suffix}")).unwrap(), n << shift);
         }
+    }
+
+    #[test]
+    fn parses_durations() {
+        assert_eq!(parse_duration("5").unwrap(), Duration::from_secs(5));
+        assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+        assert!(parse_duration("0").is_err());
+        assert!(parse_duration("soon").is_err());
+        // This panicked (Duration::from_secs_f64 on 1e30 seconds).
+        assert!(parse_duration(&format!("1{}", "0".repeat(30))).is_err());
+        assert!(parse_duration(&format!("1{}h", "0".repeat(20))).is_err());
+    }
+
+    #[test]
+    fn duration_errors_say_what_is_wrong() {
+        assert_eq!(
+            parse_duration("soon").unwrap_err().to_string(),
+            "\"soon\" is not a duration (e.g. 5s, 500ms, 2m)"
+        );
+        assert_eq!(
+            parse_duration("0s").unwrap_err().to_string(),
+            "\"0s\" must be a positive duration"
+        );
+        assert_eq!(
+            parse_duration(&format!("1{}h", "0".repeat(20)))
+                .unwrap_err()
+                .to_string(),
+            format!("\"1{}h\" is too long a duration", "0".repeat(20))
+        );
+        assert_eq!(
+            parse_size("12X").unwrap_err().to_string(),
+            "\"12X\" is not a size; use a number of bytes with an optional K, M, G or T suffix (e.g. 256M)."
+        );
     }
 
     #[test]

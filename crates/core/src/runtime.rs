@@ -10,7 +10,7 @@ use runcell_jail::IdMap;
 use crate::backend::{
     AgentChannel, Backend, EgressSocket, Instance, JailBackend, PrepareSpec, Prepared, StartSpec,
 };
-use crate::egress::{proxy, Egress, EgressConfig, NetworkPolicy};
+use runcell_egress::{proxy, Egress, EgressConfig, NetworkPolicy};
 use crate::limits::SandboxLimits;
 use crate::sandbox::Sandbox;
 use crate::template::Template;

@@ -152,7 +152,7 @@ pub struct Sandbox {
 /// when the sandbox value goes away).
 #[derive(Debug)]
 pub(crate) struct EgressHandle {
-    pub(crate) state: std::sync::Arc<crate::egress::Egress>,
+    pub(crate) state: std::sync::Arc<runcell_egress::Egress>,
     pub(crate) task: tokio::task::JoinHandle<()>,
 }
 
@@ -181,19 +181,19 @@ impl Sandbox {
     /// The network policy and egress counters; `None` for a sandbox made
     /// without egress (or re-attached after a restart, whose egress socket
     /// died with the previous process).
-    pub fn network(&self) -> Option<crate::egress::EgressReport> {
+    pub fn network(&self) -> Option<runcell_egress::EgressReport> {
         self.egress.as_ref().map(|e| e.state.report())
     }
 
     /// The shared egress state (policy and counters).
-    pub fn egress_state(&self) -> Option<std::sync::Arc<crate::egress::Egress>> {
+    pub fn egress_state(&self) -> Option<std::sync::Arc<runcell_egress::Egress>> {
         self.egress.as_ref().map(|e| e.state.clone())
     }
 
     /// Changes the network policy of the running sandbox: the proxy checks
     /// new requests against it, and the agent turns its proxy listener and
     /// the proxy environment of new processes on or off.
-    pub async fn set_network(&self, policy: crate::egress::NetworkPolicy) -> Result<(), Error> {
+    pub async fn set_network(&self, policy: runcell_egress::NetworkPolicy) -> Result<(), Error> {
         let Some(e) = &self.egress else {
             return Err(Error::NoEgress);
         };

@@ -68,7 +68,7 @@ pub struct TemplateDefaults {
     pub timeout_secs: Option<u64>,
     /// Default network egress policy of the template's sandboxes in the
     /// daemon (`none`, `open`, `allowlist:RULE;RULE` or a JSON policy; see
-    /// [`crate::egress::NetworkPolicy::parse_setting`]).
+    /// [`runcell_egress::NetworkPolicy::parse_setting`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<String>,
     /// Python modules a warm context imports ahead of time.

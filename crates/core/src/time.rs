@@ -1,31 +1,17 @@
-//! UTC calendar time from unix seconds, without a date library.
+//! UTC timestamps as the API shows them (through `jiff`).
+
+use jiff::Timestamp;
+
+/// The timestamp of unix seconds, clamped to the range `jiff` represents
+/// (about years -9999 to 9999), so that any stored value prints as a date.
+pub fn timestamp(unix: i64) -> Timestamp {
+    let unix = unix.clamp(Timestamp::MIN.as_second(), Timestamp::MAX.as_second());
+    Timestamp::from_second(unix).unwrap_or(Timestamp::UNIX_EPOCH)
+}
 
 /// `YYYY-MM-DDTHH:MM:SSZ` for unix seconds (RFC 3339, UTC).
 pub fn rfc3339(unix: i64) -> String {
-    let (y, m, d, secs) = civil(unix);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        secs / 3600,
-        secs % 3600 / 60,
-        secs % 60
-    )
-}
-
-/// Year, month, day and seconds into the day of unix seconds, UTC
-/// (civil-from-days, Howard Hinnant's algorithm).
-pub fn civil(unix: i64) -> (i64, i64, i64, i64) {
-    let days = unix.div_euclid(86_400);
-    let secs = unix.rem_euclid(86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d, secs)
+    timestamp(unix).strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
 #[cfg(test)]
@@ -37,5 +23,9 @@ mod tests {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
         assert_eq!(rfc3339(1_795_941_814), "2026-11-29T08:43:34Z");
         assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(-1), "1969-12-31T23:59:59Z");
+        // Out of the representable range: clamped to its ends, never a panic.
+        assert_eq!(rfc3339(i64::MAX), "9999-12-30T22:00:00Z");
+        assert_eq!(rfc3339(i64::MIN), "-9999-01-02T01:59:59Z");
     }
 }

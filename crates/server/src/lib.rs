@@ -157,7 +157,7 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
         standby: config.standby,
         ..RuntimeConfig::default()
     })?
-    .with_egress(runcell_core::egress::EgressConfig {
+    .with_egress(runcell_egress::EgressConfig {
         allow_private: config.egress_allow_private.clone(),
         ..Default::default()
     });

@@ -1,56 +1,58 @@
-//! Prometheus metrics, in the text exposition format at `/metrics`.
+//! Prometheus metrics at `/metrics`, kept and written by the official
+//! `prometheus-client` crate in the Prometheus text format (0.0.4).
+//!
+//! Histograms and per-label counters live here for the daemon's lifetime;
+//! values that belong to something else (sandboxes by state, the warm
+//! pools, the egress totals) are read at each scrape into a registry made
+//! for that scrape.
 
-use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    prometheus_text, DescriptorEncoder, EncodeLabelSet, EncodeMetric,
+};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 
 /// Upper bounds of the latency histograms, in seconds.
 const BUCKETS: [f64; 12] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0,
 ];
 
-/// A latency histogram.
-#[derive(Debug, Default)]
-pub struct Histogram {
-    counts: [AtomicU64; BUCKETS.len()],
-    count: AtomicU64,
-    sum_us: AtomicU64,
+/// A latency histogram (seconds, [`BUCKETS`]).
+#[derive(Debug)]
+pub struct Histogram(histogram::Histogram);
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Self(histogram::Histogram::new(BUCKETS))
+    }
 }
 
 impl Histogram {
     /// Records one observation.
     pub fn observe(&self, d: Duration) {
-        let s = d.as_secs_f64();
-        for (i, b) in BUCKETS.iter().enumerate() {
-            if s <= *b {
-                self.counts[i].fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_us
-            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+        self.0.observe(d.as_secs_f64());
     }
+}
 
-    fn render(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        for (i, b) in BUCKETS.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{le=\"{b}\"}} {}",
-                self.counts[i].load(Ordering::Relaxed)
-            );
-        }
-        let count = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let _ = writeln!(
-            out,
-            "{name}_sum {}",
-            self.sum_us.load(Ordering::Relaxed) as f64 / 1e6
-        );
-        let _ = writeln!(out, "{name}_count {count}");
-    }
+/// The label of `runcell_sandbox_reaps_total`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReapLabels {
+    reason: String,
+}
+
+/// The labels of `runcell_api_errors_total`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ErrorLabels {
+    route: String,
+    status: u16,
 }
 
 /// Every metric the daemon exports.
@@ -63,30 +65,29 @@ pub struct Metrics {
     /// Exec latency.
     pub exec_latency: Histogram,
     /// Sandboxes removed, by reason.
-    pub reaps: Mutex<BTreeMap<String, u64>>,
-    /// API errors, by (route, status).
-    pub errors: Mutex<BTreeMap<(String, u16), u64>>,
+    reaps: Family<ReapLabels, Counter>,
+    /// API errors, by route and status.
+    errors: Family<ErrorLabels, Counter>,
 }
 
 impl Metrics {
     /// Counts a removal.
     pub fn reaped(&self, reason: &str) {
-        *self
-            .reaps
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .entry(reason.to_string())
-            .or_default() += 1;
+        self.reaps
+            .get_or_create(&ReapLabels {
+                reason: reason.to_string(),
+            })
+            .inc();
     }
 
     /// Counts an API error.
     pub fn error(&self, route: &str, status: u16) {
-        *self
-            .errors
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .entry((route.to_string(), status))
-            .or_default() += 1;
+        self.errors
+            .get_or_create(&ErrorLabels {
+                route: route.to_string(),
+                status,
+            })
+            .inc();
     }
 
     /// The exposition text. `by_state` is the current count of sandboxes per state.
@@ -101,163 +102,192 @@ impl Metrics {
         standby: usize,
         pools: &[&crate::pool::WarmPool],
     ) -> String {
-        let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "# HELP runcell_sandboxes Sandboxes by state.\n# TYPE runcell_sandboxes gauge"
-        );
-        for (state, n) in by_state {
-            let _ = writeln!(out, "runcell_sandboxes{{state=\"{state}\"}} {n}");
+        let mut registry = Registry::default();
+        let states = Family::<Vec<(&'static str, String)>, Gauge>::default();
+        for (state, n) in by_state.iter().chain(&[("standby", standby)]) {
+            states
+                .get_or_create(&label("state", state))
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
         }
-        let _ = writeln!(out, "runcell_sandboxes{{state=\"standby\"}} {standby}");
-        let _ = writeln!(
-            out,
-            "# HELP runcell_sandbox_creations_total Sandboxes created.\n# TYPE runcell_sandbox_creations_total counter\nruncell_sandbox_creations_total {}",
-            self.creations.load(Ordering::Relaxed)
+        registry.register("runcell_sandboxes", "Sandboxes by state", states);
+        // The registry adds the `_total` of counters and the final period
+        // of every help text.
+        registry.register(
+            "runcell_sandbox_creations",
+            "Sandboxes created",
+            ConstCounter::new(self.creations.load(Ordering::Relaxed)),
         );
-        self.create_latency.render(
-            &mut out,
+        registry.register(
             "runcell_sandbox_create_seconds",
-            "Time to create a sandbox.",
+            "Time to create a sandbox",
+            self.create_latency.0.clone(),
         );
-        self.exec_latency
-            .render(&mut out, "runcell_exec_seconds", "Time an exec took.");
-        let _ = writeln!(
-            out,
-            "# HELP runcell_sandbox_reaps_total Sandboxes removed, by reason.\n# TYPE runcell_sandbox_reaps_total counter"
+        registry.register(
+            "runcell_exec_seconds",
+            "Time an exec took",
+            self.exec_latency.0.clone(),
         );
-        for (reason, n) in self
-            .reaps
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .iter()
-        {
-            let _ = writeln!(
-                out,
-                "runcell_sandbox_reaps_total{{reason=\"{}\"}} {n}",
-                escape(reason)
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP runcell_api_errors_total API errors, by route and status.\n# TYPE runcell_api_errors_total counter"
+        registry.register(
+            "runcell_sandbox_reaps",
+            "Sandboxes removed, by reason",
+            self.reaps.clone(),
         );
-        for ((route, status), n) in self
-            .errors
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .iter()
-        {
-            let _ = writeln!(
-                out,
-                "runcell_api_errors_total{{route=\"{}\",status=\"{status}\"}} {n}",
-                escape(route)
-            );
-        }
-        render_pools(&mut out, pools);
-        out
+        registry.register(
+            "runcell_api_errors",
+            "API errors, by route and status",
+            self.errors.clone(),
+        );
+        register_pools(&mut registry, pools);
+        encode(&registry)
     }
+}
+
+/// Values read at scrape time: one family of counters or gauges, each
+/// sample with its labels.
+#[derive(Debug)]
+struct Snapshot {
+    name: &'static str,
+    help: &'static str,
+    kind: MetricType,
+    samples: Vec<(Vec<(&'static str, String)>, u64)>,
+}
+
+impl Collector for Snapshot {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut family = encoder.encode_descriptor(self.name, self.help, None, self.kind)?;
+        for (labels, value) in &self.samples {
+            let sample = family.encode_family(labels)?;
+            match self.kind {
+                MetricType::Counter => ConstCounter::new(*value).encode(sample)?,
+                _ => ConstGauge::new(*value).encode(sample)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Histograms read at scrape time, one per label set.
+#[derive(Debug)]
+struct Histograms {
+    name: &'static str,
+    help: &'static str,
+    samples: Vec<(Vec<(&'static str, String)>, histogram::Histogram)>,
+}
+
+impl Collector for Histograms {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut family =
+            encoder.encode_descriptor(self.name, self.help, None, MetricType::Histogram)?;
+        for (labels, h) in &self.samples {
+            h.encode(family.encode_family(labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+fn label(key: &'static str, value: &str) -> Vec<(&'static str, String)> {
+    vec![(key, value.to_string())]
+}
+
+/// The registry's text; writing to a `String` cannot fail, nor can
+/// encoding these metrics.
+fn encode(registry: &Registry) -> String {
+    let mut out = String::new();
+    if let Err(e) = prometheus_text::encode(&mut out, registry) {
+        tracing::error!("the metrics could not be encoded: {e}");
+    }
+    out
 }
 
 /// A metric family of the warm pools: name, type, help and how to read it.
 type PoolFamily = (
     &'static str,
-    &'static str,
+    MetricType,
     &'static str,
     fn(&crate::pool::WarmPool) -> u64,
 );
 
-fn render_pools(out: &mut String, pools: &[&crate::pool::WarmPool]) {
+fn register_pools(registry: &mut Registry, pools: &[&crate::pool::WarmPool]) {
     let families: [PoolFamily; 4] = [
         (
             "runcell_warm_pool_size",
-            "gauge",
+            MetricType::Gauge,
             "Sandboxes a warm pool keeps ready.",
             |p| p.size as u64,
         ),
         (
             "runcell_warm_pool_ready",
-            "gauge",
+            MetricType::Gauge,
             "Sandboxes ready in a warm pool now.",
             |p| p.ready() as u64,
         ),
         (
             "runcell_warm_pool_hits_total",
-            "counter",
+            MetricType::Counter,
             "Creates served from a warm pool.",
             |p| p.hits.load(Ordering::Relaxed),
         ),
         (
             "runcell_warm_pool_misses_total",
-            "counter",
+            MetricType::Counter,
             "Creates of a pooled template the pool could not serve.",
             |p| p.misses.load(Ordering::Relaxed),
         ),
     ];
     for (name, kind, help, value) in families {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for p in pools {
-            let _ = writeln!(
-                out,
-                "{name}{{template=\"{}\"}} {}",
-                escape(&p.template.name),
-                value(p)
-            );
-        }
+        // Counters are named without `_total`: the encoder adds it.
+        registry.register_collector(Box::new(Snapshot {
+            name: name.strip_suffix("_total").unwrap_or(name),
+            help,
+            kind,
+            samples: pools
+                .iter()
+                .map(|p| (label("template", &p.template.name), value(p)))
+                .collect(),
+        }));
     }
-    for p in pools {
-        let mut one = String::new();
-        p.refill.render(
-            &mut one,
-            "runcell_warm_pool_refill_seconds",
-            "Time to prepare one pooled sandbox (create, context, preload).",
-        );
-        // Label every sample of this pool's histogram with its template.
-        let label = format!("template=\"{}\"", escape(&p.template.name));
-        for line in one.lines() {
-            if line.starts_with('#') {
-                if !out.contains(line) {
-                    let _ = writeln!(out, "{line}");
-                }
-            } else if let Some((head, rest)) = line.split_once('{') {
-                let _ = writeln!(out, "{head}{{{label},{rest}");
-            } else if let Some((head, rest)) = line.split_once(' ') {
-                let _ = writeln!(out, "{head}{{{label}}} {rest}");
-            }
-        }
+    if !pools.is_empty() {
+        registry.register_collector(Box::new(Histograms {
+            name: "runcell_warm_pool_refill_seconds",
+            help: "Time to prepare one pooled sandbox (create, context, preload).",
+            samples: pools
+                .iter()
+                .map(|p| (label("template", &p.template.name), p.refill.0.clone()))
+                .collect(),
+        }));
     }
-}
-
-fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 /// The egress proxy's totals across sandboxes.
-pub fn render_egress(out: &mut String, t: &runcell_core::egress::EgressTotals) {
-    let _ = writeln!(
-        out,
-        "# HELP runcell_egress_bytes_total Bytes through the egress proxy, by direction (out: sandbox to network).\n# TYPE runcell_egress_bytes_total counter\nruncell_egress_bytes_total{{direction=\"out\"}} {}\nruncell_egress_bytes_total{{direction=\"in\"}} {}",
-        t.bytes_out.load(Ordering::Relaxed),
-        t.bytes_in.load(Ordering::Relaxed)
-    );
-    let _ = writeln!(
-        out,
-        "# HELP runcell_egress_connections_total Egress requests, by outcome.\n# TYPE runcell_egress_connections_total counter"
-    );
-    for (outcome, n) in [
-        ("allowed", &t.allowed),
-        ("refused_policy", &t.refused_policy),
-        ("refused_private", &t.refused_private),
-        ("failed", &t.failed),
-    ] {
-        let _ = writeln!(
-            out,
-            "runcell_egress_connections_total{{outcome=\"{outcome}\"}} {}",
-            n.load(Ordering::Relaxed)
-        );
-    }
+pub fn render_egress(out: &mut String, t: &runcell_egress::EgressTotals) {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(Snapshot {
+        name: "runcell_egress_bytes",
+        help: "Bytes through the egress proxy, by direction (out: sandbox to network).",
+        kind: MetricType::Counter,
+        samples: vec![
+            (
+                label("direction", "out"),
+                t.bytes_out.load(Ordering::Relaxed),
+            ),
+            (label("direction", "in"), t.bytes_in.load(Ordering::Relaxed)),
+        ],
+    }));
+    registry.register_collector(Box::new(Snapshot {
+        name: "runcell_egress_connections",
+        help: "Egress requests, by outcome.",
+        kind: MetricType::Counter,
+        samples: [
+            ("allowed", &t.allowed),
+            ("refused_policy", &t.refused_policy),
+            ("refused_private", &t.refused_private),
+            ("failed", &t.failed),
+        ]
+        .into_iter()
+        .map(|(outcome, n)| (label("outcome", outcome), n.load(Ordering::Relaxed)))
+        .collect(),
+    }));
+    out.push_str(&encode(&registry));
 }
 
 #[cfg(test)]
@@ -279,5 +309,53 @@ mod tests {
         assert!(text.contains("runcell_sandbox_reaps_total{reason=\"idle ttl expired\"} 1"));
         assert!(text
             .contains("runcell_api_errors_total{route=\"/v1/sandboxes/{id}\",status=\"404\"} 1"));
+    }
+
+    #[test]
+    fn exposition_has_the_types_names_and_escapes_prometheus_reads() {
+        let m = Metrics::default();
+        m.exec_latency.observe(Duration::from_millis(1500));
+        m.reaped("said \"bye\"\nand left");
+        m.error("/v1/sandboxes/{id}/exec", 504);
+        let mut text = m.render(&[("running", 0)], 0);
+        let totals = runcell_egress::EgressTotals::default();
+        totals.bytes_out.fetch_add(5, Ordering::Relaxed);
+        totals.refused_policy.fetch_add(3, Ordering::Relaxed);
+        render_egress(&mut text, &totals);
+        for line in [
+            "# HELP runcell_sandboxes Sandboxes by state.",
+            "# TYPE runcell_sandboxes gauge",
+            "runcell_sandboxes{state=\"standby\"} 0",
+            "# TYPE runcell_sandbox_creations_total counter",
+            "runcell_sandbox_creations_total 0",
+            "# TYPE runcell_exec_seconds histogram",
+            "runcell_exec_seconds_bucket{le=\"1\"} 0",
+            "runcell_exec_seconds_bucket{le=\"2.5\"} 1",
+            "runcell_exec_seconds_bucket{le=\"60\"} 1",
+            "runcell_exec_seconds_bucket{le=\"+Inf\"} 1",
+            "runcell_exec_seconds_sum 1.5",
+            "runcell_exec_seconds_count 1",
+            "# TYPE runcell_sandbox_reaps_total counter",
+            "runcell_sandbox_reaps_total{reason=\"said \\\"bye\\\"\\nand left\"} 1",
+            "# TYPE runcell_api_errors_total counter",
+            "runcell_api_errors_total{route=\"/v1/sandboxes/{id}/exec\",status=\"504\"} 1",
+            "# TYPE runcell_warm_pool_hits_total counter",
+            "# TYPE runcell_egress_bytes_total counter",
+            "runcell_egress_bytes_total{direction=\"out\"} 5",
+            "runcell_egress_bytes_total{direction=\"in\"} 0",
+            "# TYPE runcell_egress_connections_total counter",
+            "runcell_egress_connections_total{outcome=\"refused_policy\"} 3",
+            "runcell_egress_connections_total{outcome=\"failed\"} 0",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line:?} missing from\n{text}"
+            );
+        }
+        // Text format 0.0.4, not OpenMetrics: no `# EOF`, no `# UNIT`.
+        assert!(
+            !text.contains("# EOF") && !text.contains("# UNIT"),
+            "{text}"
+        );
     }
 }

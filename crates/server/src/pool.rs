@@ -215,7 +215,7 @@ impl WarmPool {
                 limits: self.limits,
                 tied_to_process: false,
                 max_lifetime: None,
-                network: Some(runcell_core::egress::NetworkPolicy::none()),
+                network: Some(runcell_egress::NetworkPolicy::none()),
             })
             .await?;
         let deadline = SystemTime::now()

@@ -260,7 +260,7 @@ impl Registry {
     pub fn set_network(
         &self,
         id: &str,
-        policy: &runcell_core::egress::NetworkPolicy,
+        policy: &runcell_egress::NetworkPolicy,
     ) -> Result<(), RegistryError> {
         self.conn
             .lock()
@@ -276,7 +276,7 @@ impl Registry {
     pub fn network(
         &self,
         id: &str,
-    ) -> Result<Option<runcell_core::egress::NetworkPolicy>, RegistryError> {
+    ) -> Result<Option<runcell_egress::NetworkPolicy>, RegistryError> {
         let raw: Option<String> = self
             .conn
             .lock()

@@ -47,7 +47,7 @@ pub struct ServeConfig {
     pub mcp_template: String,
     /// Private or loopback destinations the operator opens to sandbox
     /// egress (`--egress-allow-private`); never settable through the API.
-    pub egress_allow_private: Vec<runcell_core::egress::PrivateException>,
+    pub egress_allow_private: Vec<runcell_egress::PrivateException>,
     /// What one workspace may hold at once.
     pub workspace_quota: crate::quota::WorkspaceQuota,
     /// How long an ended sandbox's tombstone (why and when it ended) is

@@ -1,7 +1,7 @@
 //! `/v1/sandboxes/{id}/network`: a sandbox's egress policy and traffic.
 
 use axum::Json;
-use runcell_core::egress::NetworkPolicy;
+use runcell_egress::NetworkPolicy;
 
 use super::kit::{AppResult, JsonBody, Sandboxed, St};
 use crate::service::Service;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use axum::extract::{Extension, Query};
 use axum::http::StatusCode;
 use axum::Json;
-use runcell_core::egress::NetworkPolicy;
+use runcell_egress::NetworkPolicy;
 use serde::{Deserialize, Serialize};
 
 use super::kit::{AppResult, JsonBody, OwnedSandbox, Sandboxed, St, Workspace};

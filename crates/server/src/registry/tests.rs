@@ -93,7 +93,7 @@ fn network_policy_survives_record_updates_and_reopening() {
     let reg = Registry::open(&path).unwrap();
     reg.put(&rec).unwrap();
     assert_eq!(reg.network("a").unwrap(), None);
-    let policy: runcell_core::egress::NetworkPolicy =
+    let policy: runcell_egress::NetworkPolicy =
         serde_json::from_value(serde_json::json!({"mode": "allowlist", "allow": ["pypi.org"]}))
             .unwrap();
     reg.set_network("a", &policy).unwrap();

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use runcell_core::egress::NetworkPolicy;
+use runcell_egress::NetworkPolicy;
 use runcell_core::{SandboxLimits, SandboxOptions, Template};
 
 use crate::error::ApiError;

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use axum::http::StatusCode;
-use runcell_core::egress::NetworkPolicy;
+use runcell_egress::NetworkPolicy;
 use runcell_core::{SandboxLimits, TemplateDefaults};
 
 use crate::error::ApiError;

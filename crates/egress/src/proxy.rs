@@ -13,7 +13,7 @@ use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixListener, UnixStream};
 
-use super::{classify, NetworkPolicy, PrivateException};
+use crate::{classify, NetworkPolicy, PrivateException};
 
 /// Errors handling one proxied connection (logged, never fatal).
 #[derive(Debug, thiserror::Error)]
@@ -570,7 +570,7 @@ mod tests {
         let path = dir.path().join("egress.sock");
         let listener = UnixListener::bind(&path).unwrap();
         let policy = NetworkPolicy::new(
-            super::super::NetworkMode::Allowlist,
+            crate::NetworkMode::Allowlist,
             vec!["pypi.org".parse().unwrap()],
             vec![],
         )

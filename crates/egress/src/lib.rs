@@ -4,7 +4,7 @@
 //!
 //! Sandboxes keep their own network namespace with only loopback. The agent
 //! forwards `127.0.0.1:3128` inside the sandbox to a unix socket bound on the
-//! host (`<state>/<id>/egress.sock`), where [`proxy`] checks every request
+//! host (`<state>/<id>/egress/sock`), where [`proxy`] checks every request
 //! by host name, resolves it on the host, refuses private, loopback and
 //! link-local addresses, and splices the bytes.
 
