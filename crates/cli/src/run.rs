@@ -134,7 +134,7 @@ pub async fn run(config: RuntimeConfig, args: RunArgs) -> u8 {
     let limits = SandboxLimits {
         memory_bytes: args.memory,
         pids: args.pids,
-        cpu_millis: (args.cpus * 1000.0).round().max(10.0) as u64,
+        cpu_millis: runcell_protocol::units::cpu_millis(args.cpus),
         disk_bytes: args.disk,
         timeout: args.timeout,
         output_bytes: args.output_limit,
@@ -194,7 +194,7 @@ pub async fn run(config: RuntimeConfig, args: RunArgs) -> u8 {
             for m in outcome.messages() {
                 eprintln!("runcell: {m}");
             }
-            outcome.status().clamp(0, 255) as u8
+            u8::try_from(outcome.status().clamp(0, 255)).unwrap_or(1)
         }
     };
     if let Err(e) = sandbox.destroy().await {

@@ -261,7 +261,7 @@ fn settings(
         default_limits: SandboxLimits {
             memory_bytes: size(args.memory, &file.memory, "memory", l.memory_bytes)?,
             pids: args.pids.or(file.pids).unwrap_or(l.pids),
-            cpu_millis: (cpus * 1000.0).round().max(10.0) as u64,
+            cpu_millis: runcell_protocol::units::cpu_millis(cpus),
             disk_bytes: size(args.disk, &file.disk, "disk", l.disk_bytes)?,
             timeout: dur(
                 args.exec_timeout,
@@ -277,12 +277,13 @@ fn settings(
             "max_exec_timeout",
             d.max_exec_timeout,
         )?,
-        max_body_bytes: size(
+        max_body_bytes: usize::try_from(size(
             args.max_body,
             &file.max_body,
             "max_body",
             d.max_body_bytes as u64,
-        )? as usize,
+        )?)
+        .unwrap_or(usize::MAX),
         max_output_bytes,
         standby: args.standby.or(file.standby).unwrap_or(d.standby),
         max_sandboxes: args

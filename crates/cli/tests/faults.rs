@@ -28,6 +28,10 @@ impl Rng {
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
+    /// A random index into a non-empty slice of `len`.
+    fn index(&mut self, len: usize) -> usize {
+        usize::try_from(self.below(len as u64)).expect("below len")
+    }
 }
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -155,7 +159,8 @@ fn kill(d: Daemon) {
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_at_random_points_then_restart_binds_reattaches_and_leaves_nothing() {
     let seed = env_u64("RUNCELL_FAULT_SEED", 0x5eed_0010_2026);
-    let kills = env_u64("RUNCELL_FAULT_KILLS", 40) as u32;
+    let kills =
+        u32::try_from(env_u64("RUNCELL_FAULT_KILLS", 40)).expect("RUNCELL_FAULT_KILLS fits a u32");
     eprintln!("fault seed {seed:#x} ({kills} kills); replay with RUNCELL_FAULT_SEED={seed}");
     let mut rng = Rng(seed.max(1));
     let data = data_dir("faults");
@@ -179,8 +184,7 @@ async fn sigkill_at_random_points_then_restart_binds_reattaches_and_leaves_nothi
         };
         *ops.entry(op).or_default() += 1;
         let delay = Duration::from_millis(rng.below(300));
-        let target =
-            (!live.is_empty()).then(|| live[rng.below(live.len() as u64) as usize].clone());
+        let target = (!live.is_empty()).then(|| live[rng.index(live.len())].clone());
         let req = match op {
             "create" | "standby" => d
                 .req(reqwest::Method::POST, "/v1/sandboxes")

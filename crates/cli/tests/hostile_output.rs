@@ -34,7 +34,8 @@ fn cpu_time(pid: u32) -> Duration {
     let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
     let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .unwrap()
-        .expect("the clock tick rate") as u64;
+        .expect("the clock tick rate");
+    let hz = u64::try_from(hz).expect("a positive clock tick rate");
     Duration::from_millis(ticks * 1000 / hz)
 }
 

@@ -314,7 +314,7 @@ async fn soak_sandboxes_leave_nothing_behind() {
     // grows by the records, not by what the sandboxes did.
     let grew = after.registry_bytes.saturating_sub(before.registry_bytes);
     assert!(
-        grew <= (8 << 20) + rows.max(0) as u64 * 4096,
+        grew <= (8 << 20) + u64::try_from(rows).unwrap_or(0) * 4096,
         "the registry grew by {grew} bytes for {rows} records"
     );
     let d = Arc::try_unwrap(d).ok().unwrap();

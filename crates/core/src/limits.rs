@@ -174,7 +174,7 @@ pub fn whole_in(
     debug_assert!(max <= 1 << 53);
     if v.is_finite() && v.fract() == 0.0 && v >= min as f64 && v <= max as f64 {
         // In range and whole: the conversion is exact.
-        Ok(v as u64)
+        Ok(runcell_protocol::units::saturating_u64(v))
     } else {
         Err(RequestError::OutOfRange {
             field,
@@ -296,7 +296,7 @@ impl LimitBounds {
                 self.max_cpu,
                 " (cores; the maximum is this host's)",
             )?;
-            l.cpu_millis = ((c * 1000.0).round() as u64).max(10);
+            l.cpu_millis = runcell_protocol::units::cpu_millis(c);
         }
         if let Some(p) = req.pids {
             l.pids = whole_in("limits.pids", p, MIN_PIDS, cap(self.max_pids), "")?;
@@ -553,7 +553,7 @@ pub fn parse_size(s: &str) -> Result<u64, SizeError> {
     if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
         return Err(SizeError(s.into()));
     }
-    Ok(bytes as u64)
+    Ok(runcell_protocol::units::saturating_u64(bytes))
 }
 
 /// Parses `5`, `5s`, `500ms`, `2m`, `1h`, `1.5s` (a bare number is
@@ -674,7 +674,7 @@ mod properties {
             let req = LimitsRequest { memory_mb: m, cpu: c, pids: p, disk_mb: d, timeout_seconds: t, output_bytes: o };
             match b.apply(SandboxLimits::default(), &req) {
                 Ok(l) => {
-                    if let Some(m) = m { prop_assert_eq!(l.memory_bytes, (m as u64) << 20); }
+                    if let Some(m) = m { prop_assert_eq!(l.memory_bytes, runcell_protocol::units::saturating_u64(m) << 20); }
                     prop_assert!(l.memory_bytes >= MIN_MEMORY_MB << 20 && l.memory_bytes <= b.max_memory_mb << 20);
                     prop_assert!(l.cpu_millis >= 10 && l.cpu_millis as f64 <= b.max_cpu * 1000.0);
                     prop_assert!(l.pids >= MIN_PIDS && l.pids <= b.max_pids);

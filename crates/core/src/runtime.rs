@@ -10,11 +10,11 @@ use runcell_jail::IdMap;
 use crate::backend::{
     AgentChannel, Backend, EgressSocket, Instance, JailBackend, PrepareSpec, Prepared, StartSpec,
 };
-use runcell_egress::{proxy, Egress, EgressConfig, NetworkPolicy};
 use crate::limits::SandboxLimits;
 use crate::sandbox::Sandbox;
 use crate::template::Template;
 use crate::{AgentClient, Error};
+use runcell_egress::{proxy, Egress, EgressConfig, NetworkPolicy};
 
 /// Host-wide settings.
 #[derive(Debug, Clone)]

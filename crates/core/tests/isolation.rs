@@ -545,7 +545,9 @@ async fn output_that_looks_like_protocol_frames_is_just_output() {
 async fn files_can_be_written_read_listed_and_stated() {
     let rt = runtime("isolation");
     let sb = sandbox(&rt, limits()).await;
-    let data: Vec<u8> = (0..(10 << 20)).map(|i| (i % 251) as u8).collect();
+    let data: Vec<u8> = (0..10u32 << 20)
+        .map(|i| u8::try_from(i % 251).unwrap())
+        .collect();
     assert_eq!(
         sb.write_file("/home/user/sub/dir/blob.bin", &data)
             .await

@@ -84,8 +84,7 @@ pub fn loopback_up() -> io::Result<()> {
     }
     // SAFETY: ifru_flags is the active union member after SIOCGIFFLAGS.
     unsafe {
-        // Both flags are in the low 16 bits (0x1 and 0x40).
-        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        req.ifr_ifru.ifru_flags |= UP_AND_RUNNING;
     }
     // SAFETY: SIOCSIFFLAGS reads req, which names "lo" and carries the new flags.
     if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
@@ -244,3 +243,10 @@ pub fn kvm_api_version() -> io::Result<i32> {
 pub fn micros(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
+
+/// IFF_UP | IFF_RUNNING as the `short` ifreq carries (0x1 | 0x40).
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "both flags are in the low 16 bits"
+)]
+const UP_AND_RUNNING: libc::c_short = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;

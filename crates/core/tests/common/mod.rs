@@ -90,7 +90,7 @@ fn rand_suffix() -> u64 {
     h.write_u64(
         std::time::SystemTime::now()
             .elapsed()
-            .map(|d| d.as_nanos() as u64)
+            .map(runcell_protocol::units::micros)
             .unwrap_or(0),
     );
     h.finish()

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use runcell_egress::NetworkPolicy;
 use runcell_core::{SandboxLimits, SandboxOptions, Template};
+use runcell_egress::NetworkPolicy;
 
 use crate::error::ApiError;
 use crate::registry::Record;

@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 
 use axum::http::StatusCode;
-use runcell_egress::NetworkPolicy;
 use runcell_core::{SandboxLimits, TemplateDefaults};
+use runcell_egress::NetworkPolicy;
 
 use crate::error::ApiError;
 use crate::limits::LimitsReq;
