@@ -11,16 +11,6 @@ use common::*;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-async fn sandbox(d: &Daemon, id: &str) -> Value {
-    let r = d
-        .req(Method::GET, &format!("/v1/sandboxes/{id}"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    r.json().await.unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_create_without_a_template_gets_code_interpreter_everywhere() {
     let data = data_dir("default-template");
@@ -38,7 +28,7 @@ async fn a_create_without_a_template_gets_code_interpreter_everywhere() {
     assert_eq!(created["template"], "code-interpreter", "{created}");
     assert_eq!(created["alias_of"], "host", "not installed yet: {created}");
     let id = created["id"].as_str().unwrap().to_string();
-    assert_eq!(sandbox(&d, &id).await["template"], "code-interpreter");
+    assert_eq!(d.sandbox(&id).await["template"], "code-interpreter");
     let (code, body) = d.exec(&id, "python3 -c 'print(6*7)'").await;
     assert_eq!(
         (code, body["stdout"].as_str()),
@@ -59,7 +49,7 @@ async fn a_create_without_a_template_gets_code_interpreter_everywhere() {
         String::from_utf8_lossy(&out.stderr)
     );
     let cli_id = String::from_utf8(out.stdout).unwrap().trim().to_string();
-    assert_eq!(sandbox(&d, &cli_id).await["template"], "code-interpreter");
+    assert_eq!(d.sandbox(&cli_id).await["template"], "code-interpreter");
 
     // `runcell mcp --help` documents the same default.
     let help = std::process::Command::new(env!("CARGO_BIN_EXE_runcell"))

@@ -95,20 +95,7 @@ async fn the_rust_client_covers_the_api_against_a_live_daemon() {
 async fn the_cli_manages_sandboxes_exec_code_cp_and_logs() {
     let data = data_dir("cli");
     let d = Daemon::start(&data, free_port(), &[]);
-    let cli = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_runcell"))
-            .args(args)
-            .env("RUNCELL_URL", &d.url)
-            .env("RUNCELL_API_KEY", &d.key)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let cli = |args: &[&str]| runcell_cli(&d, args);
     let (code, out, err) = cli(&[
         "sandbox",
         "create",

@@ -82,3 +82,20 @@ pub fn new_key(data: &Path, workspace: &str) -> String {
     .trim()
     .to_string()
 }
+
+/// Runs `runcell ARGS` against the daemon `d` (RUNCELL_URL and
+/// RUNCELL_API_KEY set, stdin empty): exit code, stdout, stderr.
+pub fn runcell_cli(d: &Daemon, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(RUNCELL)
+        .args(args)
+        .env("RUNCELL_URL", &d.url)
+        .env("RUNCELL_API_KEY", &d.key)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
