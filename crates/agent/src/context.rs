@@ -31,7 +31,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::exec::base_env;
 use crate::procs;
 use crate::reaper::Exit;
-use crate::server::{send, send_error, Agent, Outbox};
+use crate::shared::{send, send_error, Outbox, Shared};
 
 /// Where the drivers are written inside the sandbox (root-owned, read-only to
 /// the sandbox user).
@@ -319,7 +319,7 @@ fn describe_exit(language: Language, exit: Option<Exit>) -> String {
 impl Kernel {
     /// Starts an interpreter and waits until it is ready.
     async fn start(
-        agent: &Agent,
+        agent: &Shared,
         request: &ContextCreateRequest,
     ) -> Result<(Kernel, Vec<String>), (ErrorKind, String)> {
         let language = request.language;
@@ -481,7 +481,13 @@ fn not_found(id: &str) -> (ErrorKind, String) {
 }
 
 /// Starts a context.
-pub async fn create(agent: &Agent, id: u64, request: ContextCreateRequest, out: &Outbox) {
+pub async fn create(
+    agent: &Shared,
+    contexts: &Contexts,
+    id: u64,
+    request: ContextCreateRequest,
+    out: &Outbox,
+) {
     match Kernel::start(agent, &request).await {
         Ok((kernel, preload_errors)) => {
             let info = ContextInfo {
@@ -503,8 +509,7 @@ pub async fn create(agent: &Agent, id: u64, request: ContextCreateRequest, out: 
                 info: Mutex::new(info.clone()),
                 kernel: tokio::sync::Mutex::new(Some(kernel)),
             });
-            agent
-                .contexts
+            contexts
                 .map
                 .lock()
                 .expect("contexts lock")
@@ -516,23 +521,21 @@ pub async fn create(agent: &Agent, id: u64, request: ContextCreateRequest, out: 
 }
 
 /// Lists contexts.
-pub async fn list(agent: &Agent, id: u64, out: &Outbox) {
-    let mut contexts: Vec<ContextInfo> = agent
-        .contexts
+pub async fn list(contexts: &Contexts, id: u64, out: &Outbox) {
+    let mut list: Vec<ContextInfo> = contexts
         .map
         .lock()
         .expect("contexts lock")
         .values()
         .map(|c| c.info.lock().expect("context info").clone())
         .collect();
-    contexts.sort_by_key(|c| c.created_unix_ms);
-    send(out, id, Event::Contexts { contexts }, Vec::new()).await;
+    list.sort_by_key(|c| c.created_unix_ms);
+    send(out, id, Event::Contexts { contexts: list }, Vec::new()).await;
 }
 
 /// Stops a context and forgets it.
-pub async fn delete(agent: &Agent, id: u64, context_id: &str, out: &Outbox) {
-    let removed = agent
-        .contexts
+pub async fn delete(contexts: &Contexts, id: u64, context_id: &str, out: &Outbox) {
+    let removed = contexts
         .map
         .lock()
         .expect("contexts lock")
@@ -555,8 +558,8 @@ pub async fn delete(agent: &Agent, id: u64, context_id: &str, out: &Outbox) {
 }
 
 /// Restarts a context's interpreter (its state is lost).
-pub async fn restart(agent: &Agent, id: u64, context_id: &str, out: &Outbox) {
-    let Some(ctx) = agent.contexts.get(context_id) else {
+pub async fn restart(agent: &Shared, contexts: &Contexts, id: u64, context_id: &str, out: &Outbox) {
+    let Some(ctx) = contexts.get(context_id) else {
         let (kind, msg) = not_found(context_id);
         return send_error(out, id, kind, msg).await;
     };
@@ -576,7 +579,7 @@ pub async fn restart(agent: &Agent, id: u64, context_id: &str, out: &Outbox) {
 }
 
 async fn respawn(
-    agent: &Agent,
+    agent: &Shared,
     ctx: &Context,
     slot: &mut Option<Kernel>,
 ) -> Result<(), (ErrorKind, String)> {
@@ -589,17 +592,32 @@ async fn respawn(
     Ok(())
 }
 
+/// One cell to run: its code, time limit and output limit.
+#[derive(Debug)]
+pub struct Cell {
+    /// How long it may run before it is interrupted.
+    pub timeout: Duration,
+    /// Bytes of each of stdout and stderr forwarded.
+    pub output_limit: u64,
+    /// The source code.
+    pub code: Vec<u8>,
+}
+
 /// Runs one cell.
 pub async fn run(
-    agent: &Agent,
+    agent: &Shared,
+    contexts: &Contexts,
     id: u64,
     context_id: &str,
-    timeout: Duration,
-    output_limit: u64,
-    code: Vec<u8>,
+    cell: Cell,
     out: &Outbox,
 ) {
-    let Some(ctx) = agent.contexts.get(context_id) else {
+    let Cell {
+        timeout,
+        output_limit,
+        code,
+    } = cell;
+    let Some(ctx) = contexts.get(context_id) else {
         let (kind, msg) = not_found(context_id);
         return send_error(out, id, kind, msg).await;
     };

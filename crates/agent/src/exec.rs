@@ -20,7 +20,7 @@ use tokio::sync::oneshot;
 
 use crate::procs;
 use crate::reaper::Exit;
-use crate::server::{send, send_error, Agent, Outbox};
+use crate::shared::{send, send_error, Outbox, Shared};
 
 /// An exec or a code run.
 #[derive(Debug)]
@@ -48,7 +48,7 @@ const CODE_DIR: &str = "/run/runcell/code";
 static CODE_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// The environment every process in the sandbox starts with, for `user`.
-pub(crate) fn base_env(agent: &Agent, user: &ExecUser) -> BTreeMap<String, String> {
+pub(crate) fn base_env(agent: &Shared, user: &ExecUser) -> BTreeMap<String, String> {
     let u = user;
     [
         (
@@ -81,7 +81,7 @@ struct Plan {
     background: bool,
 }
 
-fn plan(agent: &Agent, what: What, body: Vec<u8>) -> Result<Plan, (ErrorKind, String)> {
+fn plan(agent: &Shared, what: What, body: Vec<u8>) -> Result<Plan, (ErrorKind, String)> {
     match what {
         What::Exec(r) => {
             let argv = match r.command {
@@ -142,19 +142,27 @@ fn write_code(path: &str, code: &[u8]) -> std::io::Result<()> {
 }
 
 /// Runs a process and streams its events to `out`.
-pub async fn exec(agent: &Agent, conn: u64, id: u64, what: What, body: Vec<u8>, out: &Outbox) {
+pub async fn exec(
+    agent: &Shared,
+    running: &RunningExecs,
+    conn: u64,
+    id: u64,
+    what: What,
+    body: Vec<u8>,
+    out: &Outbox,
+) {
     let plan = match plan(agent, what, body) {
         Ok(p) => p,
         Err((kind, msg)) => return send_error(out, id, kind, msg).await,
     };
     let code_file = plan.code_file.clone();
-    run(agent, conn, id, plan, out).await;
+    run(agent, running, conn, id, plan, out).await;
     if let Some(f) = code_file {
         let _ = std::fs::remove_file(f);
     }
 }
 
-async fn run(agent: &Agent, conn: u64, id: u64, plan: Plan, out: &Outbox) {
+async fn run(agent: &Shared, running: &RunningExecs, conn: u64, id: u64, plan: Plan, out: &Outbox) {
     let user = plan.user.clone().unwrap_or_else(|| {
         let u = &agent.spec.user;
         ExecUser {
@@ -213,7 +221,7 @@ async fn run(agent: &Agent, conn: u64, id: u64, plan: Plan, out: &Outbox) {
     // spawn returns once the supervisor has forked the command (it closes
     // std's exec-error pipe only then), so the command is its first child.
     let pid = procs::first_child(supervisor).unwrap_or(supervisor);
-    agent.running.lock().expect("running lock").insert(
+    running.lock().expect("running lock").insert(
         (conn, id),
         Running {
             supervisor,
@@ -259,11 +267,7 @@ async fn run(agent: &Agent, conn: u64, id: u64, plan: Plan, out: &Outbox) {
     let (out_total, out_trunc) = pump_out.await.unwrap_or((0, false));
     let (err_total, err_trunc) = pump_err.await.unwrap_or((0, false));
     stop.abort();
-    agent
-        .running
-        .lock()
-        .expect("running lock")
-        .remove(&(conn, id));
+    running.lock().expect("running lock").remove(&(conn, id));
 
     let (exit_code, signal) = match exit {
         Some(Exit::Code(c)) => (Some(c), None),
@@ -290,7 +294,7 @@ async fn run(agent: &Agent, conn: u64, id: u64, plan: Plan, out: &Outbox) {
 }
 
 async fn wait(
-    agent: &Agent,
+    agent: &Shared,
     supervisor: i32,
     mut exited: oneshot::Receiver<Exit>,
     timeout: Option<Duration>,
@@ -309,6 +313,9 @@ async fn wait(
         }
     }
 }
+
+/// The running execs, by (connection, request id).
+pub type RunningExecs = std::sync::Mutex<std::collections::HashMap<(u64, u64), Running>>;
 
 /// A running exec: its supervisor (see
 /// [`runcell_jail::inside::supervise_exec`]) and the command itself.
@@ -331,7 +338,7 @@ const KILL_HELP: Duration = Duration::from_secs(30);
 /// stuck in memory reclaim die slowly), the agent also kills the tree below
 /// it, leaving the supervisor alive so orphans keep going to it and not to
 /// the agent; only after [`KILL_HELP`] more is the supervisor killed too.
-pub async fn kill_exec(agent: &Agent, supervisor: i32) {
+pub async fn kill_exec(agent: &Shared, supervisor: i32) {
     use nix::sys::signal::{kill, Signal};
     // Only while it is unreaped does the number still name the supervisor.
     if !agent.reaper.is_waiting(supervisor) {

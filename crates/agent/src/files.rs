@@ -23,7 +23,7 @@ use nix::sys::stat::Mode;
 use nix::unistd::{setfsgid, setfsuid, Gid, Uid};
 use runcell_protocol::{ErrorKind, Event, FileStat, Frame, ServerMessage};
 
-use crate::server::{send, send_error, Agent, Outbox};
+use crate::shared::{send, send_error, Outbox, Shared};
 
 const CHUNK: usize = 1 << 20;
 
@@ -37,7 +37,7 @@ struct User {
     gid: u32,
 }
 
-fn user(agent: &Agent) -> User {
+fn user(agent: &Shared) -> User {
     User {
         uid: agent.spec.user.uid,
         gid: agent.spec.user.gid,
@@ -233,7 +233,7 @@ fn frame(id: u64, event: Event, body: Vec<u8>) -> Frame<ServerMessage> {
 }
 
 /// Reads a file and streams it as `Data` chunks.
-pub async fn read(agent: &Agent, id: u64, path: &str, max_bytes: u64, out: &Outbox) {
+pub async fn read(agent: &Shared, id: u64, path: &str, max_bytes: u64, out: &Outbox) {
     if let Err((k, m)) = check_path(path) {
         return send_error(out, id, k, m).await;
     }
@@ -302,7 +302,7 @@ pub async fn read(agent: &Agent, id: u64, path: &str, max_bytes: u64, out: &Outb
 
 /// Writes `data` to a file, creating parent directories.
 pub async fn write(
-    agent: &Agent,
+    agent: &Shared,
     id: u64,
     path: &str,
     append: bool,
@@ -354,7 +354,7 @@ pub async fn write(
 }
 
 /// Lists a directory.
-pub async fn list(agent: &Agent, id: u64, path: &str, out: &Outbox) {
+pub async fn list(agent: &Shared, id: u64, path: &str, out: &Outbox) {
     if let Err((k, m)) = check_path(path) {
         return send_error(out, id, k, m).await;
     }
@@ -398,7 +398,7 @@ pub async fn list(agent: &Agent, id: u64, path: &str, out: &Outbox) {
 }
 
 /// Stats a path (following a final symlink, and saying it was one).
-pub async fn stat(agent: &Agent, id: u64, path: &str, out: &Outbox) {
+pub async fn stat(agent: &Shared, id: u64, path: &str, out: &Outbox) {
     if let Err((k, m)) = check_path(path) {
         return send_error(out, id, k, m).await;
     }
@@ -443,7 +443,7 @@ pub async fn stat(agent: &Agent, id: u64, path: &str, out: &Outbox) {
 }
 
 /// Creates a directory and its parents.
-pub async fn make_dir(agent: &Agent, id: u64, path: &str, out: &Outbox) {
+pub async fn make_dir(agent: &Shared, id: u64, path: &str, out: &Outbox) {
     if let Err((k, m)) = check_path(path) {
         return send_error(out, id, k, m).await;
     }
@@ -461,7 +461,7 @@ pub async fn make_dir(agent: &Agent, id: u64, path: &str, out: &Outbox) {
 }
 
 /// Removes a file or a directory tree.
-pub async fn remove(agent: &Agent, id: u64, path: &str, out: &Outbox) {
+pub async fn remove(agent: &Shared, id: u64, path: &str, out: &Outbox) {
     if let Err((k, m)) = check_path(path) {
         return send_error(out, id, k, m).await;
     }

@@ -14,6 +14,7 @@ mod files;
 mod procs;
 mod reaper;
 mod server;
+mod shared;
 
 use std::process::ExitCode;
 

@@ -1,12 +1,10 @@
 //! Accepts host connections and dispatches requests.
 
-use std::collections::HashMap;
 use std::os::unix::net::UnixListener as StdListener;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use runcell_jail::inside::Bootstrap;
-use runcell_jail::InitSpec;
 use runcell_protocol::{
     read_frame, write_frame, AgentStats, ClientMessage, CodecError, ErrorKind, Event, Frame,
     Request, ServerMessage, PROTOCOL_VERSION,
@@ -16,6 +14,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, watch};
 
 use crate::reaper::Reaper;
+use crate::shared::{send, send_error, Outbox, Shared};
 use crate::{context, egress, exec, files, procs};
 
 /// Errors that stop the agent.
@@ -29,36 +28,17 @@ pub enum ServeError {
     Reaper(#[source] std::io::Error),
 }
 
-/// Sends events back to one connection.
-pub type Outbox = mpsc::Sender<Frame<ServerMessage>>;
-
 /// State shared by every connection.
 #[derive(Debug)]
-pub struct Agent {
-    /// The sandbox spec.
-    pub spec: InitSpec,
-    /// Exit statuses.
-    pub reaper: Reaper,
+struct Agent {
+    /// What the handlers read: spec, reaper, egress.
+    shared: Shared,
     started: Instant,
     deadline: watch::Sender<Option<u64>>,
     /// Running execs, by (connection, request id).
-    pub running: Mutex<HashMap<(u64, u64), exec::Running>>,
+    running: exec::RunningExecs,
     /// Code contexts.
-    pub contexts: context::Contexts,
-    /// The egress proxy listener.
-    pub egress: egress::Egress,
-}
-
-/// Sends one event for request `id`.
-pub async fn send(out: &Outbox, id: u64, event: Event, body: Vec<u8>) -> bool {
-    out.send(Frame::with_body(ServerMessage { id, event }, body))
-        .await
-        .is_ok()
-}
-
-/// Sends an error event.
-pub async fn send_error(out: &Outbox, id: u64, kind: ErrorKind, message: String) {
-    send(out, id, Event::Error { kind, message }, Vec::new()).await;
+    contexts: context::Contexts,
 }
 
 /// Serves until shutdown.
@@ -77,16 +57,18 @@ pub async fn run(boot: Bootstrap) -> Result<(), ServeError> {
         }
     }
     let agent = Arc::new(Agent {
-        egress,
-        spec: boot.spec,
-        reaper,
+        shared: Shared {
+            egress,
+            spec: boot.spec,
+            reaper,
+        },
         started: Instant::now(),
         deadline,
-        running: Mutex::new(HashMap::new()),
+        running: exec::RunningExecs::default(),
         contexts: context::Contexts::default(),
     });
     tokio::spawn(enforce_deadline(deadline_rx));
-    if agent.spec.exit_on_host_close {
+    if agent.shared.spec.exit_on_host_close {
         let std_sock = std::os::unix::net::UnixStream::from(boot.setup);
         std_sock
             .set_nonblocking(true)
@@ -189,7 +171,7 @@ async fn connection(agent: Arc<Agent>, conn: u64, stream: UnixStream) {
         Event::Hello {
             version: PROTOCOL_VERSION,
             agent_version: env!("CARGO_PKG_VERSION").into(),
-            sandbox_id: agent.spec.sandbox_id.clone(),
+            sandbox_id: agent.shared.spec.sandbox_id.clone(),
         },
         Vec::new(),
     )
@@ -229,7 +211,7 @@ async fn connection(agent: Arc<Agent>, conn: u64, stream: UnixStream) {
             "connection {conn} closed: killing its exec (supervisor {})",
             r.supervisor
         );
-        exec::kill_exec(&agent, r.supervisor).await;
+        exec::kill_exec(&agent.shared, r.supervisor).await;
     }
     drop(tx);
     let _ = writer.await;
@@ -244,9 +226,29 @@ async fn handle(
     out: Outbox,
 ) {
     match request {
-        Request::Exec(req) => exec::exec(&agent, conn, id, exec::What::Exec(req), body, &out).await,
+        Request::Exec(req) => {
+            exec::exec(
+                &agent.shared,
+                &agent.running,
+                conn,
+                id,
+                exec::What::Exec(req),
+                body,
+                &out,
+            )
+            .await
+        }
         Request::RunCode(req) => {
-            exec::exec(&agent, conn, id, exec::What::Code(req), body, &out).await
+            exec::exec(
+                &agent.shared,
+                &agent.running,
+                conn,
+                id,
+                exec::What::Code(req),
+                body,
+                &out,
+            )
+            .await
         }
         Request::Signal { exec_id, signal } => {
             let running = agent
@@ -258,7 +260,7 @@ async fn handle(
             match (running, nix::sys::signal::Signal::try_from(signal)) {
                 (Some(r), Ok(sig)) => {
                     if sig == nix::sys::signal::Signal::SIGKILL {
-                        exec::kill_exec(&agent, r.supervisor).await;
+                        exec::kill_exec(&agent.shared, r.supervisor).await;
                     } else {
                         procs::signal_group(r.command, sig);
                     }
@@ -285,15 +287,15 @@ async fn handle(
             }
         }
         Request::ReadFile { path, max_bytes } => {
-            files::read(&agent, id, &path, max_bytes, &out).await
+            files::read(&agent.shared, id, &path, max_bytes, &out).await
         }
         Request::WriteFile { path, append, mode } => {
-            files::write(&agent, id, &path, append, mode, body, &out).await
+            files::write(&agent.shared, id, &path, append, mode, body, &out).await
         }
-        Request::ListDir { path } => files::list(&agent, id, &path, &out).await,
-        Request::Stat { path } => files::stat(&agent, id, &path, &out).await,
-        Request::MakeDir { path } => files::make_dir(&agent, id, &path, &out).await,
-        Request::Remove { path } => files::remove(&agent, id, &path, &out).await,
+        Request::ListDir { path } => files::list(&agent.shared, id, &path, &out).await,
+        Request::Stat { path } => files::stat(&agent.shared, id, &path, &out).await,
+        Request::MakeDir { path } => files::make_dir(&agent.shared, id, &path, &out).await,
+        Request::Remove { path } => files::remove(&agent.shared, id, &path, &out).await,
         Request::Stats => {
             let (processes, rss_bytes) = procs::usage();
             let (disk_total_bytes, disk_used_bytes) = match nix::sys::statvfs::statvfs("/") {
@@ -317,7 +319,7 @@ async fn handle(
             agent.deadline.send_replace(unix_ms);
             send(&out, id, Event::Done, Vec::new()).await;
         }
-        Request::SetEgress { enabled } => match agent.egress.set(enabled).await {
+        Request::SetEgress { enabled } => match agent.shared.egress.set(enabled).await {
             Ok(()) => {
                 send(&out, id, Event::Done, Vec::new()).await;
             }
@@ -340,21 +342,28 @@ async fn handle(
         Request::Ping => {
             send(&out, id, Event::Done, Vec::new()).await;
         }
-        Request::ContextCreate(req) => context::create(&agent, id, req, &out).await,
+        Request::ContextCreate(req) => {
+            context::create(&agent.shared, &agent.contexts, id, req, &out).await
+        }
         Request::ContextRun {
             context_id,
             timeout_ms,
             output_limit,
         } => {
             let timeout = Duration::from_millis(timeout_ms);
-            context::run(&agent, id, &context_id, timeout, output_limit, body, &out).await
+            let cell = context::Cell {
+                timeout,
+                output_limit,
+                code: body,
+            };
+            context::run(&agent.shared, &agent.contexts, id, &context_id, cell, &out).await
         }
         Request::ContextRestart { context_id } => {
-            context::restart(&agent, id, &context_id, &out).await
+            context::restart(&agent.shared, &agent.contexts, id, &context_id, &out).await
         }
         Request::ContextDelete { context_id } => {
-            context::delete(&agent, id, &context_id, &out).await
+            context::delete(&agent.contexts, id, &context_id, &out).await
         }
-        Request::ContextList => context::list(&agent, id, &out).await,
+        Request::ContextList => context::list(&agent.contexts, id, &out).await,
     }
 }

@@ -14,7 +14,7 @@ use crate::report;
 #[derive(Debug, Args)]
 pub struct ContextArgs {
     #[command(flatten)]
-    conn: crate::remote::Conn,
+    conn: crate::conn::Conn,
     #[command(subcommand)]
     command: ContextCommand,
 }

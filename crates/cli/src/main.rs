@@ -1,5 +1,6 @@
 //! `runcell`: run untrusted code in a sandbox.
 
+mod conn;
 mod context;
 mod doctor;
 mod key;

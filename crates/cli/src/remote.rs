@@ -12,32 +12,9 @@ use runcell_client::{Client, ClientError, ExecOptions, SandboxInfo, Stream};
 use runcell_core::{parse_duration, parse_size};
 use serde_json::{json, Value};
 
+use crate::conn::Conn;
 use crate::context::print_cell;
 use crate::report;
-
-/// How to reach the daemon, shared by every remote command.
-#[derive(Debug, Args)]
-pub struct Conn {
-    /// The daemon [default: $RUNCELL_URL, else http://127.0.0.1:7070].
-    #[arg(long, global = true)]
-    pub url: Option<String>,
-    /// API key [default: $RUNCELL_API_KEY, else the key file runcell serve wrote].
-    #[arg(long, global = true)]
-    pub api_key: Option<String>,
-    /// Print JSON instead of text.
-    #[arg(long, global = true)]
-    pub json: bool,
-}
-
-impl Conn {
-    /// A client, or the exit status after reporting why there is none.
-    pub fn client(&self) -> Result<Client, u8> {
-        Client::from_env(self.url.clone(), self.api_key.clone()).map_err(|e| {
-            report(&e);
-            2
-        })
-    }
-}
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
@@ -58,7 +35,7 @@ pub struct SandboxArgs {
 enum SandboxCommand {
     /// Create a sandbox; prints its id.
     Create {
-        /// Template [default: host].
+        /// Template [default: the daemon's, code-interpreter].
         #[arg(long, short)]
         template: Option<String>,
         /// Idle time-to-live, e.g. 10m [default: the daemon's].

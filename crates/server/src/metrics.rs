@@ -25,9 +25,26 @@ const BUCKETS: [f64; 12] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0,
 ];
 
-/// A latency histogram (seconds, [`BUCKETS`]).
-#[derive(Debug)]
+/// A latency histogram (seconds, [`BUCKETS`]). A clone shares the counts.
+#[derive(Debug, Clone)]
 pub struct Histogram(histogram::Histogram);
+
+/// What `/metrics` shows of one warm pool (`WarmPool::sample`).
+#[derive(Debug, Clone)]
+pub struct PoolSample {
+    /// The pool's template.
+    pub template: String,
+    /// Sandboxes it keeps ready.
+    pub size: u64,
+    /// Sandboxes ready now.
+    pub ready: u64,
+    /// Creates it served.
+    pub hits: u64,
+    /// Creates of its template it could not serve.
+    pub misses: u64,
+    /// Time to prepare one pooled sandbox.
+    pub refill: Histogram,
+}
 
 impl Default for Histogram {
     fn default() -> Self {
@@ -100,7 +117,7 @@ impl Metrics {
         &self,
         by_state: &[(&str, usize)],
         standby: usize,
-        pools: &[&crate::pool::WarmPool],
+        pools: &[PoolSample],
     ) -> String {
         let mut registry = Registry::default();
         let states = Family::<Vec<(&'static str, String)>, Gauge>::default();
@@ -204,34 +221,34 @@ type PoolFamily = (
     &'static str,
     MetricType,
     &'static str,
-    fn(&crate::pool::WarmPool) -> u64,
+    fn(&PoolSample) -> u64,
 );
 
-fn register_pools(registry: &mut Registry, pools: &[&crate::pool::WarmPool]) {
+fn register_pools(registry: &mut Registry, pools: &[PoolSample]) {
     let families: [PoolFamily; 4] = [
         (
             "runcell_warm_pool_size",
             MetricType::Gauge,
             "Sandboxes a warm pool keeps ready.",
-            |p| p.size as u64,
+            |p| p.size,
         ),
         (
             "runcell_warm_pool_ready",
             MetricType::Gauge,
             "Sandboxes ready in a warm pool now.",
-            |p| p.ready() as u64,
+            |p| p.ready,
         ),
         (
             "runcell_warm_pool_hits_total",
             MetricType::Counter,
             "Creates served from a warm pool.",
-            |p| p.hits.load(Ordering::Relaxed),
+            |p| p.hits,
         ),
         (
             "runcell_warm_pool_misses_total",
             MetricType::Counter,
             "Creates of a pooled template the pool could not serve.",
-            |p| p.misses.load(Ordering::Relaxed),
+            |p| p.misses,
         ),
     ];
     for (name, kind, help, value) in families {
@@ -242,7 +259,7 @@ fn register_pools(registry: &mut Registry, pools: &[&crate::pool::WarmPool]) {
             kind,
             samples: pools
                 .iter()
-                .map(|p| (label("template", &p.template.name), value(p)))
+                .map(|p| (label("template", &p.template), value(p)))
                 .collect(),
         }));
     }
@@ -252,7 +269,7 @@ fn register_pools(registry: &mut Registry, pools: &[&crate::pool::WarmPool]) {
             help: "Time to prepare one pooled sandbox (create, context, preload).",
             samples: pools
                 .iter()
-                .map(|p| (label("template", &p.template.name), p.refill.0.clone()))
+                .map(|p| (label("template", &p.template), p.refill.0.clone()))
                 .collect(),
         }));
     }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use runcell_core::{ContextOptions, Runtime, Sandbox, SandboxLimits, SandboxOptions, Template};
 use runcell_protocol::{ContextInfo, Language};
 
-use crate::metrics::Histogram;
+use crate::metrics::{Histogram, PoolSample};
 
 /// Age after which a pooled sandbox is replaced with a fresh one.
 pub const MAX_AGE: Duration = Duration::from_secs(600);
@@ -199,6 +199,18 @@ impl WarmPools {
 }
 
 impl WarmPool {
+    /// What `/metrics` shows of this pool.
+    pub fn sample(&self) -> PoolSample {
+        PoolSample {
+            template: self.template.name.clone(),
+            size: self.size as u64,
+            ready: self.ready() as u64,
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            refill: self.refill.clone(),
+        }
+    }
+
     /// Sandboxes ready now.
     pub fn ready(&self) -> usize {
         self.ready

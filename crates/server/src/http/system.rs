@@ -27,8 +27,7 @@ pub(crate) async fn metrics(State(state): St) -> impl IntoResponse {
         .read()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .len();
-    let all = state.pools.all();
-    let pools: Vec<&crate::pool::WarmPool> = all.iter().map(|p| p.as_ref()).collect();
+    let pools: Vec<_> = state.pools.all().iter().map(|p| p.sample()).collect();
     let mut text = state.metrics.render_with_pools(
         &[("running", running)],
         state.runtime.standby_ready(),
