@@ -24,13 +24,24 @@ const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a daemon may take to exit after SIGTERM before it is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A loopback port that was free a moment ago.
+/// A loopback port that was free a moment ago, below the kernel's
+/// ephemeral range (32768 and up): a test's own servers that bind port 0
+/// meanwhile never get it, and the tests of one process never share one.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind a loopback port")
-        .local_addr()
-        .expect("the bound address")
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    for _ in 0..1000 {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let offset = (std::process::id()
+            .wrapping_mul(977)
+            .wrapping_add(n.wrapping_mul(7919)))
+            % 12_000;
+        let port = u16::try_from(20_000 + offset).expect("below 32000");
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port between 20000 and 32000");
 }
 
 /// `bin serve --listen 127.0.0.1:port`; the caller adds the rest (at least
@@ -80,9 +91,13 @@ impl Daemon {
             remove_data_on_drop: false,
         };
         let until = Instant::now() + START_TIMEOUT;
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        // The daemon writes its key before it listens: a port that answers
+        // while the key is missing is someone else's.
+        while !data.join("api-key").exists()
+            || std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
+        {
             if let Ok(Some(status)) = d.child.try_wait() {
-                panic!("the daemon exited ({status}) before it listened");
+                panic!("the daemon exited ({status}) before it listened on port {port}");
             }
             assert!(Instant::now() < until, "the daemon did not start");
             std::thread::sleep(Duration::from_millis(20));
