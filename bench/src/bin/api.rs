@@ -131,7 +131,14 @@ async fn main() {
         &runcell,
         &data,
         free_port(),
-        ["--standby", "2", "--max-sandboxes", "128"],
+        // No first-run template build competing for the CPU while it measures.
+        [
+            "--standby",
+            "2",
+            "--max-sandboxes",
+            "128",
+            "--auto-build=false",
+        ],
     );
     let api = Arc::new(Api {
         daemon,

@@ -43,7 +43,9 @@ test("create with no options uses the daemon's defaults (env RUNCELL_URL / RUNCE
   assert.equal(process.env.RUNCELL_URL, URL_);
   const sb = await Sandbox.create();
   try {
-    assert.equal(sb.info.template, "host");
+    // The one default template; served from host until it is installed.
+    assert.equal(sb.info.template, "code-interpreter");
+    assert.equal(sb.info.raw.alias_of, "host");
     assert.equal(sb.info.ttlSeconds, 300);
     assert.equal((await sb.exec("echo ok")).stdout, "ok\n");
   } finally {
