@@ -36,7 +36,7 @@ pub use context::{CellEvent, CellReport, CellRun, ContextOptions, MimeBundle};
 pub use limits::{
     format_secs, format_size, parse_duration, parse_size, DurationError, SandboxLimits, SizeError,
 };
-pub use runtime::{Runtime, RuntimeConfig, SandboxOptions};
+pub use runtime::{find_agent, Runtime, RuntimeConfig, SandboxOptions};
 pub use sandbox::{
     truncation_marker, ExecOutcome, ExecResult, ExecRun, Output, RunEvent, RunOptions, Sandbox,
 };

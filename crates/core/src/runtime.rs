@@ -122,6 +122,18 @@ impl Runtime {
         })
     }
 
+    /// A runtime whose sandboxes are made by `backend` (its standby pool,
+    /// if any, is that backend's). The daemon keeps one runtime per
+    /// isolation backend it can run.
+    pub fn with_backend(config: RuntimeConfig, backend: Arc<dyn Backend>) -> Self {
+        Self {
+            config,
+            backend,
+            pool: Arc::default(),
+            egress: EgressConfig::default(),
+        }
+    }
+
     /// Sets the operator's egress settings (private destinations opened,
     /// shared totals) for sandboxes created from now on.
     pub fn with_egress(mut self, egress: EgressConfig) -> Self {
@@ -468,7 +480,7 @@ fn proxy_task(
 
 /// `runcell-agent` next to the current executable, or one directory up
 /// (cargo puts test binaries in `target/<profile>/deps`).
-fn find_agent() -> Result<PathBuf, Error> {
+pub fn find_agent() -> Result<PathBuf, Error> {
     let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("runcell"));
     let dir = exe.parent().unwrap_or(Path::new("/"));
     for candidate in [dir.join("runcell-agent"), dir.join("../runcell-agent")] {

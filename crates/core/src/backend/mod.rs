@@ -52,6 +52,56 @@ impl BackendError {
     }
 }
 
+/// A kind of isolation a sandbox can run under, chosen per sandbox.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Isolation {
+    /// The namespace jail (`runcell-jail`): namespaces, an overlay root,
+    /// seccomp, Landlock and cgroups, on the host's kernel.
+    Jail,
+    /// gVisor (`runsc`): a user-space kernel between the sandbox and the host.
+    Gvisor,
+    /// A QEMU microVM with its own guest kernel.
+    Microvm,
+}
+
+impl Isolation {
+    /// Every kind, in order of strength.
+    pub const ALL: [Isolation; 3] = [Isolation::Jail, Isolation::Gvisor, Isolation::Microvm];
+
+    /// Its name in the API (`jail`, `gvisor`, `microvm`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Isolation::Jail => "jail",
+            Isolation::Gvisor => "gvisor",
+            Isolation::Microvm => "microvm",
+        }
+    }
+}
+
+impl fmt::Display for Isolation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An isolation name that is not one of `jail`, `gvisor`, `microvm`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Unknown isolation {0:?}: expected one of jail, gvisor, microvm.")]
+pub struct UnknownIsolation(pub String);
+
+impl std::str::FromStr for Isolation {
+    type Err = UnknownIsolation;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Isolation::ALL
+            .into_iter()
+            .find(|i| i.as_str() == s)
+            .ok_or_else(|| UnknownIsolation(s.to_string()))
+    }
+}
+
 /// What the prepare phase takes: nothing about what will run.
 #[derive(Debug, Clone)]
 pub struct PrepareSpec {
