@@ -56,6 +56,18 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Landlock under the mount namespace: from here on the agent and all it
+    // starts reach only files beneath the sandbox's root, whatever path
+    // leads out of it. After the last mount (a confined process cannot
+    // mount) and before seccomp, which does not allow the Landlock calls.
+    let confinement = match runcell_jail::confine::confine_beneath(std::path::Path::new("/")) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    tracing::debug!("Landlock {}", confinement.describe());
     // Installed on the agent itself so every process it starts inherits it;
     // the agent needs none of the denied calls after setup.
     let filters = match runcell_jail::seccomp::filters() {
@@ -92,7 +104,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(server::run(boot)) {
+    match runtime.block_on(server::run(boot, confinement)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");

@@ -34,6 +34,8 @@ struct Agent {
     /// What the handlers read: spec, reaper, egress.
     shared: Shared,
     started: Instant,
+    /// What Landlock applied to the sandbox.
+    confinement: runcell_jail::confine::Confinement,
     deadline: watch::Sender<Option<u64>>,
     /// Running execs, by (connection, request id).
     running: exec::RunningExecs,
@@ -42,7 +44,10 @@ struct Agent {
 }
 
 /// Serves until shutdown.
-pub async fn run(boot: Bootstrap) -> Result<(), ServeError> {
+pub async fn run(
+    boot: Bootstrap,
+    confinement: runcell_jail::confine::Confinement,
+) -> Result<(), ServeError> {
     let reaper = Reaper::start().map_err(ServeError::Reaper)?;
     let std_listener = StdListener::from(boot.listener);
     std_listener
@@ -63,6 +68,7 @@ pub async fn run(boot: Bootstrap) -> Result<(), ServeError> {
             reaper,
         },
         started: Instant::now(),
+        confinement,
         deadline,
         running: exec::RunningExecs::default(),
         contexts: context::Contexts::default(),
@@ -312,6 +318,7 @@ async fn handle(
                 disk_total_bytes,
                 agent_rss_bytes: procs::self_rss(),
                 uptime_ms: runcell_protocol::units::millis(agent.started.elapsed()),
+                landlock_abi: agent.confinement.abi,
             };
             send(&out, id, Event::Stats(stats), Vec::new()).await;
         }

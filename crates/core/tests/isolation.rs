@@ -678,3 +678,28 @@ async fn the_host_can_reconnect_to_a_running_sandbox() {
                 .unwrap_or(true)
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn landlock_confines_every_process_to_the_sandboxs_root() {
+    // The kernel's Landlock ABI, as `runcell doctor` reports it.
+    let host = runcell_core::host::system_report().host;
+    let abi = host
+        .landlock_abi
+        .expect("the CI kernel has Landlock; this test needs it");
+    let rt = runtime("isolation");
+    let sb = sandbox(&rt, limits()).await;
+    let stats = sb.stats().await.unwrap();
+    assert_eq!(
+        stats.landlock_abi, abi,
+        "the agent did not confine the sandbox with the kernel's Landlock"
+    );
+    // Programs still run and write where the sandbox lets them: the domain
+    // covers the sandbox's whole root.
+    let r = sh(
+        &sb,
+        "echo hi > /tmp/x && cat /tmp/x && /usr/bin/python3 -c 'print(2+2)'",
+    )
+    .await;
+    assert_eq!(text(&r.stdout), "hi\n4\n", "{}", text(&r.stderr));
+    sb.destroy().await.unwrap();
+}

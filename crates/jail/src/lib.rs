@@ -19,6 +19,7 @@
 
 pub mod cgroup;
 mod command;
+pub mod confine;
 pub mod inside;
 pub mod probe;
 pub mod seccomp;

@@ -392,6 +392,11 @@ pub struct AgentStats {
     pub agent_rss_bytes: u64,
     /// Milliseconds since the agent started.
     pub uptime_ms: u64,
+    /// The Landlock ABI the agent confined the sandbox with (file access
+    /// only beneath its root); 0 when the kernel offers none (or under
+    /// gVisor, which does not implement it).
+    #[serde(default)]
+    pub landlock_abi: u32,
 }
 
 /// Kinds of request failure.
