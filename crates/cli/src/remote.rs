@@ -53,6 +53,10 @@ enum SandboxCommand {
         /// Network egress: none, open, allowlist:RULE;RULE... or JSON.
         #[arg(long, value_parser = crate::run::parse_network)]
         network: Option<runcell_egress::NetworkPolicy>,
+        /// Isolation: jail, gvisor or microvm [default: the template's,
+        /// else the daemon's].
+        #[arg(long)]
+        isolation: Option<runcell_core::backend::Isolation>,
         #[command(flatten)]
         limits: Box<LimitFlags>,
     },
@@ -151,9 +155,10 @@ fn sandbox_line(s: &SandboxInfo) -> String {
         })
         .unwrap_or_default();
     format!(
-        "{:<36}  {:<18} {:<9} {:<25} {}",
+        "{:<36}  {:<18} {:<9} {:<9} {:<25} {}",
         s.id,
         field(s, "template"),
+        field(s, "isolation"),
         field(s, "status"),
         field(s, "created_at"),
         meta.join(",")
@@ -167,6 +172,7 @@ fn sandbox_view(s: &SandboxInfo) -> String {
     let mut rows: Vec<(&str, String)> = vec![
         ("ID", s.id.clone()),
         ("Template", field(s, "template").to_string()),
+        ("Isolation", field(s, "isolation").to_string()),
         ("Status", field(s, "status").to_string()),
         ("Created", field(s, "created_at").to_string()),
     ];
@@ -280,6 +286,7 @@ pub async fn sandbox(args: SandboxArgs) -> u8 {
                 env,
                 persistent,
                 network,
+                isolation,
                 limits,
             } => {
                 let mut req = json!({
@@ -299,6 +306,9 @@ pub async fn sandbox(args: SandboxArgs) -> u8 {
                 if let Some(l) = limits.to_json() {
                     req["limits"] = l;
                 }
+                if let Some(i) = isolation {
+                    req["isolation"] = i.as_str().into();
+                }
                 let s = client.create_sandbox(&req).await?;
                 if json {
                     println!("{}", sandbox_json(&s));
@@ -315,8 +325,8 @@ pub async fn sandbox(args: SandboxArgs) -> u8 {
                     println!("No sandboxes.");
                 } else {
                     println!(
-                        "{:<36}  {:<18} {:<9} {:<25} METADATA",
-                        "ID", "TEMPLATE", "STATUS", "CREATED"
+                        "{:<36}  {:<18} {:<9} {:<9} {:<25} METADATA",
+                        "ID", "TEMPLATE", "ISOLATION", "STATUS", "CREATED"
                     );
                     for s in &list {
                         println!("{}", sandbox_line(s));

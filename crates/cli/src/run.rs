@@ -54,6 +54,15 @@ pub struct RunArgs {
     /// policy. Loopback and private ranges stay closed. [default: none]
     #[arg(long, value_parser = parse_network)]
     network: Option<runcell_egress::NetworkPolicy>,
+    /// Isolation: jail (namespaces, seccomp, Landlock, cgroups; the
+    /// fastest), gvisor (runsc's user-space kernel) or microvm (a guest
+    /// kernel in QEMU). `runcell doctor` says which run here.
+    #[arg(long, default_value = "jail")]
+    isolation: runcell_core::backend::Isolation,
+    /// Let a microVM run under TCG emulation where KVM cannot run a guest
+    /// (slow).
+    #[arg(long)]
+    allow_emulation: bool,
     /// Arguments passed to the program (after --).
     #[arg(last = true)]
     args: Vec<String>,
@@ -127,6 +136,16 @@ pub async fn run(config: RuntimeConfig, args: RunArgs) -> u8 {
             return 125;
         }
     };
+    // Other backends are probed only when asked for: the jail's path
+    // spawns nothing extra.
+    let runtime = if args.isolation == runcell_core::backend::Isolation::Jail {
+        runtime
+    } else {
+        let options = runcell_core::host::HostOptions {
+            allow_emulation: args.allow_emulation,
+        };
+        runcell_core::host::equip(runtime, &options).0
+    };
     // Leftovers of runs whose runcell process was killed.
     for id in runtime.sweep_dead() {
         tracing::info!(sandbox = %id, "removed a sandbox left behind by an earlier run");
@@ -150,6 +169,7 @@ pub async fn run(config: RuntimeConfig, args: RunArgs) -> u8 {
             .network
             .clone()
             .filter(runcell_egress::NetworkPolicy::has_egress),
+        isolation: Some(args.isolation),
     };
     let sandbox = match runtime.create(opts).await {
         Ok(s) => s,

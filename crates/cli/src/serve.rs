@@ -110,6 +110,15 @@ pub struct ServeArgs {
     /// the built template. [default: true]
     #[arg(long, env = "RUNCELL_AUTO_BUILD", num_args = 0..=1, default_missing_value = "true")]
     auto_build: Option<bool>,
+    /// The isolation of a sandbox whose request and template name none:
+    /// jail, gvisor or microvm (`runcell doctor` says which run here).
+    /// [default: jail]
+    #[arg(long, env = "RUNCELL_DEFAULT_ISOLATION")]
+    default_isolation: Option<runcell_core::backend::Isolation>,
+    /// Run microVMs under TCG emulation where KVM cannot run a guest (tens
+    /// of times slower: for tests). [default: false]
+    #[arg(long, env = "RUNCELL_ALLOW_EMULATION", num_args = 0..=1, default_missing_value = "true")]
+    allow_emulation: Option<bool>,
 }
 
 /// The TOML file. Durations and sizes are strings as on the command line.
@@ -140,6 +149,8 @@ struct FileConfig {
     workspace_max_disk: Option<String>,
     tombstone_retention: Option<String>,
     auto_build: Option<bool>,
+    default_isolation: Option<runcell_core::backend::Isolation>,
+    allow_emulation: Option<bool>,
 }
 
 fn parse_private(s: &str) -> Result<runcell_egress::PrivateException, String> {
@@ -328,6 +339,14 @@ fn settings(
             d.tombstone_retention,
         )?,
         auto_build: args.auto_build.or(file.auto_build).unwrap_or(d.auto_build),
+        default_isolation: args
+            .default_isolation
+            .or(file.default_isolation)
+            .unwrap_or(d.default_isolation),
+        allow_emulation: args
+            .allow_emulation
+            .or(file.allow_emulation)
+            .unwrap_or(d.allow_emulation),
     };
     let grace = dur(
         args.shutdown_grace,

@@ -9,6 +9,9 @@ use std::process::Command;
 
 use serde::Serialize;
 
+use crate::backend::Isolation;
+use crate::Runtime;
+
 pub use runcell_jail::probe::{CgroupReport, Check, HostReport};
 
 /// One isolation backend on this host.
@@ -31,11 +34,57 @@ pub struct SystemReport {
     pub backends: Vec<BackendReport>,
 }
 
+/// What the operator allows on this host, beyond what it can do.
+#[derive(Debug, Clone, Default)]
+pub struct HostOptions {
+    /// Run microVMs under TCG emulation where KVM cannot run a guest.
+    pub allow_emulation: bool,
+}
+
 /// Probes the host (a few reads of /proc and /sys, `runsc --version`).
 pub fn system_report() -> SystemReport {
+    system_report_with(&HostOptions::default())
+}
+
+/// [`system_report`] under the operator's `options`.
+pub fn system_report_with(options: &HostOptions) -> SystemReport {
     let host = runcell_jail::probe::probe();
-    let backends = vec![jail(&host), gvisor(), microvm(&host)];
+    let backends = vec![jail(&host), gvisor(), microvm(&host, options)];
     SystemReport { host, backends }
+}
+
+/// Gives `runtime` a backend for every kind of isolation beyond its jail
+/// that this host can run under `options`, and records for the others why
+/// not (the error a create that asks for one gets). Answers the report it
+/// was decided from.
+pub fn equip(runtime: Runtime, options: &HostOptions) -> (Runtime, SystemReport) {
+    let report = system_report_with(options);
+    let mut runtime = runtime;
+    for b in &report.backends {
+        let Ok(isolation) = b.name.parse::<Isolation>() else {
+            continue;
+        };
+        if isolation == Isolation::Jail {
+            continue;
+        }
+        runtime = match backend_for(&runtime, isolation, b) {
+            Some(backend) => runtime.add_backend(backend),
+            None => runtime.mark_unavailable(isolation, b.detail.clone()),
+        };
+    }
+    (runtime, report)
+}
+
+/// The backend of an available `isolation` on this host.
+fn backend_for(
+    _runtime: &Runtime,
+    _isolation: Isolation,
+    report: &BackendReport,
+) -> Option<std::sync::Arc<dyn crate::backend::Backend>> {
+    if !report.available {
+        return None;
+    }
+    None
 }
 
 fn jail(host: &HostReport) -> BackendReport {
@@ -64,10 +113,16 @@ fn jail(host: &HostReport) -> BackendReport {
                 "namespaces, seccomp and cgroup {} ({}); Landlock {}",
                 host.cgroups.version,
                 host.cgroups.controllers.join(", "),
-                if host.landlock.available {
-                    "present on the host, not yet applied by the jail"
-                } else {
-                    "absent"
+                match host.landlock_abi {
+                    Some(abi) => format!(
+                        "ABI {abi}, applied to every sandbox: file access only beneath its own root{}",
+                        if abi >= 6 {
+                            ", signals and abstract unix sockets scoped to it"
+                        } else {
+                            ""
+                        }
+                    ),
+                    None => "absent: the jail runs without it".into(),
                 }
             ),
         }
@@ -118,7 +173,8 @@ fn gvisor() -> BackendReport {
     }
 }
 
-fn microvm(host: &HostReport) -> BackendReport {
+fn microvm(host: &HostReport, options: &HostOptions) -> BackendReport {
+    let _ = options.allow_emulation;
     let qemu = on_path("qemu-system-x86_64");
     let kvm = if host.kvm.available {
         host.kvm.detail.clone()

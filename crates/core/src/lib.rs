@@ -66,6 +66,9 @@ pub enum Error {
     /// The egress socket could not be served.
     #[error("The sandbox's egress socket could not be served.")]
     EgressSocket(#[source] std::io::Error),
+    /// The host cannot run the isolation asked for.
+    #[error("This host cannot run {0} sandboxes: {1}.")]
+    IsolationUnavailable(backend::Isolation, String),
     /// The agent binary could not be found.
     #[error("The sandbox agent binary (runcell-agent) was not found next to {0}; build the workspace or set RUNCELL_AGENT.")]
     AgentNotFound(std::path::PathBuf),

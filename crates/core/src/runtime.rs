@@ -8,7 +8,8 @@ use std::time::{Duration, SystemTime};
 use runcell_jail::IdMap;
 
 use crate::backend::{
-    AgentChannel, Backend, EgressSocket, Instance, JailBackend, PrepareSpec, Prepared, StartSpec,
+    AgentChannel, Backend, EgressSocket, Instance, Isolation, JailBackend, PrepareSpec, Prepared,
+    StartSpec,
 };
 use crate::limits::SandboxLimits;
 use crate::sandbox::Sandbox;
@@ -66,6 +67,8 @@ pub struct SandboxOptions {
     /// cannot be changed later); `Some` (even of mode `none`): the sandbox
     /// gets an egress socket served by this process's proxy.
     pub network: Option<NetworkPolicy>,
+    /// The isolation backend; the runtime's default when absent.
+    pub isolation: Option<Isolation>,
 }
 
 impl Default for SandboxOptions {
@@ -76,15 +79,23 @@ impl Default for SandboxOptions {
             tied_to_process: true,
             max_lifetime: None,
             network: None,
+            isolation: None,
         }
     }
 }
 
-/// Creates and finds sandboxes, through its isolation [`Backend`].
+/// Creates and finds sandboxes, through its isolation [`Backend`]s: one
+/// per kind of [`Isolation`] the host can run, and a default.
 #[derive(Debug, Clone)]
 pub struct Runtime {
     config: RuntimeConfig,
-    backend: Arc<dyn Backend>,
+    /// The backends this runtime can create sandboxes with.
+    backends: std::collections::BTreeMap<Isolation, Arc<dyn Backend>>,
+    /// Why each other kind cannot run here.
+    unavailable: std::collections::BTreeMap<Isolation, String>,
+    /// What a sandbox gets when it does not ask.
+    default_isolation: Isolation,
+    /// Standbys of the default backend.
     pool: Arc<Pool>,
     egress: EgressConfig,
 }
@@ -114,24 +125,71 @@ impl Runtime {
             config.id_map,
             config.agent_log.clone(),
         );
-        Ok(Self {
-            config,
-            backend: Arc::new(backend),
-            pool: Arc::default(),
-            egress: EgressConfig::default(),
-        })
+        Ok(Self::with_backend(config, Arc::new(backend)))
     }
 
-    /// A runtime whose sandboxes are made by `backend` (its standby pool,
-    /// if any, is that backend's). The daemon keeps one runtime per
-    /// isolation backend it can run.
+    /// A runtime whose only backend, and so its default, is `backend`.
     pub fn with_backend(config: RuntimeConfig, backend: Arc<dyn Backend>) -> Self {
+        let default_isolation = backend.isolation();
         Self {
             config,
-            backend,
+            backends: [(default_isolation, backend)].into(),
+            unavailable: Default::default(),
+            default_isolation,
             pool: Arc::default(),
             egress: EgressConfig::default(),
         }
+    }
+
+    /// Adds a backend (replacing one of the same kind).
+    pub fn add_backend(mut self, backend: Arc<dyn Backend>) -> Self {
+        self.unavailable.remove(&backend.isolation());
+        self.backends.insert(backend.isolation(), backend);
+        self
+    }
+
+    /// Records why `isolation` cannot run on this host, for the error a
+    /// create that asks for it gets.
+    pub fn mark_unavailable(mut self, isolation: Isolation, why: impl Into<String>) -> Self {
+        if !self.backends.contains_key(&isolation) {
+            self.unavailable.insert(isolation, why.into());
+        }
+        self
+    }
+
+    /// Makes `isolation` the default (it must have a backend). The
+    /// standby pool keeps sandboxes of the default backend.
+    pub fn with_default_isolation(mut self, isolation: Isolation) -> Result<Self, Error> {
+        self.backend_for(isolation)?;
+        self.default_isolation = isolation;
+        Ok(self)
+    }
+
+    /// The isolation sandboxes get when they do not ask.
+    pub fn default_isolation(&self) -> Isolation {
+        self.default_isolation
+    }
+
+    /// The kinds of isolation this runtime can create sandboxes with.
+    pub fn isolations(&self) -> Vec<Isolation> {
+        self.backends.keys().copied().collect()
+    }
+
+    /// The backend of `isolation`, or why this host cannot run it.
+    pub fn backend_for(&self, isolation: Isolation) -> Result<Arc<dyn Backend>, Error> {
+        self.backends.get(&isolation).cloned().ok_or_else(|| {
+            Error::IsolationUnavailable(
+                isolation,
+                self.unavailable
+                    .get(&isolation)
+                    .cloned()
+                    .unwrap_or_else(|| "this runcell was not started with it".into()),
+            )
+        })
+    }
+
+    fn default_backend(&self) -> Arc<dyn Backend> {
+        self.backends[&self.default_isolation].clone()
     }
 
     /// Sets the operator's egress settings (private destinations opened,
@@ -210,7 +268,7 @@ impl Runtime {
         self.pool.refilling.store(true, Ordering::Release);
         while self.standby_ready() < self.config.standby {
             let spec = Self::prepare_spec(&SandboxLimits::default(), false);
-            let backend = self.backend.clone();
+            let backend = self.default_backend();
             match tokio::task::spawn_blocking(move || backend.prepare(&spec)).await {
                 Ok(Ok(standby)) => self
                     .pool
@@ -280,8 +338,11 @@ impl Runtime {
     ) -> Result<Sandbox, Error> {
         let template = template.clone();
         let opts = opts.clone();
-        // Standbys already have their own network namespace.
-        let standby = if host_network {
+        let isolation = opts.isolation.unwrap_or(self.default_isolation);
+        let backend = self.backend_for(isolation)?;
+        // Standbys already have their own network namespace, and are of the
+        // default backend.
+        let standby = if host_network || isolation != self.default_isolation {
             None
         } else {
             self.pool
@@ -319,7 +380,6 @@ impl Runtime {
             }
             None => {
                 let prepare = Self::prepare_spec(&opts.limits, host_network);
-                let backend = self.backend.clone();
                 tokio::task::spawn_blocking(move || backend.prepare(&prepare)?.start(&spec))
                     .await
                     .map_err(Error::Task)?
@@ -352,7 +412,7 @@ impl Runtime {
             _ => None,
         };
         tracing::debug!(sandbox = %id, "sandbox ready");
-        let mut sandbox = Sandbox::new(jail, agent, template, opts.limits);
+        let mut sandbox = Sandbox::new(jail, agent, template, opts.limits, isolation);
         sandbox.egress = egress;
         Ok(sandbox)
     }
@@ -364,11 +424,12 @@ impl Runtime {
     pub async fn attach(
         &self,
         id: &str,
+        isolation: Isolation,
         template: Template,
         limits: SandboxLimits,
         network: Option<NetworkPolicy>,
     ) -> Result<Sandbox, Error> {
-        let backend = self.backend.clone();
+        let backend = self.backend_for(isolation)?;
         let owned = id.to_string();
         let rebind = network.is_some();
         let (jail, listener) = tokio::task::spawn_blocking(move || {
@@ -383,7 +444,7 @@ impl Runtime {
         .await
         .map_err(Error::Task)??;
         let agent = connect(jail.as_ref()).await?;
-        let mut sandbox = Sandbox::new(jail, agent, template, limits);
+        let mut sandbox = Sandbox::new(jail, agent, template, limits, isolation);
         // Egress that cannot be served again leaves the sandbox running
         // without it (nothing leaves), which is said, not silent.
         match (network, listener) {
@@ -414,7 +475,18 @@ impl Runtime {
 
     /// Ids of the sandboxes with state on this host.
     pub fn list(&self) -> Vec<String> {
-        self.backend.list()
+        let mut ids: Vec<String> = self.backends.values().flat_map(|b| b.list()).collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    }
+
+    /// Ids of the sandboxes of one backend with state on this host.
+    pub fn list_of(&self, isolation: Isolation) -> Vec<String> {
+        self.backends
+            .get(&isolation)
+            .map(|b| b.list())
+            .unwrap_or_default()
     }
 
     /// Kills the sandbox `id` if it still runs and removes what it had (its
@@ -422,11 +494,28 @@ impl Runtime {
     /// orphans, sandboxes that could not be re-attached, and a sandbox a
     /// request still holds when it is deleted.
     pub async fn remove_sandbox(&self, id: &str) -> Result<(), Error> {
-        let backend = self.backend.clone();
+        let all: Vec<Arc<dyn Backend>> = self.backends.values().cloned().collect();
         let id = id.to_string();
-        tokio::task::spawn_blocking(move || backend.remove(&id))
-            .await
-            .map_err(Error::Task)??;
+        tokio::task::spawn_blocking(move || {
+            // Whichever backend holds it (each keeps its own state
+            // directory); with no trace in any, each removes what it may
+            // have left (a half-made sandbox, a process by its directory).
+            let holders: Vec<_> = all
+                .iter()
+                .filter(|b| b.list().contains(&id))
+                .cloned()
+                .collect();
+            let backends = if holders.is_empty() { all } else { holders };
+            let mut first_err = None;
+            for b in backends {
+                if let Err(e) = b.remove(&id) {
+                    first_err.get_or_insert(e);
+                }
+            }
+            first_err.map_or(Ok(()), Err)
+        })
+        .await
+        .map_err(Error::Task)??;
         Ok(())
     }
 
@@ -436,7 +525,10 @@ impl Runtime {
     pub fn sweep_dead(&self) -> Vec<String> {
         // Ready timeout plus margin: younger half-made sandboxes belong to
         // a process that is still creating them.
-        self.backend.sweep(Duration::from_secs(60))
+        self.backends
+            .values()
+            .flat_map(|b| b.sweep(Duration::from_secs(60)))
+            .collect()
     }
 }
 

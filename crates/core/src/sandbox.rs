@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::backend::{Counters, Instance};
+use crate::backend::{Counters, Instance, Isolation};
 use runcell_protocol::{
     AgentStats, Command, ErrorKind, Event, ExecRequest, ExecUser, ExitInfo, FileStat, Language,
     Request, RunCodeRequest,
@@ -145,6 +145,7 @@ pub struct Sandbox {
     agent: AgentClient,
     template: Template,
     limits: SandboxLimits,
+    isolation: Isolation,
     pub(crate) egress: Option<EgressHandle>,
 }
 
@@ -168,14 +169,21 @@ impl Sandbox {
         agent: AgentClient,
         template: Template,
         limits: SandboxLimits,
+        isolation: Isolation,
     ) -> Self {
         Self {
             jail: Some(jail),
             agent,
             template,
             limits,
+            isolation,
             egress: None,
         }
+    }
+
+    /// The isolation it runs under.
+    pub fn isolation(&self) -> Isolation {
+        self.isolation
     }
 
     /// The network policy and egress counters; `None` for a sandbox made

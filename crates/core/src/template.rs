@@ -71,6 +71,10 @@ pub struct TemplateDefaults {
     /// [`runcell_egress::NetworkPolicy::parse_setting`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<String>,
+    /// The isolation its sandboxes get unless a request asks for another
+    /// (`LABEL runcell.isolation=gvisor`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<crate::backend::Isolation>,
     /// Python modules a warm context imports ahead of time.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub preload: Vec<String>,

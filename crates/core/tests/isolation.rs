@@ -662,7 +662,13 @@ async fn the_host_can_reconnect_to_a_running_sandbox() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     // ...and finds the same sandbox again, with its files and processes.
     let again = rt
-        .attach(&id, runcell_core::Template::host(), limits(), None)
+        .attach(
+            &id,
+            runcell_core::backend::Isolation::Jail,
+            runcell_core::Template::host(),
+            limits(),
+            None,
+        )
         .await
         .unwrap();
     assert_eq!(again.agent_pid(), pid);

@@ -132,8 +132,13 @@ mod tests {
     /// on the test runner, and forking the multi-threaded runner is unsafe.
     fn in_child(name: &str, args: &[&Path]) -> std::process::Output {
         let mut cmd = Command::new(std::env::current_exe().unwrap());
-        cmd.args(["--exact", "confine::tests::child", "--ignored", "--nocapture"])
-            .env("RUNCELL_CONFINE_CHECK", name);
+        cmd.args([
+            "--exact",
+            "confine::tests::child",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env("RUNCELL_CONFINE_CHECK", name);
         for (i, a) in args.iter().enumerate() {
             cmd.env(format!("RUNCELL_CONFINE_ARG{i}"), a);
         }
@@ -171,7 +176,10 @@ mod tests {
                 assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied);
             }
             "signal" => {
-                let pid: i32 = std::env::var("RUNCELL_CONFINE_PID").unwrap().parse().unwrap();
+                let pid: i32 = std::env::var("RUNCELL_CONFINE_PID")
+                    .unwrap()
+                    .parse()
+                    .unwrap();
                 let r = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(pid),
                     nix::sys::signal::Signal::SIGTERM,
@@ -195,7 +203,10 @@ mod tests {
     #[test]
     fn a_confined_process_reaches_only_what_lies_beneath_its_root() {
         let abi = crate::sys::landlock_abi();
-        assert!(abi.is_ok(), "this test needs a kernel with Landlock: {abi:?}");
+        assert!(
+            abi.is_ok(),
+            "this test needs a kernel with Landlock: {abi:?}"
+        );
         let root = tempfile::tempdir().unwrap();
         std::fs::write(root.path().join("inside"), "in").unwrap();
         // A host file outside the root, and a symlink inside pointing at it.
@@ -208,15 +219,23 @@ mod tests {
     #[test]
     fn a_confined_process_cannot_signal_outside_its_domain() {
         let abi = crate::sys::landlock_abi().expect("Landlock");
-        assert!(abi >= 6, "the CI kernel has Landlock ABI {abi}; this test needs 6");
+        assert!(
+            abi >= 6,
+            "the CI kernel has Landlock ABI {abi}; this test needs 6"
+        );
         let root = tempfile::tempdir().unwrap();
         // A process outside the domain (started before it exists).
         let mut victim = Command::new("/bin/sleep").arg("30").spawn().unwrap();
         let mut cmd = Command::new(std::env::current_exe().unwrap());
-        cmd.args(["--exact", "confine::tests::child", "--ignored", "--nocapture"])
-            .env("RUNCELL_CONFINE_CHECK", "signal")
-            .env("RUNCELL_CONFINE_ARG0", root.path())
-            .env("RUNCELL_CONFINE_PID", victim.id().to_string());
+        cmd.args([
+            "--exact",
+            "confine::tests::child",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env("RUNCELL_CONFINE_CHECK", "signal")
+        .env("RUNCELL_CONFINE_ARG0", root.path())
+        .env("RUNCELL_CONFINE_PID", victim.id().to_string());
         let out = cmd.output().unwrap();
         let alive = victim.try_wait().unwrap().is_none();
         let _ = victim.kill();

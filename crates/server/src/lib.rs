@@ -45,6 +45,11 @@ pub enum ServeError {
     /// The sandbox runtime failed.
     #[error(transparent)]
     Core(#[from] runcell_core::Error),
+    /// `--default-isolation` names a backend this host cannot run.
+    #[error(
+        "The default isolation cannot be used (`runcell doctor` says what this host can run)."
+    )]
+    DefaultIsolation(#[source] runcell_core::Error),
     /// The listener failed.
     #[error("Could not listen on {0}.")]
     Listen(std::net::SocketAddr, #[source] std::io::Error),
@@ -161,6 +166,17 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
         allow_private: config.egress_allow_private.clone(),
         ..Default::default()
     });
+    // Every backend this host can run; the default must be one of them.
+    let host_options = runcell_core::host::HostOptions {
+        allow_emulation: config.allow_emulation,
+    };
+    let (runtime, report) = runcell_core::host::equip(runtime, &host_options);
+    for b in &report.backends {
+        tracing::info!(backend = b.name, available = b.available, "{}", b.detail);
+    }
+    let runtime = runtime
+        .with_default_isolation(config.default_isolation)
+        .map_err(ServeError::DefaultIsolation)?;
     let pools = pool::WarmPools::new(&runtime, &config.warm_pools, config.default_limits);
     let state = Arc::new(AppState {
         config: config.clone(),
@@ -174,6 +190,7 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
         reservations: Default::default(),
         last_prune_ms: Default::default(),
         auto_builds: Default::default(),
+        system: report,
     });
     reconcile(&state).await;
     if state.config.auto_build {
@@ -361,7 +378,7 @@ async fn reconcile(state: &Arc<AppState>) {
         });
         match state
             .runtime
-            .attach(&rec.id, template.clone(), limits, network)
+            .attach(&rec.id, rec.isolation, template.clone(), limits, network)
             .await
         {
             Ok(sandbox) => {

@@ -228,6 +228,10 @@ impl WarmPool {
                 tied_to_process: false,
                 max_lifetime: None,
                 network: Some(runcell_egress::NetworkPolicy::none()),
+                // The template's isolation, else the daemon's default: what
+                // a create that does not ask gets, and so what a claim
+                // checks for.
+                isolation: self.template.defaults.isolation,
             })
             .await?;
         let deadline = SystemTime::now()

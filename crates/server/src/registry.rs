@@ -49,6 +49,8 @@ pub struct Record {
     pub status: String,
     /// Why it ended, when it did.
     pub end_reason: Option<String>,
+    /// The isolation backend it runs under.
+    pub isolation: runcell_core::backend::Isolation,
 }
 
 /// What is kept of a sandbox after it ended.
@@ -131,6 +133,16 @@ impl Registry {
         if !has_network {
             conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN network TEXT;")?;
         }
+        // Added with the isolation backends: which backend holds the
+        // sandbox (older rows were all jails).
+        let has_isolation = conn
+            .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'isolation'")?
+            .exists([])?;
+        if !has_isolation {
+            conn.execute_batch(
+                "ALTER TABLE sandboxes ADD COLUMN isolation TEXT NOT NULL DEFAULT 'jail';",
+            )?;
+        }
         // The API keys (the keys module) live in the same database.
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS api_keys (
@@ -173,9 +185,9 @@ impl Registry {
             .execute(
                 "INSERT OR REPLACE INTO sandboxes
              (id, workspace, template, metadata, limits, env, ttl_seconds, persistent,
-              created_at, last_activity_ms, status, end_reason, network)
+              created_at, last_activity_ms, status, end_reason, network, isolation)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12,
-                     (SELECT network FROM sandboxes WHERE id = ?1))",
+                     (SELECT network FROM sandboxes WHERE id = ?1), ?13)",
                 params![
                     r.id,
                     r.workspace,
@@ -189,6 +201,7 @@ impl Registry {
                     r.last_activity_ms,
                     r.status,
                     r.end_reason,
+                    r.isolation.as_str(),
                 ],
             )?;
         Ok(())
@@ -312,7 +325,7 @@ impl Registry {
         let row = conn
             .query_row(
                 "SELECT id, workspace, template, metadata, limits, env, ttl_seconds, persistent,
-                        created_at, last_activity_ms, status, end_reason
+                        created_at, last_activity_ms, status, end_reason, isolation
                  FROM sandboxes WHERE id = ?1",
                 params![id],
                 raw_row,
@@ -329,7 +342,7 @@ impl Registry {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut stmt = conn.prepare(
             "SELECT id, workspace, template, metadata, limits, env, ttl_seconds, persistent,
-                    created_at, last_activity_ms, status, end_reason
+                    created_at, last_activity_ms, status, end_reason, isolation
              FROM sandboxes WHERE status = ?1 ORDER BY created_at",
         )?;
         let rows = stmt.query_map(params![status], raw_row)?;
@@ -354,6 +367,7 @@ type RawRow = (
     i64,
     String,
     Option<String>,
+    String,
 );
 
 fn raw_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
@@ -370,6 +384,7 @@ fn raw_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
         r.get(9)?,
         r.get(10)?,
         r.get(11)?,
+        r.get(12)?,
     ))
 }
 
@@ -387,6 +402,13 @@ fn decode(r: RawRow) -> Result<Record, RegistryError> {
         last_activity_ms: r.9,
         status: r.10,
         end_reason: r.11,
+        // A name this version does not know (a newer daemon's row) is
+        // judged a jail's: its removal then finds nothing and the record
+        // ends as an orphan.
+        isolation: r
+            .12
+            .parse()
+            .unwrap_or(runcell_core::backend::Isolation::Jail),
     })
 }
 

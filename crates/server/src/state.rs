@@ -57,6 +57,11 @@ pub struct ServeConfig {
     /// start when it is not installed, and point the `code-interpreter`
     /// alias at it once it is ready.
     pub auto_build: bool,
+    /// The isolation of a sandbox whose request and template name none.
+    pub default_isolation: runcell_core::backend::Isolation,
+    /// Run microVMs under TCG emulation where KVM cannot run a guest (slow:
+    /// for tests and hosts that accept it).
+    pub allow_emulation: bool,
 }
 
 impl Default for ServeConfig {
@@ -85,6 +90,8 @@ impl Default for ServeConfig {
             workspace_quota: Default::default(),
             tombstone_retention: Duration::from_secs(7 * 24 * 3600),
             auto_build: true,
+            default_isolation: runcell_core::backend::Isolation::Jail,
+            allow_emulation: false,
         }
     }
 }
@@ -133,6 +140,9 @@ pub struct AppState {
     pub last_prune_ms: std::sync::atomic::AtomicI64,
     /// Templates being built in the background (`--auto-build`).
     pub auto_builds: Arc<crate::autobuild::AutoBuilds>,
+    /// What this host enforces and which backends it runs, probed at start
+    /// (`GET /v1/system`).
+    pub system: runcell_core::host::SystemReport,
 }
 
 /// Grace the agent's own deadline gives the daemon to reap first.
@@ -376,6 +386,7 @@ mod tests {
             last_activity_ms: 2_000_000,
             status: "running".into(),
             end_reason: None,
+            isolation: runcell_core::backend::Isolation::Jail,
         }
     }
 

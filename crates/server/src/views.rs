@@ -69,6 +69,8 @@ pub struct SandboxView {
     pub limits: LimitsView,
     /// runcell's network policy.
     pub network: NetworkView,
+    /// The isolation backend it runs under: `jail`, `gvisor` or `microvm`.
+    pub isolation: String,
     /// Milliseconds the create took (create responses only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub boot_ms: Option<u64>,
@@ -376,4 +378,48 @@ pub struct CellView {
     pub stderr_bytes: u64,
     /// Plain sentences about what went wrong.
     pub messages: Vec<String>,
+}
+
+/// One security layer of the host, as the kernel really provides it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LayerView {
+    /// `user_namespaces`, `seccomp`, `landlock`, `cgroups`,
+    /// `oom_kill_reporting` or `kvm`.
+    pub name: String,
+    /// Whether runcell can rely on it here.
+    pub available: bool,
+    /// What was found, or why not.
+    pub detail: String,
+}
+
+/// One isolation backend on this host.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct BackendView {
+    /// The value of `isolation`: `jail`, `gvisor` or `microvm`.
+    pub name: String,
+    /// Whether sandboxes can be created with it on this daemon.
+    pub available: bool,
+    /// Sandboxes get it when neither the request nor the template names one.
+    pub default: bool,
+    /// What it enforces here, or why it is not available.
+    pub detail: String,
+}
+
+/// What this host enforces and which isolation backends it runs.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SystemView {
+    /// Kernel release.
+    pub kernel: String,
+    /// The cgroup layout: `v1`, `v2`, `hybrid` or `none`.
+    pub cgroup_version: String,
+    /// Writable cgroup controllers.
+    pub cgroup_controllers: Vec<String>,
+    /// The landlock ABI version (0: none).
+    pub landlock_abi: u32,
+    /// The kernel's security layers.
+    pub layers: Vec<LayerView>,
+    /// Every isolation backend, available or not.
+    pub backends: Vec<BackendView>,
+    /// The isolation of a sandbox that does not ask.
+    pub default_isolation: String,
 }

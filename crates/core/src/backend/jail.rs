@@ -53,6 +53,10 @@ impl JailBackend {
 }
 
 impl Backend for JailBackend {
+    fn isolation(&self) -> super::Isolation {
+        super::Isolation::Jail
+    }
+
     fn prepare(&self, spec: &PrepareSpec) -> Result<Box<dyn Prepared>, BackendError> {
         let cfg = PrepareConfig {
             id: spec.id.clone(),

@@ -144,6 +144,9 @@ pub enum AgentChannel {
 
 /// Makes, finds and removes sandboxes of one kind of isolation.
 pub trait Backend: Send + Sync + fmt::Debug {
+    /// The kind of isolation it provides.
+    fn isolation(&self) -> Isolation;
+
     /// Does the slow, spec-independent half of creating a sandbox.
     fn prepare(&self, spec: &PrepareSpec) -> Result<Box<dyn Prepared>, BackendError>;
 

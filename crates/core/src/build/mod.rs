@@ -529,12 +529,19 @@ fn apply_label(
             }
             defaults.network = Some(value.to_string());
         }
+        "runcell.isolation" => {
+            defaults.isolation = Some(
+                value
+                    .parse()
+                    .map_err(|e: crate::backend::UnknownIsolation| format!("LABEL {key}: {e}"))?,
+            );
+        }
         "runcell.preload" => {
             defaults.preload = value.split_whitespace().map(str::to_string).collect();
         }
         k if k.starts_with("runcell.") => {
             return Err(format!(
-                "LABEL {k} is not a runcell setting; use runcell.memory, runcell.cpu, runcell.timeout, runcell.network, runcell.preload or runcell.description."
+                "LABEL {k} is not a runcell setting; use runcell.memory, runcell.cpu, runcell.timeout, runcell.network, runcell.isolation, runcell.preload or runcell.description."
             ))
         }
         _ => {}
@@ -671,6 +678,8 @@ async fn run_in_sandbox(
         tied_to_process: true,
         max_lifetime: Some(STEP_TIMEOUT + Duration::from_secs(60)),
         network: None,
+        // A build step needs the host's network, which only the jail keeps.
+        isolation: Some(crate::backend::Isolation::Jail),
     };
     let sandbox = runtime
         .create_from(template, opts, true)
@@ -837,6 +846,7 @@ mod tests {
             ("runcell.cpu", "1.5"),
             ("runcell.timeout", "2m"),
             ("runcell.network", "none"),
+            ("runcell.isolation", "gvisor"),
             ("runcell.preload", "numpy  pandas matplotlib.pyplot"),
             ("description", "Python for analysts"),
             ("maintainer", "someone"),
@@ -847,6 +857,8 @@ mod tests {
         assert_eq!(d.cpu_millis, Some(1500));
         assert_eq!(d.timeout_secs, Some(120));
         assert_eq!(d.network.as_deref(), Some("none"));
+        assert_eq!(d.isolation, Some(crate::backend::Isolation::Gvisor));
+        assert!(apply_label(&mut d, &mut desc, "runcell.isolation", "vm").is_err());
         assert_eq!(d.preload, vec!["numpy", "pandas", "matplotlib.pyplot"]);
         assert_eq!(desc, "Python for analysts");
         assert!(apply_label(&mut d, &mut desc, "runcell.memroy", "1g").is_err());

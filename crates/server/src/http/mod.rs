@@ -38,6 +38,7 @@ use crate::state::AppState;
 pub fn router(state: Arc<AppState>) -> Router {
     let v1 = Router::new()
         .route("/me", get(system::me))
+        .route("/system", get(system::system))
         .route("/openapi.json", get(openapi::openapi))
         .route("/sandboxes", get(sandboxes::list).post(sandboxes::create))
         .route(

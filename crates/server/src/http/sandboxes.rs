@@ -35,6 +35,14 @@ pub(crate) struct CreateReq {
     #[serde(default)]
     #[schema(value_type = Option<NetworkPolicyReq>)]
     network: Option<NetworkPolicy>,
+    /// Isolation backend (runcell extension): `jail` (namespaces, seccomp,
+    /// Landlock, cgroups), `gvisor` (runsc's user-space kernel) or
+    /// `microvm` (a QEMU microVM). Default: the template's
+    /// `runcell.isolation` label, else the daemon's `--default-isolation`.
+    /// One this host cannot run is a 400 saying why (`GET /v1/system`).
+    #[serde(default)]
+    #[schema(value_type = Option<String>, example = "gvisor")]
+    isolation: Option<runcell_core::backend::Isolation>,
 }
 
 impl From<CreateReq> for CreateSpec {
@@ -48,6 +56,7 @@ impl From<CreateReq> for CreateSpec {
             limits: r.limits,
             env: r.env,
             network: r.network,
+            isolation: r.isolation,
         }
     }
 }
@@ -71,6 +80,7 @@ pub(crate) fn sandbox_view(e: &Entry) -> SandboxView {
         ttl_seconds: r.ttl_seconds,
         limits: crate::limits::view(l),
         network: network_view(&e.sandbox),
+        isolation: r.isolation.as_str().into(),
         boot_ms: None,
     }
 }

@@ -7,7 +7,7 @@ use axum::response::IntoResponse;
 use axum::Json;
 
 use super::kit::{St, Workspace};
-use crate::views::{ErrorView, HealthView, MeView};
+use crate::views::{BackendView, ErrorView, HealthView, LayerView, MeView, SystemView};
 
 /// Liveness: 200 while the daemon serves requests.
 #[utoipa::path(get, path = "/healthz", tag = "system", operation_id = "getHealth", security(()),
@@ -52,5 +52,62 @@ pub(crate) async fn me(Extension(ws): Extension<Workspace>) -> Json<MeView> {
         current_org: None,
         orgs: Vec::new(),
         auth_method: "token".into(),
+    })
+}
+
+/// What this host enforces (user namespaces, seccomp, Landlock, cgroups,
+/// OOM reporting, KVM) and which isolation backends this daemon runs, and
+/// why not. Probed when the daemon started.
+#[utoipa::path(get, path = "/v1/system", tag = "system", operation_id = "getSystem",
+    responses((status = 200, body = SystemView), (status = 401, description = "Missing or unknown API key", body = ErrorView)))]
+pub(crate) async fn system(State(state): St) -> Json<SystemView> {
+    let r = &state.system;
+    let h = &r.host;
+    let layer = |name: &str, c: &runcell_core::host::Check| LayerView {
+        name: name.into(),
+        available: c.available,
+        detail: c.detail.clone(),
+    };
+    let default = state.runtime.default_isolation();
+    let runs = state.runtime.isolations();
+    Json(SystemView {
+        kernel: h.kernel.clone(),
+        cgroup_version: h.cgroups.version.clone(),
+        cgroup_controllers: h.cgroups.controllers.clone(),
+        landlock_abi: h.landlock_abi.unwrap_or(0),
+        layers: vec![
+            layer("user_namespaces", &h.user_namespaces),
+            layer("seccomp", &h.seccomp),
+            layer("landlock", &h.landlock),
+            LayerView {
+                name: "cgroups".into(),
+                available: h.cgroups.version != "none",
+                detail: h.cgroups.detail.clone(),
+            },
+            LayerView {
+                name: "oom_kill_reporting".into(),
+                available: h.cgroups.oom_kill_reporting,
+                detail: if h.cgroups.oom_kill_reporting {
+                    "an out-of-memory kill is reported by name".into()
+                } else {
+                    "an out-of-memory kill shows only as SIGKILL".into()
+                },
+            },
+            layer("kvm", &h.kvm),
+        ],
+        backends: r
+            .backends
+            .iter()
+            .map(|b| {
+                let isolation = b.name.parse().ok();
+                BackendView {
+                    name: b.name.into(),
+                    available: isolation.is_some_and(|i| runs.contains(&i)),
+                    default: isolation == Some(default),
+                    detail: b.detail.clone(),
+                }
+            })
+            .collect(),
+        default_isolation: default.as_str().into(),
     })
 }

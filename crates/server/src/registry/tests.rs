@@ -24,6 +24,7 @@ fn records_survive_reopening() {
         last_activity_ms: 2,
         status: "running".into(),
         end_reason: None,
+        isolation: runcell_core::backend::Isolation::Jail,
     };
     Registry::open(&path).unwrap().put(&rec).unwrap();
     let reg = Registry::open(&path).unwrap();
@@ -89,6 +90,7 @@ fn network_policy_survives_record_updates_and_reopening() {
         last_activity_ms: 2,
         status: "running".into(),
         end_reason: None,
+        isolation: runcell_core::backend::Isolation::Jail,
     };
     let reg = Registry::open(&path).unwrap();
     reg.put(&rec).unwrap();

@@ -78,6 +78,17 @@ impl<'a> Service<'a> {
             asked.limits,
             asked.network,
         )?;
+        // The request's isolation, else the template's, else the daemon's;
+        // one the host cannot run is the caller's error, said before
+        // anything is reserved.
+        let isolation = asked
+            .isolation
+            .or(template.defaults.isolation)
+            .unwrap_or_else(|| state.runtime.default_isolation());
+        state
+            .runtime
+            .backend_for(isolation)
+            .map_err(|e| ApiError::bad_request(format!("isolation: {e}")))?;
         // Capacity: live sandboxes plus creates in flight.
         let in_flight = state.creating.fetch_add(1, Ordering::AcqRel);
         let _slot = Slot(&state.creating);
@@ -85,7 +96,16 @@ impl<'a> Service<'a> {
         // The workspace's own share, held until the sandbox is live.
         let _quota = self.reserve(workspace, &limits)?;
         let started = Instant::now();
-        let (warm, pool) = state.pools.claim(&template.name, &limits);
+        // Warm sandboxes have the template's isolation (else the default).
+        let pooled = template
+            .defaults
+            .isolation
+            .unwrap_or_else(|| state.runtime.default_isolation());
+        let (warm, pool) = if isolation == pooled {
+            state.pools.claim(&template.name, &limits)
+        } else {
+            (None, None)
+        };
         if let Some(pool) = pool {
             // Top the pool up behind this request.
             let st = state.clone();
@@ -102,7 +122,10 @@ impl<'a> Service<'a> {
                 }
                 (w.sandbox, w.context)
             }
-            None => (self.start(&template, limits, network).await?, None),
+            None => (
+                self.start(&template, limits, network, isolation).await?,
+                None,
+            ),
         };
         let now = now_ms();
         let record = Record {
@@ -118,6 +141,7 @@ impl<'a> Service<'a> {
             last_activity_ms: now,
             status: "running".into(),
             end_reason: None,
+            isolation,
         };
         // The policy too, so a restarted daemon serves its egress the same way.
         let recorded = state
@@ -317,6 +341,7 @@ impl<'a> Service<'a> {
         template: &Template,
         limits: SandboxLimits,
         network: NetworkPolicy,
+        isolation: runcell_core::backend::Isolation,
     ) -> Result<runcell_core::Sandbox, ApiError> {
         self.0
             .runtime
@@ -326,6 +351,7 @@ impl<'a> Service<'a> {
                 tied_to_process: false,
                 max_lifetime: Some(self.0.config.max_lifetime),
                 network: Some(network),
+                isolation: Some(isolation),
             })
             .await
             .map_err(|e| match e {

@@ -34,6 +34,8 @@ pub(crate) struct CreateSpec {
     pub(crate) env: BTreeMap<String, String>,
     /// Network policy; the template's, else none, when absent.
     pub(crate) network: Option<NetworkPolicy>,
+    /// Isolation backend; the template's, else the daemon's default.
+    pub(crate) isolation: Option<runcell_core::backend::Isolation>,
 }
 
 /// A create that passed the checks that need no template.
@@ -48,6 +50,7 @@ pub(crate) struct Admitted {
     pub(crate) env: BTreeMap<String, String>,
     pub(crate) limits: LimitsReq,
     pub(crate) network: Option<NetworkPolicy>,
+    pub(crate) isolation: Option<runcell_core::backend::Isolation>,
 }
 
 /// Metadata keys only the server sets.
@@ -86,6 +89,7 @@ pub(crate) fn admit(
         env: spec.env,
         limits: spec.limits.unwrap_or_default(),
         network: spec.network,
+        isolation: spec.isolation,
     })
 }
 
@@ -356,6 +360,7 @@ mod tests {
             last_activity_ms: 0,
             status: "running".into(),
             end_reason: None,
+            isolation: runcell_core::backend::Isolation::Jail,
         };
         let change = LifecycleChange {
             ttl_seconds: Some(60.0),

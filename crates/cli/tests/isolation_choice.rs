@@ -1,0 +1,144 @@
+//! Choosing the isolation per sandbox and reporting what the host can run
+//! (issue 13): `isolation` on create, shown by GET and list and kept across
+//! a restart; a backend the host cannot run is a 400 that says why; a
+//! default the host cannot run stops `serve` at start-up; `GET /v1/system`
+//! reports the host's layers and every backend. Over HTTP against a real
+//! daemon. Needs root.
+
+mod common;
+use common::*;
+
+use reqwest::Method;
+use serde_json::{json, Value};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn isolation_is_chosen_per_sandbox_shown_and_kept_across_a_restart() {
+    let data = data_dir("isolation-choice");
+    let port = free_port();
+    let mut d = Daemon::start(&data, port, &[]);
+
+    // What the host enforces and runs.
+    let sys: Value = d.get_ok("/v1/system").await;
+    let layers: Vec<&str> = sys["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        layers,
+        [
+            "user_namespaces",
+            "seccomp",
+            "landlock",
+            "cgroups",
+            "oom_kill_reporting",
+            "kvm"
+        ],
+        "{sys}"
+    );
+    // The kernel's Landlock ABI (the agent applies it: crates/core/tests/isolation.rs).
+    assert!(sys["landlock_abi"].as_u64().unwrap() >= 1, "{sys}");
+    let jail = &sys["backends"][0];
+    assert_eq!(
+        (&jail["name"], &jail["available"], &jail["default"]),
+        (&json!("jail"), &json!(true), &json!(true)),
+        "{sys}"
+    );
+    assert!(
+        jail["detail"].as_str().unwrap().contains("Landlock"),
+        "{sys}"
+    );
+    assert_eq!(sys["default_isolation"], "jail");
+    for b in sys["backends"].as_array().unwrap() {
+        assert!(!b["detail"].as_str().unwrap().is_empty(), "{b}");
+    }
+    // Without --allow-emulation this host (no usable KVM) cannot run a
+    // microVM, and says so.
+    let microvm = &sys["backends"][2];
+    assert_eq!(microvm["name"], "microvm");
+    assert_eq!(microvm["available"], false, "{sys}");
+
+    // The default, and an explicit jail.
+    let a = d.create_json(json!({"template": "host"})).await;
+    assert_eq!(a["isolation"], "jail", "{a}");
+    let b = d
+        .create_json(json!({"template": "host", "isolation": "jail"}))
+        .await;
+    assert_eq!(b["isolation"], "jail", "{b}");
+    let b_id = b["id"].as_str().unwrap().to_string();
+    assert_eq!(d.sandbox(&b_id).await["isolation"], "jail");
+    let list: Value = d.get_ok("/v1/sandboxes").await;
+    assert!(
+        list.as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["isolation"] == "jail"),
+        "{list}"
+    );
+
+    // A name that is not a backend, and a backend this host cannot run.
+    expect_error(
+        d.req(Method::POST, "/v1/sandboxes")
+            .json(&json!({"template": "host", "isolation": "docker"})),
+        400,
+        "isolation",
+    )
+    .await;
+    let r = d
+        .req(Method::POST, "/v1/sandboxes")
+        .json(&json!({"template": "host", "isolation": "microvm"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    let msg = body["error"].as_str().unwrap();
+    assert!(
+        msg.contains("isolation") && msg.contains("microvm"),
+        "the refusal must say what and why: {body}"
+    );
+    // The refusal made nothing.
+    let list: Value = d.get_ok("/v1/sandboxes").await;
+    assert_eq!(list.as_array().unwrap().len(), 2, "{list}");
+
+    // The CLI shows it.
+    let (code, out, err) = runcell_cli(&d, &["sandbox", "get", &b_id]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("Isolation") && out.contains("jail"), "{out}");
+
+    // Kept across a restart (re-attached by its backend).
+    d.kill9();
+    let d = Daemon::start(&data, port, &[]);
+    assert_eq!(d.sandbox(&b_id).await["isolation"], "jail");
+    let (code, body) = d.exec(&b_id, "echo still here").await;
+    assert_eq!((code, body["stdout"].as_str()), (200, Some("still here\n")));
+    d.delete_all().await;
+}
+
+#[test]
+fn a_default_isolation_the_host_cannot_run_stops_serve_at_start_up() {
+    require_root("isolation");
+    let data = data_dir("isolation-default");
+    let out = std::process::Command::new(RUNCELL)
+        .args(["serve", "--listen"])
+        .arg(format!("127.0.0.1:{}", free_port()))
+        .arg("--data-dir")
+        .arg(&data)
+        .args([
+            "--auto-build=false",
+            "--standby",
+            "0",
+            "--default-isolation",
+            "microvm",
+        ])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&data);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "serve started: {err}");
+    assert!(
+        err.contains("default isolation") && err.contains("microvm"),
+        "the refusal must name the setting and why: {err}"
+    );
+}
