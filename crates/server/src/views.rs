@@ -70,6 +70,7 @@ pub struct SandboxView {
     /// runcell's network policy.
     pub network: NetworkView,
     /// The isolation backend it runs under: `jail`, `gvisor` or `microvm`.
+    #[schema(value_type = IsolationName)]
     pub isolation: String,
     /// Milliseconds the create took (create responses only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -422,4 +423,17 @@ pub struct SystemView {
     pub backends: Vec<BackendView>,
     /// The isolation of a sandbox that does not ask.
     pub default_isolation: String,
+}
+
+/// An isolation backend (runcell extension; see `GET /v1/system`).
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+#[schema(as = Isolation)]
+pub enum IsolationName {
+    /// Namespaces, seccomp, Landlock and cgroups on the host's kernel.
+    Jail,
+    /// gVisor's user-space kernel (runsc).
+    Gvisor,
+    /// A microVM with its own guest kernel.
+    Microvm,
 }

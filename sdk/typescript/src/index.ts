@@ -21,6 +21,7 @@ export {
   type SandboxFiles,
   type FileStat,
   type NetworkMode,
+  type Isolation,
   type NetworkPolicy,
   type NetworkInfo,
   type StreamOptions,

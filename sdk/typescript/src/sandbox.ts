@@ -55,7 +55,17 @@ export interface SandboxCreateOptions extends ConnectionOptions {
   envs?: Record<string, string>;
   /** Exempt from the idle TTL (the daemon's maximum lifetime still applies). */
   persistent?: boolean;
+  /**
+   * Isolation backend: `"jail"` (namespaces, seccomp, Landlock, cgroups; the fastest),
+   * `"gvisor"` (runsc's user-space kernel) or `"microvm"` (a guest kernel). Default: the
+   * template's, else the daemon's. One the host cannot run is a `BadRequestError` that says why
+   * (`GET /v1/system` lists what runs).
+   */
+  isolation?: Isolation;
 }
+
+/** Isolation backends: see `SandboxCreateOptions.isolation`. */
+export type Isolation = "jail" | "gvisor" | "microvm";
 
 /** Egress modes: `none` (loopback only), `allowlist` (only the listed hosts), `open`. */
 export type NetworkMode = "none" | "allowlist" | "open";
@@ -118,6 +128,8 @@ export interface SandboxInfo {
   /** RFC 3339. */
   createdAt: string;
   ttlSeconds?: number;
+  /** The isolation backend it runs under (`jail`, `gvisor`, `microvm`). */
+  isolation?: Isolation;
   /** The daemon's JSON object as received (limits, persistent, network, ...). */
   raw: Record<string, unknown>;
 }
@@ -297,6 +309,9 @@ function toInfo(w: SandboxWire): SandboxInfo {
     raw: w,
   };
   if (typeof w.ttl_seconds === "number") info.ttlSeconds = w.ttl_seconds;
+  if (w.isolation === "jail" || w.isolation === "gvisor" || w.isolation === "microvm") {
+    info.isolation = w.isolation;
+  }
   return info;
 }
 
@@ -524,6 +539,7 @@ function createBody(opts: SandboxCreateOptions): Record<string, unknown> {
   if (opts.network !== undefined) body.network = opts.network;
   if (opts.envs !== undefined) body.env = opts.envs;
   if (opts.persistent !== undefined) body.persistent = opts.persistent;
+  if (opts.isolation !== undefined) body.isolation = opts.isolation;
   if (opts.limits !== undefined) {
     const l = opts.limits;
     const limits: Record<string, number> = {};

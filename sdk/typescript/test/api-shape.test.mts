@@ -34,8 +34,8 @@ type SpecNetworkPolicy = SpecNetworkMode | { mode?: SpecNetworkMode; allow?: str
 interface SpecNetworkInfo { mode: SpecNetworkMode; allow: string[]; presets: string[]; bytesIn: number; bytesOut: number; connectionsAllowed: number; connectionsRefused: number; refusedHosts: string[] }
 interface SpecFileStat { name: string; isDir: boolean; type: "file" | "dir" | "symlink"; size: number; permissions: string; mtime: number }
 interface SpecStreamOptions { onStdout?: (chunk: string) => void; onStderr?: (chunk: string) => void; onResult?: (result: SpecResult) => void; signal?: AbortSignal }
-interface SpecSandboxCreateOptions extends SpecConnectionOptions { template?: string; ttlSeconds?: number; metadata?: Record<string, string>; network?: SpecNetworkPolicy; limits?: SpecLimits; envs?: Record<string, string>; persistent?: boolean }
-interface SpecSandboxInfo { id: string; template: string; metadata: Record<string, string>; status: string; createdAt: string; ttlSeconds?: number; raw: Record<string, unknown> }
+interface SpecSandboxCreateOptions extends SpecConnectionOptions { template?: string; ttlSeconds?: number; metadata?: Record<string, string>; network?: SpecNetworkPolicy; limits?: SpecLimits; envs?: Record<string, string>; persistent?: boolean; isolation?: "jail" | "gvisor" | "microvm" }
+interface SpecSandboxInfo { id: string; template: string; metadata: Record<string, string>; status: string; createdAt: string; ttlSeconds?: number; isolation?: "jail" | "gvisor" | "microvm"; raw: Record<string, unknown> }
 interface SpecResultAccessors { readonly text?: string; readonly html?: string; readonly markdown?: string; readonly png?: string; readonly jpeg?: string; readonly svg?: string; readonly json?: string; readonly latex?: string }
 type SpecResult = { [mime: string]: string } & SpecResultAccessors;
 interface SpecCellError { name: string; value: string; traceback: string }

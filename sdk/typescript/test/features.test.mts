@@ -181,3 +181,16 @@ test("an AbortSignal cancels exec, streamed exec and runCode at once", { timeout
   // The sandbox is still usable.
   assert.equal((await sb.exec("echo ok")).stdout, "ok\n");
 });
+
+test("isolation: chosen on create and reported; one the host cannot run is a 400 that says why", { timeout: 60_000 }, async () => {
+  const sb = await newSandbox({ isolation: "jail" });
+  assert.equal(sb.info.isolation, "jail");
+  const again = await Sandbox.connect(sb.id);
+  assert.equal(again.info.isolation, "jail");
+  // The test daemon runs without --allow-emulation, so no microVM here.
+  await assert.rejects(newSandbox({ isolation: "microvm" }), (e: unknown) => {
+    assert.ok(e instanceof BadRequestError, String(e));
+    assert.match((e as Error).message, /microvm/);
+    return true;
+  });
+});

@@ -79,6 +79,7 @@ Every error is `{\"error\": \"...\"}` with `application/json`."
         ErrorView,
         HealthView,
         SystemView,
+        IsolationName,
         LayerView,
         BackendView,
         ExecStreamEvent,

@@ -41,7 +41,7 @@ pub(crate) struct CreateReq {
     /// `runcell.isolation` label, else the daemon's `--default-isolation`.
     /// One this host cannot run is a 400 saying why (`GET /v1/system`).
     #[serde(default)]
-    #[schema(value_type = Option<String>, example = "gvisor")]
+    #[schema(value_type = Option<crate::views::IsolationName>)]
     isolation: Option<runcell_core::backend::Isolation>,
 }
 
