@@ -4,6 +4,8 @@
 # The HTTP API benchmark: sudo ./scripts/bench.sh --api [--iterations N]
 # Code-interpreter first result (needs the code-interpreter template):
 #   sudo ./scripts/bench.sh --interp [--iterations N]
+# Isolation backends (jail, gVisor, microVM) beside python3, bwrap, runsc:
+#   sudo ./scripts/bench.sh --isolation [--allow-emulation] [--iterations N]
 # The egress proxy (10 MiB and small downloads, proxied vs direct):
 #   sudo ./scripts/bench.sh --egress [--iterations N]
 set -euo pipefail
@@ -17,6 +19,10 @@ fi
 if [ "${1:-}" = "--egress" ]; then
   shift
   exec target/release/runcell-bench-egress "$@"
+fi
+if [ "${1:-}" = "--isolation" ]; then
+  shift
+  exec target/release/runcell-bench-isolation "$@"
 fi
 if [ "${1:-}" = "--api" ]; then
   shift

@@ -1,0 +1,304 @@
+//! What each isolation backend costs, beside its baselines, in one run:
+//!
+//! Start-up (create + `python3 -c pass` + destroy), interleaved round-robin:
+//! (a) bare `/usr/bin/python3 -c pass`
+//! (b) the same under `bwrap --unshare-all`
+//! (c) the same under gVisor (`runsc --network=none do`): the baseline of
+//!     the gvisor backend, whose target is 1.2x of it
+//! (d) runcell, one row per backend this host runs (`--backends`): a fresh
+//!     sandbox (no standby pool), the program run by its agent, destroyed.
+//!
+//! Throughput: `--programs` short real programs (hash a JSON document in
+//! Python), two at a time, each in a fresh sandbox per backend, beside the
+//! same programs run bare and under `runsc do`.
+//!
+//! The microVM row runs only with `--allow-emulation` where KVM cannot run
+//! a guest (TCG is tens of times slower than KVM; its figures say what
+//! emulation costs here, not what a KVM host would see).
+//!
+//! Run with `sudo ./scripts/bench.sh --isolation` (release build first).
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use runcell_core::backend::Isolation;
+use runcell_core::host::{equip, HostOptions};
+use runcell_core::{Runtime, RuntimeConfig, SandboxOptions};
+use runcell_protocol::Command as AgentCommand;
+
+const PYTHON: &str = "/usr/bin/python3";
+const PROGRAM: &str = "import hashlib, json; print(hashlib.sha256(json.dumps(list(range(20000))).encode()).hexdigest())";
+
+#[derive(Debug, Parser)]
+#[command(about = "Isolation backends side by side with bare python3, bwrap and runsc")]
+struct Args {
+    /// Measured start-up iterations per row.
+    #[arg(long, default_value_t = 20)]
+    iterations: usize,
+    /// Unmeasured warm-up iterations per row.
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Start-up iterations of the microVM row (slow under emulation).
+    #[arg(long, default_value_t = 3)]
+    microvm_iterations: usize,
+    /// Programs per row in the throughput run (0: skip it).
+    #[arg(long, default_value_t = 40)]
+    programs: usize,
+    /// Backends to measure.
+    #[arg(long, value_delimiter = ',', default_value = "jail,gvisor,microvm")]
+    backends: Vec<Isolation>,
+    /// Let the microVM run under TCG emulation.
+    #[arg(long)]
+    allow_emulation: bool,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[runcell_testkit::percentile_index(sorted.len(), p)]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+fn time_command(argv: &[String]) -> Duration {
+    let started = Instant::now();
+    let status = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap_or_else(|e| panic!("could not run {}: {e}", argv[0]));
+    let took = started.elapsed();
+    assert!(status.success(), "{argv:?} failed: {status}");
+    took
+}
+
+/// A fresh sandbox of `isolation` runs `code` with python3 and goes.
+async fn sandbox_run(rt: &Runtime, isolation: Isolation, code: &str) -> Duration {
+    let t = Instant::now();
+    let sb = rt
+        .create(SandboxOptions {
+            template: "host".into(),
+            isolation: Some(isolation),
+            ..SandboxOptions::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("create ({isolation}): {e}"));
+    let r = sb
+        .exec(
+            AgentCommand::Argv(strings(&[PYTHON, "-c", code])),
+            &runcell_core::RunOptions::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("exec ({isolation}): {e}"));
+    assert_eq!(
+        r.outcome.status(),
+        0,
+        "{isolation}: {}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    sb.destroy().await.expect("destroy");
+    t.elapsed()
+}
+
+/// Programs per second: `n` runs of `one`, two at a time.
+async fn throughput<F, Fut>(n: usize, one: F) -> f64
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Duration> + Send,
+{
+    let one = Arc::new(one);
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let t = Instant::now();
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            let one = one.clone();
+            let next = next.clone();
+            tokio::spawn(async move {
+                while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < n {
+                    one().await;
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.expect("worker");
+    }
+    let secs = t.elapsed().as_secs_f64();
+    if secs > 0.0 {
+        n as f64 / secs
+    } else {
+        0.0
+    }
+}
+
+async fn command_async(argv: Vec<String>) -> Duration {
+    tokio::task::spawn_blocking(move || time_command(&argv))
+        .await
+        .expect("command")
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RUNCELL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+
+    let runtime = Runtime::new(RuntimeConfig {
+        state_dir: "/run/runcell-bench/isolation".into(),
+        cgroup_parent: "runcell-bench-isolation".into(),
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime (build the workspace first)");
+    let (rt, report) = equip(
+        runtime,
+        &HostOptions {
+            allow_emulation: args.allow_emulation,
+        },
+    );
+    let mut backends = Vec::new();
+    for want in &args.backends {
+        match rt.backend_for(*want) {
+            Ok(_) => backends.push(*want),
+            Err(e) => println!("skipped {want}: {e}"),
+        }
+    }
+    for b in &report.backends {
+        println!("backend {}: {}", b.name, b.detail);
+    }
+
+    let bare = strings(&[PYTHON, "-c", "pass"]);
+    let bwrap = strings(&[
+        "bwrap",
+        "--unshare-all",
+        "--die-with-parent",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+        "--symlink",
+        "usr/bin",
+        "/bin",
+        "--symlink",
+        "usr/lib",
+        "/lib",
+        "--symlink",
+        "usr/lib64",
+        "/lib64",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+        PYTHON,
+        "-c",
+        "pass",
+    ]);
+    let runsc = strings(&["runsc", "--network=none", "do", PYTHON, "-c", "pass"]);
+
+    let mut labels: Vec<String> = vec![
+        "(a) bare python3 -c pass".into(),
+        "(b) bwrap --unshare-all python3 -c pass".into(),
+        "(c) runsc --network=none do python3 -c pass".into(),
+    ];
+    for b in &backends {
+        labels.push(format!(
+            "(d) runcell {b}: create + python3 -c pass + destroy"
+        ));
+    }
+    let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); labels.len()];
+    for i in 0..args.warmup + args.iterations {
+        let keep = i >= args.warmup;
+        let mut record = |row: usize, d: Duration| {
+            if keep {
+                samples[row].push(d);
+            }
+        };
+        record(0, time_command(&bare));
+        record(1, time_command(&bwrap));
+        record(2, time_command(&runsc));
+        for (j, b) in backends.iter().enumerate() {
+            if *b == Isolation::Microvm && i >= args.warmup.min(1) + args.microvm_iterations {
+                continue;
+            }
+            record(3 + j, sandbox_run(&rt, *b, "pass").await);
+        }
+    }
+
+    let base = {
+        let mut s = samples[0].clone();
+        s.sort();
+        percentile(&s, 0.5)
+    };
+    let runsc_p50 = {
+        let mut s = samples[2].clone();
+        s.sort();
+        percentile(&s, 0.5)
+    };
+    println!(
+        "\npython: {PYTHON}; iterations: {} (microvm {}); machine: {} cores\n",
+        args.iterations,
+        args.microvm_iterations,
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0)
+    );
+    println!("| what | n | p50 ms | p95 ms | p50 / (a) | p50 / (c) |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (label, s) in labels.iter().zip(samples.iter_mut()) {
+        s.sort();
+        let p50 = percentile(s, 0.5);
+        println!(
+            "| {label} | {} | {:.1} | {:.1} | {:.2}x | {:.2}x |",
+            s.len(),
+            ms(p50),
+            ms(percentile(s, 0.95)),
+            p50.as_secs_f64() / base.as_secs_f64(),
+            p50.as_secs_f64() / runsc_p50.as_secs_f64(),
+        );
+    }
+
+    if args.programs == 0 {
+        return;
+    }
+    println!(
+        "\nThroughput: {} short programs (python3: sha256 of a 100 KiB JSON document), two at a time\n",
+        args.programs
+    );
+    println!("| what | programs/s |");
+    println!("|---|---:|");
+    let n = args.programs;
+    let prog = strings(&[PYTHON, "-c", PROGRAM]);
+    let p = prog.clone();
+    let rate = throughput(n, move || command_async(p.clone())).await;
+    println!("| bare python3 | {rate:.1} |");
+    let mut r = strings(&["runsc", "--network=none", "do"]);
+    r.extend(prog.clone());
+    let rate = throughput(n, move || command_async(r.clone())).await;
+    println!("| runsc do python3 | {rate:.1} |");
+    for b in backends {
+        let n = if b == Isolation::Microvm { n.min(4) } else { n };
+        let rt = rt.clone();
+        let rate = throughput(n, move || {
+            let rt = rt.clone();
+            async move { sandbox_run(&rt, b, PROGRAM).await }
+        })
+        .await;
+        println!("| runcell {b}: a fresh sandbox per program (n = {n}) | {rate:.1} |");
+    }
+}
