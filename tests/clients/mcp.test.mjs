@@ -98,9 +98,10 @@ test("stdio: run_code in a fresh sandbox returns output, a plot as an image, and
 test("stdio: a sandbox from create_sandbox keeps state across run_code, exec and files", async () => {
   const client = await stdioClient();
   try {
-    const c = await client.callTool({ name: "create_sandbox", arguments: { template: "host", metadata: { threadId: "mcp-1" } } });
+    const c = await client.callTool({ name: "create_sandbox", arguments: { template: "host", isolation: "jail", metadata: { threadId: "mcp-1" } } });
     const id = c.structuredContent.sandbox_id;
     assert.ok(id);
+    assert.equal(c.structuredContent.isolation, "jail");
     await client.callTool({ name: "run_code", arguments: { code: "total = 40", sandbox_id: id } });
     const r = await client.callTool({ name: "run_code", arguments: { code: "total + 2", sandbox_id: id } });
     assert.deepEqual(r.structuredContent.results, ["42"]);

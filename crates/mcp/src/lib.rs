@@ -124,6 +124,7 @@ fn tools() -> Vec<Tool> {
                     "template": {"type": "string", "description": "Template the sandbox is made from, e.g. code-interpreter (the default) or host."},
                     "ttl_seconds": {"type": "integer", "minimum": 1, "description": "Idle time in seconds after which the sandbox is destroyed (default 600)."},
                     "metadata": metadata("Labels (string keys and values) to find the sandbox again with list_sandboxes."),
+                    "isolation": {"type": "string", "enum": ["jail", "gvisor", "microvm"], "description": "How the sandbox is isolated: jail (namespaces, seccomp, Landlock; the fastest), gvisor (a user-space kernel) or microvm (its own guest kernel). Default: the template's, else the server's."},
                     "network": {
                         "description": "Network egress: \"none\" (the default: no network), \"open\" (any public address), or an allowlist object. Loopback and private ranges stay closed.",
                         "oneOf": [
@@ -246,6 +247,8 @@ struct CreateArgs {
     metadata: BTreeMap<String, String>,
     #[serde(default)]
     network: Option<Value>,
+    #[serde(default)]
+    isolation: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -536,10 +539,13 @@ impl RuncellMcp {
                 if let Some(n) = a.network {
                     req["network"] = n;
                 }
+                if let Some(i) = a.isolation {
+                    req["isolation"] = i.into();
+                }
                 c.create_sandbox(&req).await.map(|s| {
                     ok(
                         format!("Created sandbox {}. Its state persists until it is killed or idle for its TTL.", s.id),
-                        json!({"sandbox_id": s.id, "template": s.fields.get("template")}),
+                        json!({"sandbox_id": s.id, "template": s.fields.get("template"), "isolation": s.fields.get("isolation")}),
                     )
                 })
             }
