@@ -39,6 +39,13 @@ impl StartDaemon for Daemon {
         if !extra.iter().any(|a| a.starts_with("--auto-build")) {
             args.push("--auto-build=false");
         }
+        // `scripts/test.sh` runs the hostile-code suites once per backend.
+        let isolation = std::env::var("RUNCELL_TEST_ISOLATION").ok();
+        if let Some(i) = &isolation {
+            if !extra.contains(&"--default-isolation") {
+                args.extend(["--default-isolation", i.as_str()]);
+            }
+        }
         args.extend(extra);
         Daemon::spawn(Path::new(RUNCELL), data, port, args)
     }

@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use runcell_core::backend::Isolation;
 use runcell_core::{
     ExecResult, RunOptions, Runtime, RuntimeConfig, Sandbox, SandboxLimits, SandboxOptions,
 };
@@ -29,8 +30,29 @@ pub fn runtime(name: &str) -> Runtime {
         agent_log: Some("debug".into()),
         ..RuntimeConfig::default()
     };
-    Runtime::new(cfg)
-        .expect("runcell-agent must be built (cargo build --workspace) before the tests run")
+    let rt = Runtime::new(cfg)
+        .expect("runcell-agent must be built (cargo build --workspace) before the tests run");
+    match isolation() {
+        Isolation::Jail => rt,
+        other => {
+            let (rt, _) = runcell_core::host::equip(rt, &Default::default());
+            rt.with_default_isolation(other).unwrap_or_else(|e| {
+                panic!("RUNCELL_TEST_ISOLATION={other}, but this host cannot run it: {e}")
+            })
+        }
+    }
+}
+
+/// The backend the suite runs against: `RUNCELL_TEST_ISOLATION` (jail,
+/// gvisor, microvm), the jail by default. `scripts/test.sh` runs the
+/// hostile-code suites once per backend.
+pub fn isolation() -> Isolation {
+    match std::env::var("RUNCELL_TEST_ISOLATION") {
+        Ok(s) => s
+            .parse()
+            .unwrap_or_else(|e| panic!("RUNCELL_TEST_ISOLATION: {e}")),
+        Err(_) => Isolation::Jail,
+    }
 }
 
 /// Limits with a short timeout, for tests.
