@@ -19,6 +19,7 @@
 
 pub mod cgroup;
 mod command;
+pub mod gvisor;
 pub mod inside;
 pub mod probe;
 pub mod seccomp;
