@@ -1,23 +1,33 @@
 //! The gVisor backend, for real: sandboxes made by `runsc` through
-//! `Runtime::with_backend`. They need root and an installed runsc
-//! (scripts/install-deps.sh installs it); without either they fail.
+//! `Runtime::with_backend`, driven exactly like jail sandboxes. They need
+//! root and an installed runsc (scripts/install-deps.sh installs it);
+//! without either they fail, saying what is missing.
 
 mod common;
 
-use std::path::PathBuf;
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use common::*;
-use runcell_core::backend::{probe, GvisorBackend};
-use runcell_core::{find_agent, Runtime, RuntimeConfig};
+use runcell_core::backend::{probe, GvisorBackend, Platform};
+use runcell_core::{
+    find_agent, ContextOptions, Output, RunOptions, Runtime, RuntimeConfig, Sandbox, SandboxLimits,
+    SandboxOptions,
+};
+use runcell_egress::{EgressConfig, NetworkPolicy, PrivateException};
+use runcell_protocol::{Command, Language};
 
 /// A runtime whose sandboxes are gVisor containers, with state and
-/// cgroups private to this test binary.
-fn gvisor_runtime(name: &str) -> (Runtime, PathBuf) {
+/// cgroups private to one test; also returns its state directory and
+/// cgroup parent.
+fn gvisor_runtime(name: &str) -> (Runtime, PathBuf, String) {
     require_root();
-    if let Err(why) = probe(None) {
-        panic!("these tests need gVisor: {why}");
-    }
+    let info = probe(None).unwrap_or_else(|why| panic!("these tests need gVisor: {why}"));
+    assert_eq!(info.platform, Platform::Ptrace);
     let state = PathBuf::from(format!("/run/runcell-test/gvisor-{name}"));
     let cgroup = format!("runcell-test-gvisor-{name}");
     let agent = find_agent()
@@ -29,22 +39,487 @@ fn gvisor_runtime(name: &str) -> (Runtime, PathBuf) {
         cgroup.clone(),
         Some("debug".into()),
     );
+    assert_eq!(backend.platform(), Platform::Ptrace);
     let cfg = RuntimeConfig {
         state_dir: state.clone(),
-        cgroup_parent: cgroup,
+        cgroup_parent: cgroup.clone(),
         agent_log: Some("debug".into()),
         ..RuntimeConfig::default()
     };
-    (Runtime::with_backend(cfg, Arc::new(backend)), state)
+    let rt = Runtime::with_backend(cfg, Arc::new(backend));
+    // Leftovers of an earlier, interrupted run.
+    rt.sweep_dead();
+    (rt, state, cgroup)
+}
+
+async fn create(rt: &Runtime, limits: SandboxLimits, tied: bool) -> Sandbox {
+    rt.create(SandboxOptions {
+        limits,
+        tied_to_process: tied,
+        ..SandboxOptions::default()
+    })
+    .await
+    .expect("gVisor sandbox creation")
+}
+
+/// Whether anything is mounted at or below `dir` on the host.
+fn mounted_below(dir: &Path) -> Vec<String> {
+    let dir = dir.to_string_lossy().into_owned();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(String::from))
+        .filter(|m| m.starts_with(&dir))
+        .collect()
+}
+
+fn pid_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.contains(") Z "))
+        .unwrap_or(false)
+}
+
+async fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !ok() {
+        assert!(
+            t0.elapsed() < limit,
+            "{what} did not happen within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn exec_runs_python_under_gvisor() {
-    let (rt, _) = gvisor_runtime("exec");
-    let sb = sandbox(&rt, limits()).await;
-    let r = sh(&sb, "/usr/bin/python3 -c 'import sys; print(\"out\"); print(\"err\", file=sys.stderr); sys.exit(3)'; ").await;
-    eprintln!("{r:?}");
-    let r = sh(&sb, "dmesg | head -3; id; hostname; ls -la /run/runcell; cat /proc/self/status | grep -i seccomp").await;
-    eprintln!("{}\n{}", text(&r.stdout), text(&r.stderr));
+async fn exec_streaming_contexts_files_and_network_none() {
+    let (rt, _, _) = gvisor_runtime("basics");
+    let sb = create(&rt, limits(), true).await;
+
+    let r = sb
+        .exec(
+            Command::Argv(vec![
+                "/usr/bin/python3".into(),
+                "-c".into(),
+                "import sys, os; print('out', os.getuid()); print('err', file=sys.stderr); sys.exit(3)"
+                    .into(),
+            ]),
+            &RunOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(text(&r.stdout), "out 1000\n");
+    assert_eq!(text(&r.stderr), "err\n");
+    assert_eq!(r.outcome.exit.exit_code, Some(3));
+
+    // It is gVisor's kernel that answers, not the host's.
+    let r = sh(&sb, "dmesg 2>&1 | grep -c gVisor; uname -r").await;
+    assert!(
+        text(&r.stdout).starts_with('1') || text(&r.stdout).contains("4.4.0"),
+        "{r:?}"
+    );
+
+    // Output streams as it is written.
+    let mut chunks: Vec<(Instant, Output, Vec<u8>)> = Vec::new();
+    let outcome = sb
+        .exec_streaming(
+            Command::Shell("echo first; sleep 0.5; echo second >&2".into()),
+            &RunOptions::default(),
+            |o, b| chunks.push((Instant::now(), o, b.to_vec())),
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.exit.exit_code, Some(0));
+    assert_eq!(
+        chunks.first().map(|c| c.2.as_slice()),
+        Some(&b"first\n"[..])
+    );
+    let last = chunks.last().unwrap();
+    assert_eq!(
+        (last.1, last.2.as_slice()),
+        (Output::Stderr, &b"second\n"[..])
+    );
+    assert!(
+        last.0 - chunks[0].0 >= Duration::from_millis(400),
+        "not streamed"
+    );
+
+    // A Python code context keeps its state and returns results.
+    let ctx = sb
+        .create_context(ContextOptions::new(Language::Python))
+        .await
+        .unwrap()
+        .id;
+    sb.run_cell(&ctx, "x = 21", None).await.unwrap();
+    let cell = sb.run_cell(&ctx, "print('hi'); x * 2", None).await.unwrap();
+    assert_eq!(text(&cell.stdout), "hi\n");
+    assert_eq!(
+        cell.results[0].get("text/plain").map(String::as_str),
+        Some("42")
+    );
+
+    // Files round-trip, and the sandbox sees what the API wrote.
+    let data: Vec<u8> = (0..=255u8).cycle().take(100_000).collect();
+    sb.write_file("/home/user/blob.bin", &data).await.unwrap();
+    assert_eq!(
+        sb.read_file("/home/user/blob.bin", 1 << 20).await.unwrap(),
+        data
+    );
+    // (coreutils' stat fails here: this gVisor release refuses its statx.)
+    let r = py(
+        &sb,
+        "import os, pwd\n\
+         s = os.stat('/home/user/blob.bin')\n\
+         print(s.st_size, pwd.getpwuid(s.st_uid).pw_name)",
+    )
+    .await;
+    assert_eq!(text(&r.stdout), "100000 user\n", "{r:?}");
+
+    // No network but loopback.
+    let r = py(
+        &sb,
+        "import socket\n\
+         s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n\
+         c = socket.create_connection(s.getsockname()); a, _ = s.accept()\n\
+         c.sendall(b'ping'); print('loopback', a.recv(4))\n\
+         for addr in [('1.1.1.1', 53), ('10.0.0.1', 80)]:\n\
+         \x20   try:\n\
+         \x20       socket.create_connection(addr, timeout=3); print('CONNECTED', addr)\n\
+         \x20   except OSError as e: print('refused', e.errno)\n\
+         print(sorted(n for _, n in socket.if_nameindex()))\n",
+    )
+    .await;
+    let out = text(&r.stdout);
+    assert!(out.contains("loopback b'ping'"), "{r:?}");
+    assert!(!out.contains("CONNECTED"), "{out}");
+    assert_eq!(out.matches("refused").count(), 2, "{out}");
+    assert!(out.contains("['lo']"), "{out}");
     sb.destroy().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_writable_layer_is_private_and_bounded_by_the_disk_limit() {
+    let (rt, _, _) = gvisor_runtime("disk");
+    let small = SandboxLimits {
+        disk_bytes: 16 << 20,
+        ..limits()
+    };
+    let marker = unique("runcell-gvisor-marker");
+    let a = create(&rt, small.clone(), true).await;
+    let b = create(&rt, small, true).await;
+    let r = sh(
+        &a,
+        &format!("echo a > /tmp/{marker} && echo a > /home/user/{marker} && cat /tmp/{marker}"),
+    )
+    .await;
+    assert_eq!(text(&r.stdout), "a\n", "{r:?}");
+    let r = sh(
+        &b,
+        &format!("ls /tmp/{marker} /home/user/{marker}; echo rc=$?"),
+    )
+    .await;
+    assert!(text(&r.stdout).contains("rc=2"), "{r:?}");
+    assert!(!Path::new(&format!("/tmp/{marker}")).exists());
+    assert!(!Path::new(&format!("/home/user/{marker}")).exists());
+
+    // The template is read-only to the sandbox user; root's writes stay in the layer.
+    let r = sh(&a, &format!("echo x > /usr/bin/{marker}; echo rc=$?")).await;
+    assert!(text(&r.stdout).contains("rc=1"), "{r:?}");
+    assert!(!Path::new(&format!("/usr/bin/{marker}")).exists());
+
+    // Filling the layer fails with ENOSPC near the limit, not before.
+    let r = sh(
+        &a,
+        "dd if=/dev/zero of=/home/user/fill bs=1M count=64 2>&1; wc -c < /home/user/fill",
+    )
+    .await;
+    let out = text(&r.stdout);
+    assert!(out.contains("No space left on device"), "{out}");
+    let size: u64 = out
+        .lines()
+        .last()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{out}"));
+    assert!(
+        (8 << 20..=16 << 20).contains(&size),
+        "filled {size} bytes of a 16 MiB layer"
+    );
+    // The other sandbox's layer is untouched by it.
+    let r = sh(
+        &b,
+        "dd if=/dev/zero of=/tmp/f bs=1M count=4 2>&1; echo rc=$?",
+    )
+    .await;
+    assert!(text(&r.stdout).contains("rc=0"), "{r:?}");
+    a.destroy().await.unwrap();
+    b.destroy().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn memory_and_process_limits_hold() {
+    let (rt, _, _) = gvisor_runtime("limits");
+    // A fork bomb is contained by the pids limit and the sandbox survives it.
+    let sb = create(
+        &rt,
+        SandboxLimits {
+            pids: 64,
+            ..limits()
+        },
+        true,
+    )
+    .await;
+    let r = py(
+        &sb,
+        "import os, time\n\
+         n = 0\n\
+         try:\n\
+         \x20   for _ in range(1000):\n\
+         \x20       if os.fork() == 0:\n\
+         \x20           time.sleep(3); os._exit(0)\n\
+         \x20       n += 1\n\
+         except OSError as e: print('fork failed', e.errno)\n\
+         print('forked', n)\n",
+    )
+    .await;
+    let out = text(&r.stdout);
+    assert!(out.contains("fork failed 11"), "{r:?}");
+    let n: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("forked "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(n <= 64, "forked {n} processes under a limit of 64");
+    let r = sh(&sb, "echo still here").await;
+    assert_eq!(text(&r.stdout), "still here\n");
+    sb.destroy().await.unwrap();
+
+    // Memory: gVisor's sentry holds every sandboxed process, so the host's
+    // OOM killer stops the whole sandbox; the counters say it was OOM.
+    let sb = create(
+        &rt,
+        SandboxLimits {
+            memory_bytes: 128 << 20,
+            ..limits()
+        },
+        true,
+    )
+    .await;
+    let before = sb.counters().oom_kills;
+    let r = sb
+        .exec(
+            Command::Argv(vec![
+                "/usr/bin/python3".into(),
+                "-c".into(),
+                "x = bytearray(1 << 30)\nx[::4096] = b'x' * len(x[::4096])\nprint('allocated')"
+                    .into(),
+            ]),
+            &RunOptions::default(),
+        )
+        .await;
+    match &r {
+        Ok(r) => assert!(
+            r.outcome.oom_killed && !text(&r.stdout).contains("allocated"),
+            "{r:?}"
+        ),
+        Err(_) => {}
+    }
+    wait_until(
+        "the OOM-killed sandbox's end",
+        Duration::from_secs(10),
+        || !sb.is_alive(),
+    )
+    .await;
+    assert!(sb.counters().oom_kills > before, "{:?}", sb.counters());
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn escape_attempts_fail() {
+    let (rt, state, _) = gvisor_runtime("escape");
+    let secret = unique("s3cr3t");
+    let name = unique("runcell-gvisor-secret");
+    std::fs::write(format!("/root/{name}"), &secret).unwrap();
+    let sb = create(&rt, limits(), true).await;
+    let dir = state.join(sb.id());
+    std::fs::write(dir.join("secret"), &secret).unwrap();
+    let r = sh(
+        &sb,
+        &format!(
+            "cat /root/{name} /proc/1/root/root/{name} {dir}/secret {dir}/gvisor.json 2>&1; \
+             ls /run/runcell/host 2>&1; \
+             /usr/bin/python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); s.connect('/run/runcell/host/agent.sock')\" 2>&1 | tail -1; \
+             grep -rs {secret} /proc/1/root /run /etc 2>/dev/null; \
+             ls /proc/1/fd 2>&1; echo done",
+            dir = dir.display()
+        ),
+    )
+    .await;
+    let out = text(&r.stdout);
+    assert!(out.contains("done"), "{out}");
+    assert!(!out.contains(&secret), "a host file leaked: {out}");
+    assert!(out.contains("No such file or directory"), "{out}");
+    assert!(out.contains("Permission denied"), "{out}");
+    assert!(!out.contains("\"pid\""), "the host state leaked: {out}");
+    sb.destroy().await.unwrap();
+    std::fs::remove_file(format!("/root/{name}")).unwrap();
+}
+
+/// A plain HTTP server on the host's loopback that counts connections.
+fn host_listener() -> (u16, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = Arc::new(AtomicUsize::new(0));
+    let counter = seen.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            counter.fetch_add(1, Ordering::SeqCst);
+            let mut buf = [0u8; 1024];
+            let _ = conn.read(&mut buf);
+            let _ = conn.write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\nConnection: close\r\n\r\nhello, host\n",
+            );
+        }
+    });
+    (port, seen)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn egress_goes_through_the_proxy_socket_when_the_policy_allows() {
+    let (rt, _, _) = gvisor_runtime("egress");
+    let (port, seen) = host_listener();
+    let allowed: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let rt = rt.with_egress(EgressConfig {
+        allow_private: vec![PrivateException::Socket(allowed)],
+        ..EgressConfig::default()
+    });
+    let sb = rt
+        .create(SandboxOptions {
+            limits: limits(),
+            network: Some(NetworkPolicy::open()),
+            ..SandboxOptions::default()
+        })
+        .await
+        .unwrap();
+    let via_proxy = "env -u NO_PROXY -u no_proxy curl -sS -m 10 -x http://127.0.0.1:3128";
+    let r = sh(
+        &sb,
+        &format!("{via_proxy} http://127.0.0.1:{port}/; echo \" rc=$?\""),
+    )
+    .await;
+    assert!(text(&r.stdout).contains("hello, host"), "{r:?}");
+    assert_eq!(seen.load(Ordering::SeqCst), 1);
+    // Not without the proxy: the sandbox's loopback is its own.
+    let r = sh(
+        &sb,
+        &format!("curl -sS -m 5 --noproxy '*' http://127.0.0.1:{port}/; echo \" rc=$?\""),
+    )
+    .await;
+    assert!(text(&r.stdout).contains("rc=7"), "{r:?}");
+    assert_eq!(seen.load(Ordering::SeqCst), 1);
+    // The policy `none` closes it on the live sandbox.
+    sb.set_network(NetworkPolicy::none()).await.unwrap();
+    let r = sh(
+        &sb,
+        &format!("{via_proxy} http://127.0.0.1:{port}/; echo \" rc=$?\""),
+    )
+    .await;
+    assert!(!text(&r.stdout).contains("hello, host"), "{r:?}");
+    assert_eq!(seen.load(Ordering::SeqCst), 1);
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_deadline_and_the_owning_process_stop_the_sandbox() {
+    let (rt, state, _) = gvisor_runtime("lifetime");
+    let sb = rt
+        .create(SandboxOptions {
+            limits: limits(),
+            tied_to_process: false,
+            max_lifetime: Some(Duration::from_secs(2)),
+            ..SandboxOptions::default()
+        })
+        .await
+        .unwrap();
+    assert!(sb.is_alive());
+    wait_until("the deadline's stop", Duration::from_secs(8), || {
+        !sb.is_alive()
+    })
+    .await;
+    sb.destroy().await.unwrap();
+
+    // Dropped without destroy: the setup socket closes, the agent stops it.
+    let tied = create(&rt, limits(), true).await;
+    let (pid, id) = (tied.agent_pid(), tied.id().to_string());
+    assert!(pid_alive(pid));
+    drop(tied);
+    wait_until("the tied sandbox's stop", Duration::from_secs(5), || {
+        !pid_alive(pid)
+    })
+    .await;
+    // What is left is dead, and swept.
+    assert!(rt.list().contains(&id));
+    rt.remove_sandbox(&id).await.unwrap();
+    assert!(!state.join(&id).exists());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn attach_after_a_restart_and_remove_leaves_nothing() {
+    let (rt, state, cgroup) = gvisor_runtime("restart");
+    let sb = create(&rt, limits(), false).await;
+    let id = sb.id().to_string();
+    let template = sb.template().clone();
+    let pid = sb.agent_pid();
+    sh(&sb, "echo kept > /home/user/state").await;
+    // The host process goes away (its handles and runtime dropped).
+    drop(sb);
+    drop(rt);
+
+    let (rt, _, _) = gvisor_runtime("restart");
+    assert!(rt.list().contains(&id), "{:?}", rt.list());
+    let sb = rt
+        .attach(&id, template.clone(), limits(), None)
+        .await
+        .expect("attach after a restart");
+    assert_eq!(sb.agent_pid(), pid);
+    let r = sh(&sb, "cat /home/user/state").await;
+    assert_eq!(text(&r.stdout), "kept\n");
+    assert!(rt.sweep_dead().is_empty(), "a live sandbox was swept");
+
+    let dir = state.join(&id);
+    assert!(!mounted_below(&dir).is_empty());
+    let cg = format!("/sys/fs/cgroup/memory/{cgroup}/{id}");
+    assert!(Path::new(&cg).exists(), "no cgroup at {cg}");
+    sb.destroy().await.unwrap();
+    assert!(!pid_alive(pid), "the sandbox process outlived remove");
+    assert!(
+        host_processes_with(&id).is_empty(),
+        "a process of it is left"
+    );
+    assert!(mounted_below(&dir).is_empty(), "{:?}", mounted_below(&dir));
+    assert!(!Path::new(&cg).exists(), "its cgroup is left");
+    assert!(!dir.exists(), "its directory is left");
+
+    // A sandbox whose sentry died (a crash) is dead, and the sweep removes it.
+    let sb = create(&rt, limits(), false).await;
+    let id = sb.id().to_string();
+    let pid = sb.agent_pid();
+    drop(sb);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    wait_until("the killed sandbox's end", Duration::from_secs(5), || {
+        !pid_alive(pid)
+    })
+    .await;
+    assert!(rt.attach(&id, template, limits(), None).await.is_err());
+    assert_eq!(rt.sweep_dead(), vec![id.clone()]);
+    let dir = state.join(&id);
+    assert!(!dir.exists() && mounted_below(&dir).is_empty());
+    assert!(!Path::new(&format!("/sys/fs/cgroup/memory/{cgroup}/{id}")).exists());
+    assert!(host_processes_with(&id).is_empty());
 }

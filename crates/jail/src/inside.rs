@@ -714,6 +714,55 @@ pub fn drop_privileges(uid: u32, gid: u32) -> io::Result<()> {
     Ok(())
 }
 
+/// Makes the calling thread, and only it, access files as `uid`/`gid`
+/// (`0`/`0`: as root again), for file operations the agent does on the
+/// sandbox user's behalf. Uses the thread's fsuid/fsgid; where the kernel
+/// has none (gVisor answers `setfsuid` with `ENOSYS`) the thread's
+/// effective ids instead, keeping root as the saved id so it can switch
+/// back. Raw system calls: the libc wrappers of `setresuid` would change
+/// every thread of the agent.
+pub fn set_file_user(uid: u32, gid: u32) -> io::Result<()> {
+    const UNCHANGED: libc::c_long = -1;
+    let to_root = uid == 0;
+    // SAFETY: plain system calls on scalars; errno is read on this thread.
+    unsafe {
+        if libc::syscall(libc::SYS_setfsuid, libc::c_long::from(uid)) >= 0 {
+            libc::syscall(libc::SYS_setfsgid, libc::c_long::from(gid));
+            return Ok(());
+        }
+        if *libc::__errno_location() != libc::ENOSYS {
+            return Err(io::Error::last_os_error());
+        }
+        let set_uid = || {
+            libc::syscall(
+                libc::SYS_setresuid,
+                UNCHANGED,
+                libc::c_long::from(uid),
+                UNCHANGED,
+            )
+        };
+        let set_gid = || {
+            libc::syscall(
+                libc::SYS_setresgid,
+                UNCHANGED,
+                libc::c_long::from(gid),
+                UNCHANGED,
+            )
+        };
+        // Only root may change the group: drop it first, regain it last.
+        let ok = if to_root {
+            set_uid() == 0 && set_gid() == 0
+        } else {
+            set_gid() == 0 && set_uid() == 0
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+}
+
 /// Sets every signal back to its default action. Handlers are reset by exec
 /// anyway; ignored signals are not, and would otherwise pass from whoever
 /// started the host process to sandboxed code (Python then never sees
