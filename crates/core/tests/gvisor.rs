@@ -204,7 +204,7 @@ async fn the_writable_layer_is_private_and_bounded_by_the_disk_limit() {
         ..limits()
     };
     let marker = unique("runcell-gvisor-marker");
-    let a = create(&rt, small.clone(), true).await;
+    let a = create(&rt, small, true).await;
     let b = create(&rt, small, true).await;
     let r = sh(
         &a,
@@ -318,12 +318,14 @@ async fn memory_and_process_limits_hold() {
             &RunOptions::default(),
         )
         .await;
-    match &r {
-        Ok(r) => assert!(
+    // The exec ends with the sandbox: its agent is gone mid-request, or
+    // (had it answered first) the outcome says OOM.
+    eprintln!("exec under OOM: {r:?}");
+    if let Ok(r) = &r {
+        assert!(
             r.outcome.oom_killed && !text(&r.stdout).contains("allocated"),
             "{r:?}"
-        ),
-        Err(_) => {}
+        );
     }
     wait_until(
         "the OOM-killed sandbox's end",

@@ -733,28 +733,21 @@ pub fn set_file_user(uid: u32, gid: u32) -> io::Result<()> {
         if *libc::__errno_location() != libc::ENOSYS {
             return Err(io::Error::last_os_error());
         }
-        let set_uid = || {
-            libc::syscall(
-                libc::SYS_setresuid,
-                UNCHANGED,
-                libc::c_long::from(uid),
-                UNCHANGED,
-            )
-        };
-        let set_gid = || {
-            libc::syscall(
-                libc::SYS_setresgid,
-                UNCHANGED,
-                libc::c_long::from(gid),
-                UNCHANGED,
-            )
+        let set = |call: libc::c_long| {
+            let id = if call == libc::SYS_setresuid {
+                uid
+            } else {
+                gid
+            };
+            libc::syscall(call, UNCHANGED, libc::c_long::from(id), UNCHANGED) == 0
         };
         // Only root may change the group: drop it first, regain it last.
-        let ok = if to_root {
-            set_uid() == 0 && set_gid() == 0
+        let order = if to_root {
+            [libc::SYS_setresuid, libc::SYS_setresgid]
         } else {
-            set_gid() == 0 && set_uid() == 0
+            [libc::SYS_setresgid, libc::SYS_setresuid]
         };
+        let ok = order.into_iter().all(set);
         if ok {
             Ok(())
         } else {
