@@ -307,20 +307,27 @@ impl GvisorBackend {
     /// processes, mounts, cgroup and directory.
     fn remove_all(&self, id: &str, dir: &Path) -> Result<(), GvisorError> {
         let t0 = Instant::now();
-        if dir.join(RUNSC_DIR).is_dir() {
-            // Kills the sandbox if it runs and removes runsc's state for it.
-            let _ = self
-                .runsc_cmd(dir)
-                .args(["delete", "--force", id])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-        }
-        if let Some(state) = read_state(dir) {
-            if alive(state.pid, state.start_time) {
-                kill_pid(state.pid);
+        // Every process runsc made for the sandbox (the sentry, the gofer,
+        // a `runsc run` still starting) names its bundle. Killing them is
+        // enough: runsc's state for it is in the directory removed below.
+        // (`runsc delete --force` does the same but then waits for the
+        // sentry to be reaped, which an orphan's init may take a second
+        // to do.)
+        let bundle = dir.join("bundle");
+        let until = Instant::now() + Duration::from_secs(5);
+        loop {
+            let left = processes_mentioning(&bundle);
+            if left.is_empty() {
+                break;
             }
+            if Instant::now() >= until {
+                tracing::warn!(sandbox = %id, ?left, "processes of a gVisor sandbox outlived SIGKILL");
+                break;
+            }
+            for pid in left {
+                kill_pid(pid);
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
         let t_kill = t0.elapsed();
         let cg = Cgroup::open(hierarchy()?, &self.cgroup_parent, id);
@@ -381,10 +388,6 @@ struct StateFile {
     pid: i32,
     start_time: u64,
     cgroup_parent: String,
-}
-
-fn read_state(dir: &Path) -> Option<StateFile> {
-    serde_json::from_slice(&fs::read(dir.join(STATE_FILE)).ok()?).ok()
 }
 
 fn check_id(id: &str) -> Result<(), GvisorError> {
@@ -974,6 +977,24 @@ fn kill_pid(pid: i32) {
         nix::unistd::Pid::from_raw(pid),
         nix::sys::signal::Signal::SIGKILL,
     );
+}
+
+/// Running (not zombie) processes whose command line contains `path`.
+fn processes_mentioning(path: &Path) -> Vec<i32> {
+    let needle = path.as_os_str().as_encoded_bytes();
+    let me = std::process::id();
+    fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| u32::try_from(pid).is_ok_and(|p| p != me))
+        .filter(|pid| {
+            fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.windows(needle.len()).any(|w| w == needle))
+                && start_time(*pid).is_some_and(|t| alive(*pid, t))
+        })
+        .collect()
 }
 
 /// Whether process `pid` runs (not a zombie) and started at `start_time`.
