@@ -1015,3 +1015,87 @@ fn start_time(pid: i32) -> Option<u64> {
     let after_comm = stat.get(stat.rfind(')')? + 2..)?;
     after_comm.split(' ').nth(19)?.parse().ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backend(state_dir: &Path) -> GvisorBackend {
+        GvisorBackend::new(
+            Some(PathBuf::from("/nonexistent/runsc")),
+            PathBuf::from("/nonexistent/runcell-agent"),
+            state_dir.into(),
+            format!("runcell-unit-gvisor-{}", std::process::id()),
+            None,
+        )
+    }
+
+    #[test]
+    fn sweep_removes_a_half_made_sandbox_past_its_grace_and_keeps_a_young_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let b = backend(tmp.path());
+        // Left behind by a process killed while starting it: a directory
+        // with a bundle and runsc state but no state file.
+        std::fs::create_dir_all(tmp.path().join("orphan/bundle")).unwrap();
+        std::fs::create_dir_all(tmp.path().join("orphan/runsc")).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            b.sweep(Duration::from_millis(10)),
+            vec!["orphan".to_string()]
+        );
+        assert!(!tmp.path().join("orphan").exists());
+
+        std::fs::create_dir_all(tmp.path().join("young")).unwrap();
+        assert!(b.sweep(Duration::from_secs(60)).is_empty());
+        assert!(tmp.path().join("young").exists());
+    }
+
+    #[test]
+    fn a_sandbox_whose_sentry_is_gone_is_dead_and_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let b = backend(tmp.path());
+        let dir = tmp.path().join("gone");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut child = std::process::Command::new("/bin/true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        std::fs::write(
+            dir.join(STATE_FILE),
+            format!(r#"{{"id":"gone","pid":{pid},"start_time":1,"cgroup_parent":"runcell-unit"}}"#),
+        )
+        .unwrap();
+        assert!(b.is_dead("gone", Duration::from_secs(60)));
+        assert!(b.attach("gone").is_err());
+        assert_eq!(b.sweep(Duration::from_secs(60)), vec!["gone".to_string()]);
+        assert!(!dir.exists());
+    }
+
+    #[test]
+    fn ids_that_are_paths_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tmp.path().join("precious");
+        std::fs::create_dir_all(&outside).unwrap();
+        let b = backend(&tmp.path().join("state"));
+        assert!(matches!(
+            b.remove("../precious"),
+            Err(BackendError::Gvisor(GvisorError::BadId(_)))
+        ));
+        assert!(!b.is_dead("../precious", Duration::ZERO));
+        assert!(outside.exists());
+    }
+
+    #[test]
+    fn the_host_limits_leave_room_for_the_sentry() {
+        let l = Limits {
+            memory_bytes: 256 << 20,
+            pids: 64,
+            cpu_millis: 500,
+            disk_bytes: 1 << 30,
+        };
+        let h = host_limits(&l);
+        assert_eq!(h.memory_bytes, (256 << 20) + SENTRY_MEMORY);
+        assert_eq!(h.pids, 64 * 4 + 256);
+        assert_eq!((h.cpu_millis, h.disk_bytes), (500, 1 << 30));
+        assert_eq!(host_pids(u64::MAX), u64::MAX);
+    }
+}
