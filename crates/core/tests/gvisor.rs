@@ -401,6 +401,7 @@ async fn egress_goes_through_the_proxy_socket_when_the_policy_allows() {
         .create(SandboxOptions {
             limits: limits(),
             network: Some(NetworkPolicy::open()),
+            tied_to_process: false,
             ..SandboxOptions::default()
         })
         .await
@@ -421,15 +422,29 @@ async fn egress_goes_through_the_proxy_socket_when_the_policy_allows() {
     .await;
     assert!(text(&r.stdout).contains("rc=7"), "{r:?}");
     assert_eq!(seen.load(Ordering::SeqCst), 1);
+    // After a restart of the host process the egress socket is bound
+    // again, and the agent in the running sandbox reaches the new one.
+    let (id, template) = (sb.id().to_string(), sb.template().clone());
+    drop(sb);
+    drop(rt);
+    let (rt, _, _) = gvisor_runtime("egress");
+    let rt = rt.with_egress(EgressConfig {
+        allow_private: vec![PrivateException::Socket(allowed)],
+        ..EgressConfig::default()
+    });
+    let sb = rt
+        .attach(&id, template, limits(), Some(NetworkPolicy::open()))
+        .await
+        .expect("attach after a restart");
+    let fetch = format!("{via_proxy} http://127.0.0.1:{port}/; echo \" rc=$?\"");
+    let r = sh(&sb, &fetch).await;
+    assert!(text(&r.stdout).contains("hello, host"), "{r:?}");
+    assert_eq!(seen.load(Ordering::SeqCst), 2);
     // The policy `none` closes it on the live sandbox.
     sb.set_network(NetworkPolicy::none()).await.unwrap();
-    let r = sh(
-        &sb,
-        &format!("{via_proxy} http://127.0.0.1:{port}/; echo \" rc=$?\""),
-    )
-    .await;
+    let r = sh(&sb, &fetch).await;
     assert!(!text(&r.stdout).contains("hello, host"), "{r:?}");
-    assert_eq!(seen.load(Ordering::SeqCst), 1);
+    assert_eq!(seen.load(Ordering::SeqCst), 2);
     sb.destroy().await.unwrap();
 }
 
