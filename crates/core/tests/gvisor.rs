@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use runcell_core::backend::{probe, GvisorBackend, Platform};
+use runcell_core::backend::{probe, Backend, GvisorBackend, Platform};
 use runcell_core::{
     find_agent, ContextOptions, Output, RunOptions, Runtime, RuntimeConfig, Sandbox, SandboxLimits,
     SandboxOptions,
@@ -539,4 +539,30 @@ async fn attach_after_a_restart_and_remove_leaves_nothing() {
     assert!(!dir.exists() && mounted_below(&dir).is_empty());
     assert!(!Path::new(&format!("/sys/fs/cgroup/memory/{cgroup}/{id}")).exists());
     assert!(host_processes_with(&id).is_empty());
+
+    // One whose host was killed before it finished starting (no state
+    // file, its container running) is judged by its age, and the sweep
+    // kills what runsc made for it.
+    let backend = GvisorBackend::new(
+        None,
+        find_agent().unwrap(),
+        state.clone(),
+        cgroup.clone(),
+        None,
+    );
+    let sb = create(&rt, limits(), false).await;
+    let (id, pid) = (sb.id().to_string(), sb.agent_pid());
+    drop(sb);
+    let dir = state.join(&id);
+    std::fs::remove_file(dir.join("gvisor.json")).unwrap();
+    assert!(
+        !backend.is_dead(&id, Duration::from_secs(60)),
+        "a young one is left alone"
+    );
+    assert!(pid_alive(pid));
+    assert_eq!(backend.sweep(Duration::ZERO), vec![id.clone()]);
+    assert!(!pid_alive(pid), "the sweep left its sentry running");
+    assert!(host_processes_with(&id).is_empty());
+    assert!(!dir.exists() && mounted_below(&dir).is_empty());
+    assert!(!Path::new(&format!("/sys/fs/cgroup/memory/{cgroup}/{id}")).exists());
 }

@@ -979,8 +979,15 @@ fn kill_pid(pid: i32) {
     );
 }
 
-/// Running (not zombie) processes whose command line contains `path`.
+/// Running (not zombie) runsc processes (`runsc`, `runsc-sandbox`,
+/// `runsc-gofer`, ...) whose command line contains `path`. Others that
+/// merely name it (an operator's `cat`) are left alone.
 fn processes_mentioning(path: &Path) -> Vec<i32> {
+    fn is_runsc(cmdline: &[u8]) -> bool {
+        let argv0 = cmdline.split(|&b| b == 0).next().unwrap_or_default();
+        let name = argv0.rsplit(|&b| b == b'/').next().unwrap_or_default();
+        name.starts_with(b"runsc")
+    }
     let needle = path.as_os_str().as_encoded_bytes();
     let me = std::process::id();
     fs::read_dir("/proc")
@@ -991,7 +998,7 @@ fn processes_mentioning(path: &Path) -> Vec<i32> {
         .filter(|&pid| u32::try_from(pid).is_ok_and(|p| p != me))
         .filter(|pid| {
             fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| c.windows(needle.len()).any(|w| w == needle))
+                .is_ok_and(|c| is_runsc(&c) && c.windows(needle.len()).any(|w| w == needle))
                 && start_time(*pid).is_some_and(|t| alive(*pid, t))
         })
         .collect()
