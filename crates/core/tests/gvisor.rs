@@ -164,7 +164,8 @@ async fn exec_streaming_contexts_files_and_network_none() {
         sb.read_file("/home/user/blob.bin", 1 << 20).await.unwrap(),
         data
     );
-    // (coreutils' stat fails here: this gVisor release refuses its statx.)
+    // (coreutils' stat and ls -l fail here: this gVisor release refuses
+    // AT_NO_AUTOMOUNT in statx and fstatat with EINVAL.)
     let r = py(
         &sb,
         "import os, pwd\n\

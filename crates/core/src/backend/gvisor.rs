@@ -279,6 +279,14 @@ impl GvisorBackend {
         }
     }
 
+    /// The same backend on `platform` (e.g. [`Platform::Kvm`] on a host
+    /// where `runsc --platform=kvm do true` works; not this one, where it
+    /// hangs at boot).
+    pub fn with_platform(mut self, platform: Platform) -> Self {
+        self.platform = platform;
+        self
+    }
+
     /// The platform its sandboxes run on.
     pub fn platform(&self) -> Platform {
         self.platform
