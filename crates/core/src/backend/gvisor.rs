@@ -220,28 +220,70 @@ pub fn probe(runsc: Option<&Path>) -> Result<GvisorInfo, String> {
         return Err(GvisorError::NotRoot.to_string());
     }
     let platform = Platform::Ptrace;
-    let root = std::env::temp_dir().join(format!("runcell-runsc-probe-{}", std::process::id()));
-    let out = Command::new(&runsc)
+    probe_platform(&runsc, platform, Duration::from_secs(10))?;
+    Ok(GvisorInfo {
+        runsc,
+        version,
+        platform,
+    })
+}
+
+/// Whether `runsc` runs a trivial container (`runsc do true`) on
+/// `platform` within `timeout`; the error says why not. On a host whose
+/// `/dev/kvm` cannot run a guest, [`Platform::Kvm`] hangs until the
+/// timeout (then everything the attempt started is killed).
+pub fn probe_platform(runsc: &Path, platform: Platform, timeout: Duration) -> Result<(), String> {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let root = std::env::temp_dir().join(format!(
+        "runcell-runsc-probe-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let mut child = Command::new(runsc)
         .arg("--root")
         .arg(&root)
         .args(["--network=none", "--platform", platform.as_str()])
         .args(["do", "true"])
         .stdin(Stdio::null())
-        .output();
-    let _ = fs::remove_dir_all(&root);
-    match out {
-        Ok(o) if o.status.success() => Ok(GvisorInfo {
-            runsc,
-            version,
-            platform,
-        }),
-        Ok(o) => Err(format!(
-            "runsc cannot run a sandbox here ({}): {}",
-            o.status,
-            String::from_utf8_lossy(&o.stderr).trim()
-        )),
-        Err(e) => Err(format!("Could not run {}: {e}.", runsc.display())),
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("Could not run {}: {e}.", runsc.display()))?;
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            _ => break None,
+        }
+    };
+    let result = match status {
+        Some(s) if s.success() => Ok(()),
+        Some(s) => {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = e.read_to_string(&mut err);
+            }
+            Err(format!(
+                "runsc cannot run a sandbox here on the {} platform ({s}): {}",
+                platform.as_str(),
+                err.trim()
+            ))
+        }
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(format!(
+                "runsc did not run a sandbox on the {} platform within {timeout:?}.",
+                platform.as_str()
+            ))
+        }
+    };
+    for pid in processes_mentioning(&root) {
+        kill_pid(pid);
     }
+    let _ = fs::remove_dir_all(&root);
+    result
 }
 
 /// Sandboxes in gVisor containers (runsc), on the host's cgroups.

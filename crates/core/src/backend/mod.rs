@@ -32,7 +32,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use gvisor::{
-    find_runsc, host_pids, probe, GvisorBackend, GvisorError, GvisorInfo, Platform, SENTRY_MEMORY,
+    find_runsc, host_pids, probe, probe_platform, GvisorBackend, GvisorError, GvisorInfo, Platform,
+    SENTRY_MEMORY,
 };
 pub use jail::JailBackend;
 pub use runcell_jail::cgroup::Counters;
