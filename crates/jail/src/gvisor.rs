@@ -268,3 +268,57 @@ pub fn bootstrap() -> Result<Bootstrap, SetupError> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    /// Needs root, as the agent is (the jail crate's tests run as root).
+    #[test]
+    fn file_access_switches_on_one_thread_only_and_back() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test switches file ids and must run as root"
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        fs::set_permissions(
+            tmp.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .unwrap();
+        let dir = tmp.path().to_path_buf();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let worker = std::thread::spawn(move || {
+            crate::inside::set_file_user(65534, 65534).unwrap();
+            fs::write(dir.join("as-nobody"), b"x").unwrap();
+            tx.send(()).unwrap();
+            // The main thread writes while this one is still switched.
+            go_rx.recv().unwrap();
+            crate::inside::set_file_user(0, 0).unwrap();
+            fs::write(dir.join("as-root-again"), b"x").unwrap();
+        });
+        rx.recv().unwrap();
+        fs::write(tmp.path().join("main-thread"), b"x").unwrap();
+        go_tx.send(()).unwrap();
+        worker.join().unwrap();
+        let owner = |name: &str| {
+            let m = fs::metadata(tmp.path().join(name)).unwrap();
+            (m.uid(), m.gid())
+        };
+        assert_eq!(owner("as-nobody"), (65534, 65534));
+        assert_eq!(owner("main-thread"), (0, 0));
+        assert_eq!(owner("as-root-again"), (0, 0));
+    }
+
+    #[test]
+    fn mount_points_are_read_from_mountinfo() {
+        assert!(is_mount_point(Path::new("/")));
+        assert!(is_mount_point(Path::new("/proc")));
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(!is_mount_point(&tmp.path().join("nothing")));
+        // Unmounting what is not mounted is not an error.
+        unmount_rootfs(&tmp.path().join("nothing")).unwrap();
+    }
+}

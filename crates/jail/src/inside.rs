@@ -723,32 +723,37 @@ pub fn drop_privileges(uid: u32, gid: u32) -> io::Result<()> {
 /// every thread of the agent.
 pub fn set_file_user(uid: u32, gid: u32) -> io::Result<()> {
     const UNCHANGED: libc::c_long = -1;
-    let to_root = uid == 0;
-    // SAFETY: plain system calls on scalars; errno is read on this thread.
-    unsafe {
-        if libc::syscall(libc::SYS_setfsuid, libc::c_long::from(uid)) >= 0 {
-            libc::syscall(libc::SYS_setfsgid, libc::c_long::from(gid));
-            return Ok(());
+    // Only root may change the group: drop it first, regain it last.
+    let user_last = |calls: [libc::c_long; 2]| {
+        if uid == 0 {
+            [calls[1], calls[0]]
+        } else {
+            calls
         }
-        if *libc::__errno_location() != libc::ENOSYS {
-            return Err(io::Error::last_os_error());
-        }
-        let set = |call: libc::c_long| {
-            let id = if call == libc::SYS_setresuid {
+    };
+    let id = |call: libc::c_long| {
+        libc::c_long::from(
+            if call == libc::SYS_setfsuid || call == libc::SYS_setresuid {
                 uid
             } else {
                 gid
-            };
-            libc::syscall(call, UNCHANGED, libc::c_long::from(id), UNCHANGED) == 0
-        };
-        // Only root may change the group: drop it first, regain it last.
-        let order = if to_root {
-            [libc::SYS_setresuid, libc::SYS_setresgid]
-        } else {
-            [libc::SYS_setresgid, libc::SYS_setresuid]
-        };
-        let ok = order.into_iter().all(set);
-        if ok {
+            },
+        )
+    };
+    // SAFETY: plain system calls on scalars; errno is read on this thread.
+    unsafe {
+        let [first, second] = user_last([libc::SYS_setfsgid, libc::SYS_setfsuid]);
+        // setfsuid/setfsgid answer the previous id, even when they refuse;
+        // only a kernel without them answers -1 (ENOSYS).
+        if libc::syscall(first, id(first)) != -1 || *libc::__errno_location() != libc::ENOSYS {
+            libc::syscall(second, id(second));
+            return Ok(());
+        }
+        let set = |call: libc::c_long| libc::syscall(call, UNCHANGED, id(call), UNCHANGED) == 0;
+        if user_last([libc::SYS_setresgid, libc::SYS_setresuid])
+            .into_iter()
+            .all(set)
+        {
             Ok(())
         } else {
             Err(io::Error::last_os_error())
