@@ -17,10 +17,15 @@
 //!   sockets) and the host connects to;
 //! * `egress/` (0700, bind-mounted at `/run/runcell/egress`): the egress
 //!   socket, as for the jail;
-//! * `runsc/`: runsc's own state (`runsc --root`), so the container is found
-//!   again by its id after a restart;
-//! * `gvisor.json`: the sandbox process's pid and start time, written once
-//!   it is ready; `agent.log`: the container's stderr (the agent's log).
+//! * `runsc/`: runsc's own state (`runsc --root`), private to the sandbox
+//!   and removed with its directory;
+//! * `gvisor.json`: the sandbox process's (the sentry's) pid and start
+//!   time, written once it is ready: [`Backend::attach`] finds the sandbox
+//!   again by it after a restart; `agent.log`: the container's stdout and
+//!   stderr (the agent's log, and runsc's errors).
+//!
+//! Setting `RUNCELL_RUNSC_DEBUG` to a directory makes runsc write its debug
+//! logs and an strace of the sandbox there.
 //!
 //! Limits: memory and CPU are the cgroup's (`<cgroup_parent>/<id>`, which
 //! the backend creates before runsc joins it, so its counters outlive the
