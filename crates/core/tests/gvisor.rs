@@ -584,3 +584,89 @@ async fn platform_probes_leave_nothing_behind() {
         "a probe's runsc processes are left"
     );
 }
+
+/// Copies `src` (following links) to `<root>/<dst>`, making its directory.
+fn put(root: &Path, src: &str, dst: &str) {
+    let to = root.join(dst.trim_start_matches('/'));
+    std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+    std::fs::copy(src, &to).unwrap_or_else(|e| panic!("copying {src}: {e}"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_layered_template_runs_with_its_writes_kept_out_of_its_layers() {
+    let (rt, _, _) = gvisor_runtime("layers");
+    // A two-layer template: a minimal userland (bash and the libraries it
+    // and the agent need), and a top layer that adds and overrides files.
+    let templates = PathBuf::from("/run/runcell-test/gvisor-layers-templates");
+    let _ = std::fs::remove_dir_all(&templates);
+    let base = templates.join(".layers/base/diff");
+    let top = templates.join(".layers/top/diff");
+    for lib in ["libc.so.6", "libtinfo.so.6", "libgcc_s.so.1"] {
+        put(
+            &base,
+            &format!("/lib/x86_64-linux-gnu/{lib}"),
+            &format!("/lib/x86_64-linux-gnu/{lib}"),
+        );
+    }
+    put(
+        &base,
+        "/lib64/ld-linux-x86-64.so.2",
+        "/lib64/ld-linux-x86-64.so.2",
+    );
+    put(&base, "/usr/bin/bash", "/bin/bash");
+    std::fs::create_dir_all(base.join("data")).unwrap();
+    std::fs::write(base.join("data/greeting"), "from the base layer\n").unwrap();
+    std::fs::write(base.join("data/kept"), "kept\n").unwrap();
+    std::fs::create_dir_all(top.join("data")).unwrap();
+    std::fs::write(top.join("data/greeting"), "from the top layer\n").unwrap();
+    std::fs::create_dir_all(templates.join("mini")).unwrap();
+    std::fs::write(
+        templates.join("mini/template.json"),
+        r#"{"description": "two layers", "layers": ["base", "top"], "env": {"GREETING_FILE": "/data/greeting"}}"#,
+    )
+    .unwrap();
+    let mut cfg = rt.config().clone();
+    cfg.templates_dir = Some(templates.clone());
+    let backend = GvisorBackend::new(
+        None,
+        find_agent().unwrap(),
+        cfg.state_dir.clone(),
+        cfg.cgroup_parent.clone(),
+        None,
+    );
+    let rt = Runtime::with_backend(cfg, Arc::new(backend));
+    let sb = rt
+        .create(SandboxOptions {
+            template: "mini".into(),
+            limits: limits(),
+            ..SandboxOptions::default()
+        })
+        .await
+        .expect("a sandbox from a layered template");
+    let r = sh(
+        &sb,
+        "echo $(<$GREETING_FILE) $(</data/kept); echo $(</etc/hostname); \
+         echo mine > /tmp/new && echo $(</tmp/new); echo changed > /home/user/x && echo ok",
+    )
+    .await;
+    let out = text(&r.stdout);
+    assert!(
+        out.starts_with("from the top layer kept\nruncell-"),
+        "{r:?}"
+    );
+    assert!(out.ends_with("mine\nok\n"), "{r:?}");
+    sb.destroy().await.unwrap();
+    // Nothing of it reached the layers.
+    assert_eq!(
+        std::fs::read_to_string(top.join("data/greeting")).unwrap(),
+        "from the top layer\n"
+    );
+    for layer in [&base, &top] {
+        assert!(!layer.join("tmp/new").exists() && !layer.join("home").exists());
+        assert!(
+            !layer.join("etc").exists(),
+            "the generated /etc reached a layer"
+        );
+    }
+    std::fs::remove_dir_all(&templates).unwrap();
+}
