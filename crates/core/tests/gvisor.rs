@@ -670,3 +670,30 @@ async fn a_layered_template_runs_with_its_writes_kept_out_of_its_layers() {
     }
     std::fs::remove_dir_all(&templates).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_standby_pool_serves_creates_and_leaves_nothing_when_dropped() {
+    let (rt, state, cgroup) = gvisor_runtime("pool");
+    let mut cfg = rt.config().clone();
+    cfg.standby = 2;
+    let backend = GvisorBackend::new(None, find_agent().unwrap(), state.clone(), cgroup, None);
+    let rt = Runtime::with_backend(cfg, Arc::new(backend));
+    rt.warm_up().await;
+    assert_eq!(rt.standby_ready(), 2);
+    assert_eq!(rt.list().len(), 2, "{:?}", rt.list());
+    let sb = create(&rt, limits(), true).await;
+    let r = sh(&sb, "echo from the pool").await;
+    assert_eq!(text(&r.stdout), "from the pool\n");
+    let id = sb.id().to_string();
+    sb.destroy().await.unwrap();
+    assert!(!state.join(&id).exists());
+    // The refill runs shortly after a claim; then the runtime goes, and
+    // with it the prepared sandboxes.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(rt.standby_ready(), 2);
+    drop(rt);
+    wait_until("the pool's removal", Duration::from_secs(5), || {
+        std::fs::read_dir(&state).map(|d| d.count()).unwrap_or(0) == 0
+    })
+    .await;
+}
