@@ -111,6 +111,19 @@ async fn exec_streaming_contexts_files_and_network_none() {
     assert_eq!(text(&r.stderr), "err\n");
     assert_eq!(r.outcome.exit.exit_code, Some(3));
 
+    // The same root as a jail sandbox of the template: no /sys, nothing
+    // of the host's but the template's directories.
+    let r = sh(&sb, "ls /").await;
+    let top: Vec<String> = text(&r.stdout).lines().map(String::from).collect();
+    let allowed = [
+        "bin", "dev", "etc", "home", "lib", "lib32", "lib64", "libx32", "proc", "root", "run",
+        "sbin", "tmp", "usr", "var",
+    ];
+    assert!(
+        top.iter().all(|e| allowed.contains(&e.as_str())),
+        "unexpected top-level entries: {top:?}"
+    );
+
     // It is gVisor's kernel that answers, not the host's.
     let r = sh(&sb, "dmesg 2>&1 | grep -c gVisor; uname -r").await;
     assert!(

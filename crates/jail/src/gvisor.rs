@@ -177,7 +177,6 @@ fn populate(spec: &InitSpec, root: &Path, stage: &Path) -> Result<(), SetupError
     for (d, mode) in [
         ("proc", 0o555),
         ("dev", 0o755),
-        ("sys", 0o555),
         ("etc", 0o755),
         ("tmp", 0o1777),
         ("var/tmp", 0o1777),

@@ -284,8 +284,20 @@ pub fn probe_platform(runsc: &Path, platform: Platform, timeout: Duration) -> Re
             ))
         }
     };
-    for pid in processes_mentioning(&root) {
-        kill_pid(pid);
+    // `runsc do` runs itself again in new namespaces: what it started may
+    // outlive it, or still be starting, when it is killed. Kill until
+    // nothing has been seen for a while.
+    let until = Instant::now() + Duration::from_secs(2);
+    let mut quiet_since = Instant::now();
+    while Instant::now() < until && quiet_since.elapsed() < Duration::from_millis(100) {
+        let left = processes_mentioning(&root);
+        if !left.is_empty() {
+            quiet_since = Instant::now();
+        }
+        for pid in left {
+            kill_pid(pid);
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
     let _ = fs::remove_dir_all(&root);
     result
@@ -808,8 +820,6 @@ impl GvisorPrepared {
                    "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]}),
             json!({"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
                    "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}),
-            json!({"destination": "/sys", "type": "sysfs", "source": "sysfs",
-                   "options": ["nosuid", "noexec", "nodev", "ro"]}),
             json!({"destination": AGENT_PATH, "type": "bind",
                    "source": self.backend.agent, "options": ["rbind", "ro"]}),
             json!({"destination": HOST_DIR, "type": "bind",
