@@ -309,6 +309,33 @@ async fn memory_and_process_limits_hold() {
     assert_eq!(text(&r.stdout), "still here\n");
     sb.destroy().await.unwrap();
 
+    // CPU: a quarter of a core, whatever the sandbox spins.
+    let sb = create(
+        &rt,
+        SandboxLimits {
+            cpu_millis: 250,
+            ..limits()
+        },
+        true,
+    )
+    .await;
+    let before = sb.counters().cpu_ns;
+    let t0 = Instant::now();
+    let r = sh(
+        &sb,
+        "timeout 2 /usr/bin/python3 -c 'while True: pass'; echo rc=$?",
+    )
+    .await;
+    let wall = t0.elapsed();
+    let used = Duration::from_nanos(sb.counters().cpu_ns - before);
+    assert!(text(&r.stdout).contains("rc=124"), "{r:?}");
+    // It did spin (the counter sees the sentry's CPU), but only so much.
+    assert!(
+        used > wall.mul_f64(0.1) && used < wall.mul_f64(0.4),
+        "used {used:?} of CPU in {wall:?} under a limit of a quarter core"
+    );
+    sb.destroy().await.unwrap();
+
     // Memory: gVisor's sentry holds every sandboxed process, so the host's
     // OOM killer stops the whole sandbox; the counters say it was OOM.
     let sb = create(
