@@ -124,6 +124,17 @@ async fn exec_streaming_contexts_files_and_network_none() {
         "unexpected top-level entries: {top:?}"
     );
 
+    // The agent's seccomp filters hold under gVisor too, and the host name
+    // is the sandbox's.
+    let r = sh(
+        &sb,
+        "grep '^Seccomp:' /proc/self/status; hostname; unshare -U true; echo rc=$?",
+    )
+    .await;
+    let out = text(&r.stdout);
+    assert!(out.starts_with("Seccomp:\t2\nruncell-"), "{r:?}");
+    assert!(out.ends_with("rc=1\n"), "a namespace was created: {r:?}");
+
     // It is gVisor's kernel that answers, not the host's.
     let r = sh(&sb, "dmesg 2>&1 | grep -c gVisor; uname -r").await;
     assert!(
