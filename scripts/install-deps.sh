@@ -28,7 +28,7 @@ have debootstrap || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
 [ -f /usr/share/keyrings/debian-archive-keyring.gpg ] || need+=(debian-archive-keyring)
 have gpgv || need+=(gpgv)
 have bwrap || need+=(bubblewrap)   # benchmark baseline
-have runsc || need+=(runsc)        # benchmark baseline (gVisor)
+have runsc || need+=(runsc)        # the gVisor backend (crates/core/tests/gvisor.rs) and a benchmark baseline
 
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"

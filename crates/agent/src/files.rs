@@ -20,7 +20,6 @@ use std::path::Path;
 
 use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag, AT_FDCWD};
 use nix::sys::stat::Mode;
-use nix::unistd::{setfsgid, setfsuid, Gid, Uid};
 use runcell_protocol::{ErrorKind, Event, FileStat, Frame, ServerMessage};
 
 use crate::shared::{send, send_error, Outbox, Shared};
@@ -44,14 +43,22 @@ fn user(agent: &Shared) -> User {
     }
 }
 
-/// Runs `f` with the user's fsuid/fsgid on the current thread, then back.
+/// Runs `f` accessing files as the user on the current thread (its fsuid,
+/// or under gVisor its effective ids), then back. An agent that cannot
+/// switch (never seen: it is root) stops rather than act as root for the
+/// user.
 fn as_user<T>(u: User, f: impl FnOnce() -> T) -> T {
-    setfsgid(Gid::from_raw(u.gid));
-    setfsuid(Uid::from_raw(u.uid));
+    switch_file_user(u.uid, u.gid);
     let r = f();
-    setfsuid(Uid::from_raw(0));
-    setfsgid(Gid::from_raw(0));
+    switch_file_user(0, 0);
     r
+}
+
+fn switch_file_user(uid: u32, gid: u32) {
+    if let Err(e) = runcell_jail::inside::set_file_user(uid, gid) {
+        tracing::error!("could not switch file access to uid {uid}: {e}");
+        std::process::abort();
+    }
 }
 
 /// Runs blocking file work on the blocking pool.
@@ -151,9 +158,39 @@ fn open_checked(
         .flags(flags | OFlag::O_CLOEXEC)
         .mode(mode)
         .resolve(ResolveFlag::RESOLVE_NO_MAGICLINKS);
-    let fd: OwnedFd = openat2(AT_FDCWD, path, how).map_err(|e| classify(what, path, errno(e)))?;
+    let fd: OwnedFd = match openat2(AT_FDCWD, path, how) {
+        // gVisor (release 20221219) has no openat2.
+        Err(nix::errno::Errno::ENOSYS) => open_without_openat2(path, flags, mode),
+        other => other,
+    }
+    .map_err(|e| classify(what, path, errno(e)))?;
     refuse_private(&fd, what, path, owner)?;
     Ok(File::from(fd))
+}
+
+/// `open(2)` for kernels without `openat2` (gVisor): a path naming a magic
+/// link under `/proc/<pid>` itself is refused with `ELOOP`, as
+/// `RESOLVE_NO_MAGICLINKS` would; one reached through a symbolic link is
+/// left to the kernel's ptrace-access check on magic links (the agent is
+/// not dumpable) and to [`refuse_private`].
+fn open_without_openat2(path: &str, flags: OFlag, mode: Mode) -> nix::Result<OwnedFd> {
+    let mut parts = Path::new(path).components().skip_while(|c| {
+        matches!(
+            c,
+            std::path::Component::RootDir | std::path::Component::CurDir
+        )
+    });
+    let in_proc = parts.next().is_some_and(|c| c.as_os_str() == "proc");
+    if in_proc
+        && parts.any(|c| {
+            ["root", "cwd", "exe", "fd", "map_files"]
+                .iter()
+                .any(|m| c.as_os_str() == *m)
+        })
+    {
+        return Err(nix::errno::Errno::ELOOP);
+    }
+    nix::fcntl::open(path, flags | OFlag::O_CLOEXEC, mode)
 }
 
 /// Refuses an open file that lies in the agent's `/proc/<pid>` or in that of

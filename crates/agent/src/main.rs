@@ -6,6 +6,11 @@
 //! it), and then serves the framed protocol ([`runcell_protocol`]) on the
 //! listening socket the host bound for it. It reaps every orphan, as an init
 //! must.
+//!
+//! Under gVisor runsc starts it as `runcell-agent gvisor-init`, the init of
+//! a container whose root the host already built; it then gets its spec and
+//! binds its socket through host unix sockets
+//! ([`runcell_jail::gvisor::bootstrap`]) and serves the same way.
 
 mod context;
 mod egress;
@@ -23,8 +28,10 @@ const FILE_THREADS: usize = 8;
 
 fn main() -> ExitCode {
     let started = std::time::Instant::now();
-    match std::env::args().nth(1).as_deref() {
-        Some("init") => {}
+    let gvisor = match std::env::args().nth(1).as_deref() {
+        Some("init") => false,
+        // Started by runsc as the init of a gVisor container.
+        Some("gvisor-init") => true,
         Some("--version") => {
             println!("runcell-agent {}", env!("CARGO_PKG_VERSION"));
             return ExitCode::SUCCESS;
@@ -35,7 +42,7 @@ fn main() -> ExitCode {
             );
             return ExitCode::from(2);
         }
-    }
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -49,7 +56,12 @@ fn main() -> ExitCode {
         us = runcell_protocol::units::micros(started.elapsed()),
         "agent started"
     );
-    let boot = match runcell_jail::inside::bootstrap() {
+    let boot = if gvisor {
+        runcell_jail::gvisor::bootstrap()
+    } else {
+        runcell_jail::inside::bootstrap()
+    };
+    let boot = match boot {
         Ok(b) => b,
         Err(e) => {
             tracing::error!("sandbox setup failed: {e}");

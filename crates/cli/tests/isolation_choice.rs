@@ -102,6 +102,33 @@ async fn isolation_is_chosen_per_sandbox_shown_and_kept_across_a_restart() {
     let list: Value = d.get_ok("/v1/sandboxes").await;
     assert_eq!(list.as_array().unwrap().len(), 2, "{list}");
 
+    // gVisor runs here (CI installs runsc): the same API, another kernel.
+    let gv = &sys["backends"][1];
+    assert_eq!(
+        (&gv["name"], &gv["available"]),
+        (&json!("gvisor"), &json!(true)),
+        "{sys}"
+    );
+    let g = d
+        .create_json(json!({"template": "host", "isolation": "gvisor"}))
+        .await;
+    assert_eq!(g["isolation"], "gvisor", "{g}");
+    let g_id = g["id"].as_str().unwrap().to_string();
+    let (code, body) = d
+        .exec(&g_id, "/usr/bin/python3 -c 'print(6*7)'; uname -r")
+        .await;
+    assert_eq!(code, 200, "{body}");
+    let out = body["stdout"].as_str().unwrap();
+    assert!(out.starts_with("42\n"), "{body}");
+    // gVisor's own kernel answers, not the host's.
+    let host = nix::sys::utsname::uname().unwrap();
+    let host_release = host.release().to_string_lossy();
+    assert!(
+        !out.contains(host_release.as_ref()),
+        "the host kernel answered: {body}"
+    );
+    d.delete(&g_id).await;
+
     // The CLI shows it.
     let (code, out, err) = runcell_cli(&d, &["sandbox", "get", &b_id]);
     assert_eq!(code, 0, "{err}");

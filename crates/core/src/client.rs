@@ -130,9 +130,12 @@ impl Replies {
 impl AgentClient {
     /// Connects and checks the agent's hello.
     pub async fn connect(path: &Path) -> Result<Self, ClientError> {
-        let stream = UnixStream::connect(path)
+        // However deep the sandbox's directory is (sun_path holds 107 bytes).
+        let short = runcell_jail::socket::SocketPath::new(path).map_err(ClientError::Connect)?;
+        let stream = UnixStream::connect(short.path())
             .await
             .map_err(ClientError::Connect)?;
+        drop(short);
         let (mut rd, wr) = stream.into_split();
         let hello: Frame<ServerMessage> = read_frame(&mut rd).await?.ok_or(ClientError::Closed)?;
         let sandbox_id = match hello.header.event {

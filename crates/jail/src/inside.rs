@@ -48,7 +48,7 @@ pub enum SetupError {
     },
 }
 
-fn step<E: Into<io::Error>>(what: impl Into<String>) -> impl FnOnce(E) -> SetupError {
+pub(crate) fn step<E: Into<io::Error>>(what: impl Into<String>) -> impl FnOnce(E) -> SetupError {
     let step = what.into();
     move |e| SetupError::Step {
         step,
@@ -95,19 +95,25 @@ pub fn bootstrap() -> Result<Bootstrap, SetupError> {
             })
         }
         Err(e) => {
-            let msg = e.to_string();
-            let mut out = vec![b'E'];
-            // An error sentence is far below 4 GiB; cut it if not.
-            let msg = &msg.as_bytes()[..msg.len().min(64 << 10)];
-            out.extend_from_slice(&u32::try_from(msg.len()).unwrap_or(0).to_be_bytes());
-            out.extend_from_slice(msg);
-            let _ = sock.write_all(&out);
+            report_error(&mut sock, &e);
             Err(e)
         }
     }
 }
 
-fn read_spec(sock: &mut File) -> Result<InitSpec, SetupError> {
+/// Reports a setup failure to the host: `E`, a big-endian length, the
+/// message. Best effort: the host may be gone already.
+pub(crate) fn report_error(sock: &mut impl Write, e: &SetupError) {
+    let msg = e.to_string();
+    let mut out = vec![b'E'];
+    // An error sentence is far below 4 GiB; cut it if not.
+    let msg = &msg.as_bytes()[..msg.len().min(64 << 10)];
+    out.extend_from_slice(&u32::try_from(msg.len()).unwrap_or(0).to_be_bytes());
+    out.extend_from_slice(msg);
+    let _ = sock.write_all(&out);
+}
+
+pub(crate) fn read_spec(sock: &mut impl Read) -> Result<InitSpec, SetupError> {
     let mut len = [0u8; 4];
     sock.read_exact(&mut len).map_err(SetupError::Spec)?;
     let mut buf = vec![0u8; (u32::from_be_bytes(len) as usize).min(1 << 20)];
@@ -219,7 +225,7 @@ pub fn inode_limit(disk_bytes: u64) -> u64 {
     (disk_bytes / BYTES_PER_INODE).max(1024)
 }
 
-fn mkdir(path: &Path, mode: u32) -> Result<(), SetupError> {
+pub(crate) fn mkdir(path: &Path, mode: u32) -> Result<(), SetupError> {
     match fs::create_dir_all(path) {
         Ok(()) => {}
         Err(e) => return Err(step(format!("creating {}", path.display()))(e)),
@@ -231,14 +237,19 @@ fn mkdir(path: &Path, mode: u32) -> Result<(), SetupError> {
 /// Creates a directory that is missing, leaving an existing one alone: in a
 /// layered root a chmod would copy the directory up into the writable layer
 /// (and, in a template build, into the next layer).
-fn mkdir_if_missing(path: &Path, mode: u32) -> Result<bool, SetupError> {
+pub(crate) fn mkdir_if_missing(path: &Path, mode: u32) -> Result<bool, SetupError> {
     if fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
         return Ok(false);
     }
     mkdir(path, mode).map(|()| true)
 }
 
-fn overlay(lower: &Path, target: &Path, upper: &Path, work: &Path) -> Result<(), SetupError> {
+pub(crate) fn overlay(
+    lower: &Path,
+    target: &Path,
+    upper: &Path,
+    work: &Path,
+) -> Result<(), SetupError> {
     mkdir(upper, 0o755)?;
     mkdir(work, 0o755)?;
     mkdir(target, 0o755)?;
@@ -261,7 +272,7 @@ fn overlay(lower: &Path, target: &Path, upper: &Path, work: &Path) -> Result<(),
 /// Overlays the layers of a layered template (topmost first) as the root.
 /// Layer paths are given relative to their common parent (the mount
 /// options must fit in one page, and a template may have many layers).
-fn overlay_layers(
+pub(crate) fn overlay_layers(
     lowers: &[PathBuf],
     target: &Path,
     upper: &Path,
@@ -319,7 +330,7 @@ fn overlay_layers(
 
 /// Bind-mounts `src` on `dst`, read-only if asked, keeping the flags the
 /// kernel locks on mounts inherited from the host (nosuid, nodev, noexec).
-fn bind(src: &Path, dst: &Path, read_only: bool) -> Result<(), SetupError> {
+pub(crate) fn bind(src: &Path, dst: &Path, read_only: bool) -> Result<(), SetupError> {
     let what = format!("bind-mounting {}", src.display());
     mount(
         Some(src),
@@ -349,13 +360,13 @@ fn bind(src: &Path, dst: &Path, read_only: bool) -> Result<(), SetupError> {
     mount(None::<&str>, dst, None::<&str>, flags, None::<&str>).map_err(step(what))
 }
 
-fn inside(root: &Path, abs: &Path) -> PathBuf {
+pub(crate) fn inside(root: &Path, abs: &Path) -> PathBuf {
     root.join(abs.strip_prefix("/").unwrap_or(abs))
 }
 
 /// Mirrors one host path of the `host` template: a symlink is copied, a
 /// directory is overlaid (read-only lower, private upper).
-fn host_path(p: &Path, root: &Path, stage: &Path) -> Result<(), SetupError> {
+pub(crate) fn host_path(p: &Path, root: &Path, stage: &Path) -> Result<(), SetupError> {
     let meta = match fs::symlink_metadata(p) {
         Ok(m) => m,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
@@ -378,7 +389,7 @@ fn host_path(p: &Path, root: &Path, stage: &Path) -> Result<(), SetupError> {
     )
 }
 
-fn host_etc_entry(name: &str, root: &Path) -> Result<(), SetupError> {
+pub(crate) fn host_etc_entry(name: &str, root: &Path) -> Result<(), SetupError> {
     if name.contains('/') && name.split('/').any(|c| c == ".." || c.is_empty()) {
         return Ok(());
     }
@@ -534,7 +545,7 @@ fn populate(spec: &InitSpec, root: &Path, stage: &Path) -> Result<(), SetupError
 /// created empty when missing), and the image's `passwd`, `group` and
 /// `nsswitch.conf` are kept. A sandbox in the host's network namespace sees
 /// the host's `resolv.conf` and `hosts`, read-only.
-fn synthesize_etc(
+pub(crate) fn synthesize_etc(
     spec: &InitSpec,
     etc: &Path,
     stage: &Path,
@@ -670,13 +681,19 @@ pub fn drop_privileges(uid: u32, gid: u32) -> io::Result<()> {
                 break;
             }
         }
-        check(libc::prctl(
+        // A kernel without ambient capabilities (gVisor's) refuses the
+        // call with EINVAL: there are then none to clear.
+        if libc::prctl(
             libc::PR_CAP_AMBIENT,
             libc::PR_CAP_AMBIENT_CLEAR_ALL,
             0,
             0,
             0,
-        ))?;
+        ) < 0
+            && *libc::__errno_location() != libc::EINVAL
+        {
+            return Err(io::Error::last_os_error());
+        }
         // Raw syscalls, not the libc wrappers, which coordinate a credential
         // change across all threads of the process (see spawn::child_exec).
         check_long(libc::syscall(
@@ -695,6 +712,53 @@ pub fn drop_privileges(uid: u32, gid: u32) -> io::Result<()> {
     }
     reset_signal_dispositions();
     Ok(())
+}
+
+/// Makes the calling thread, and only it, access files as `uid`/`gid`
+/// (`0`/`0`: as root again), for file operations the agent does on the
+/// sandbox user's behalf. Uses the thread's fsuid/fsgid; where the kernel
+/// has none (gVisor answers `setfsuid` with `ENOSYS`) the thread's
+/// effective ids instead, keeping root as the saved id so it can switch
+/// back. Raw system calls: the libc wrappers of `setresuid` would change
+/// every thread of the agent.
+pub fn set_file_user(uid: u32, gid: u32) -> io::Result<()> {
+    const UNCHANGED: libc::c_long = -1;
+    // Only root may change the group: drop it first, regain it last.
+    let user_last = |calls: [libc::c_long; 2]| {
+        if uid == 0 {
+            [calls[1], calls[0]]
+        } else {
+            calls
+        }
+    };
+    let id = |call: libc::c_long| {
+        libc::c_long::from(
+            if call == libc::SYS_setfsuid || call == libc::SYS_setresuid {
+                uid
+            } else {
+                gid
+            },
+        )
+    };
+    // SAFETY: plain system calls on scalars; errno is read on this thread.
+    unsafe {
+        let [first, second] = user_last([libc::SYS_setfsgid, libc::SYS_setfsuid]);
+        // setfsuid/setfsgid answer the previous id, even when they refuse;
+        // only a kernel without them answers -1 (ENOSYS).
+        if libc::syscall(first, id(first)) != -1 || *libc::__errno_location() != libc::ENOSYS {
+            libc::syscall(second, id(second));
+            return Ok(());
+        }
+        let set = |call: libc::c_long| libc::syscall(call, UNCHANGED, id(call), UNCHANGED) == 0;
+        if user_last([libc::SYS_setresgid, libc::SYS_setresuid])
+            .into_iter()
+            .all(set)
+        {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
 }
 
 /// Sets every signal back to its default action. Handlers are reset by exec
@@ -780,7 +844,12 @@ pub fn supervise_exec(uid: u32, gid: u32, keep_background: bool) -> io::Result<(
     // SAFETY: plain syscalls on scalars and the local signal sets; no memory
     // is allocated. fork(2) in this (single-threaded) child is safe.
     unsafe {
-        if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0 {
+        // gVisor (release 20221219) refuses it with EINVAL: the command's
+        // orphans then go to the agent, which reaps them but does not kill
+        // them when the command exits. Any other failure is an error.
+        if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0
+            && *libc::__errno_location() != libc::EINVAL
+        {
             return Err(io::Error::last_os_error());
         }
         // Blocked before fork so no exit is missed; the command gets the

@@ -12,6 +12,9 @@
 //! * [`seccomp`] builds the syscall filter every sandboxed process runs under,
 //!   and [`inside::drop_privileges`] turns a forked child into the unprivileged
 //!   sandbox user.
+//! * [`gvisor`] does both sides for gVisor sandboxes: the host composes
+//!   their root filesystem, and the agent (`gvisor-init`) gets its spec and
+//!   binds its socket through host unix sockets.
 //! * [`SandboxCommand`] (sandbox side) starts a [`std::process::Command`] as
 //!   the sandbox user, so the agent needs no `unsafe` `pre_exec` of its own.
 //!
@@ -20,9 +23,11 @@
 pub mod cgroup;
 mod command;
 pub mod confine;
+pub mod gvisor;
 pub mod inside;
 pub mod probe;
 pub mod seccomp;
+pub mod socket;
 mod spawn;
 mod spec;
 mod sys;

@@ -297,7 +297,7 @@ impl Standby {
         }
 
         let sock_path = dir.join("agent.sock");
-        let listener = UnixListener::bind(&sock_path).map_err(io_err(&sock_path))?;
+        let listener = crate::socket::bind(&sock_path).map_err(io_err(&sock_path))?;
         let log_path = dir.join("agent.log");
         let log = OpenOptions::new()
             .create(true)
@@ -950,7 +950,7 @@ fn bind_egress(sockets: &Path) -> Result<(UnixListener, PathBuf), SpawnError> {
     // As long as the former `<dir>/egress.sock`: socket paths are short.
     let path = sockets.join("sock");
     let _ = fs::remove_file(&path);
-    let listener = UnixListener::bind(&path).map_err(io_err(&path))?;
+    let listener = crate::socket::bind(&path).map_err(io_err(&path))?;
     nix::unistd::chown(
         path.as_path(),
         Some(nix::unistd::Uid::from_raw(owner.uid())),

@@ -20,8 +20,10 @@
 //! directory under the runtime's state directory (the jail: `jail.json`).
 //!
 //! The first backend is [`JailBackend`], the namespace jail of
-//! `runcell-jail`.
+//! `runcell-jail`; [`GvisorBackend`] runs the same agent in a gVisor
+//! (`runsc`) container.
 
+mod gvisor;
 mod jail;
 
 use std::fmt;
@@ -29,6 +31,10 @@ use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use gvisor::{
+    find_runsc, host_pids, probe, probe_platform, GvisorBackend, GvisorError, GvisorInfo, Platform,
+    SENTRY_MEMORY,
+};
 pub use jail::JailBackend;
 pub use runcell_jail::cgroup::Counters;
 pub use runcell_jail::{EgressSocket, Limits, RootfsSpec, SandboxUser};
@@ -39,6 +45,9 @@ pub enum BackendError {
     /// The namespace jail failed.
     #[error(transparent)]
     Jail(#[from] runcell_jail::SpawnError),
+    /// The gVisor backend failed.
+    #[error(transparent)]
+    Gvisor(#[from] GvisorError),
 }
 
 impl BackendError {
@@ -48,7 +57,10 @@ impl BackendError {
     /// binary or a timeout.
     pub fn is_transient(&self) -> bool {
         use runcell_jail::SpawnError as S;
-        matches!(self, BackendError::Jail(S::Setup(_) | S::AgentDied(_)))
+        match self {
+            BackendError::Jail(e) => matches!(e, S::Setup(_) | S::AgentDied(_)),
+            BackendError::Gvisor(e) => e.is_transient(),
+        }
     }
 }
 

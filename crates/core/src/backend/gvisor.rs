@@ -1,0 +1,1177 @@
+//! gVisor (`runsc`) as a [`Backend`]: each sandbox is a runsc container
+//! whose init is `runcell-agent gvisor-init`, so sandboxed code talks to
+//! gVisor's user-space kernel, not to the host's.
+//!
+//! Per sandbox, `<state>/<id>/` holds:
+//!
+//! * `rootfs/`: the root filesystem the host composes
+//!   ([`runcell_jail::gvisor::compose_rootfs`]): a tmpfs of the disk limit
+//!   holding the writable layer over the template's read-only layers,
+//!   mounted on the host (privately) until the sandbox is removed; the
+//!   container's root is `rootfs/root`, served by runsc's gofer, so a full
+//!   writable layer fails with `ENOSPC` as in the jail;
+//! * `bundle/config.json`: the OCI bundle written at start;
+//! * `host/` (0700, bind-mounted at [`HOST_DIR`]): `setup.sock`, bound by
+//!   the host, to which the agent connects for its spec, and `agent.sock`,
+//!   which the agent binds (gVisor's `--host-uds=all` makes both host
+//!   sockets) and the host connects to;
+//! * `egress/` (0700, bind-mounted at `/run/runcell/egress`): the egress
+//!   socket, as for the jail;
+//! * `runsc/`: runsc's own state (`runsc --root`), private to the sandbox
+//!   and removed with its directory;
+//! * `gvisor.json`: the sandbox process's (the sentry's) pid and start
+//!   time, written once it is ready: [`Backend::attach`] finds the sandbox
+//!   again by it after a restart; `agent.log`: the container's stdout and
+//!   stderr (the agent's log, and runsc's errors).
+//!
+//! Setting `RUNCELL_RUNSC_DEBUG` to a directory makes runsc write its debug
+//! logs and an strace of the sandbox there.
+//!
+//! Limits: memory and CPU are the cgroup's (`<cgroup_parent>/<id>`, which
+//! the backend creates before runsc joins it, so its counters outlive the
+//! sandbox). gVisor runs every sandboxed process inside one host process
+//! (the sentry), so the host's OOM killer can only kill the whole sandbox
+//! when the memory limit is hit: `counters().oom_kills` then counts it and
+//! the sandbox is dead. The host's pids controller sees the sentry's
+//! threads, not sandboxed processes, and a limit hit there crashes the
+//! sentry; the pids limit is therefore `RLIMIT_NPROC` of the agent
+//! (inherited by everything it starts, enforced by gVisor per uid), and
+//! the cgroup only gets a backstop of [`host_pids`]. The cgroup's memory
+//! limit is the sandbox's plus [`SENTRY_MEMORY`] for gVisor itself.
+
+use std::fs::{self, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use runcell_jail::cgroup::{Cgroup, CgroupError, Hierarchy};
+use runcell_jail::gvisor::{AGENT_PATH, HOST_DIR};
+use runcell_jail::{InitSpec, EGRESS_SOCKET};
+use serde::{Deserialize, Serialize};
+
+use super::{
+    AgentChannel, Backend, BackendError, Counters, EgressSocket, Instance, Limits, PrepareSpec,
+    Prepared, StartSpec,
+};
+
+/// How long the host waits for runsc to start a container and for its
+/// agent to connect and report ready.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Memory the cgroup allows on top of the sandbox's limit, for gVisor's
+/// sentry and its page tables.
+pub const SENTRY_MEMORY: u64 = 64 << 20;
+
+/// Errors of the gVisor backend.
+#[derive(Debug, thiserror::Error)]
+pub enum GvisorError {
+    /// runsc is not installed.
+    #[error("gVisor's runsc was not found at {0}; install it (apt install runsc).")]
+    RunscMissing(PathBuf),
+    /// The agent binary is missing.
+    #[error("The sandbox agent binary {0} was not found; build it with `cargo build` or set RUNCELL_AGENT.")]
+    AgentMissing(PathBuf),
+    /// Not running as root.
+    #[error("runcell needs root to create gVisor sandboxes (it mounts their root filesystems and creates cgroups); run it as root.")]
+    NotRoot,
+    /// The id is not a plain name.
+    #[error("The sandbox id {0:?} is not a plain name (1 to 64 letters, digits, '-', '_' or '.', not starting with '.').")]
+    BadId(String),
+    /// A runsc command failed.
+    #[error("`runsc {command}` failed ({status}): {output}")]
+    Runsc {
+        /// The subcommand.
+        command: String,
+        /// How it ended.
+        status: String,
+        /// The end of what it (and the container) wrote.
+        output: String,
+    },
+    /// A runsc command could not be run at all.
+    #[error("Could not run `runsc {command}`.")]
+    RunscExec {
+        /// The subcommand.
+        command: String,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// A file operation in the sandbox's host directory failed.
+    #[error("Could not prepare {path} for the sandbox.")]
+    Io {
+        /// The path involved.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Building or removing the root filesystem failed.
+    #[error("Could not build the sandbox's root filesystem.")]
+    Rootfs(#[source] runcell_jail::inside::SetupError),
+    /// Cgroup setup or teardown failed.
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    /// Talking to the starting agent failed.
+    #[error("Lost contact with the sandbox while it started.")]
+    Setup(#[source] io::Error),
+    /// The agent reported a setup failure.
+    #[error("The sandbox could not be set up: {0}")]
+    SetupFailed(String),
+    /// The container exited before its agent was ready.
+    #[error("The gVisor sandbox exited while starting. Its log ends with: {0}")]
+    AgentDied(String),
+    /// The agent did not report within the timeout.
+    #[error("The gVisor sandbox did not become ready within {0:?}. Its log ends with: {1}")]
+    ReadyTimeout(Duration, String),
+    /// No live sandbox with that id.
+    #[error("Sandbox {0} is not running.")]
+    NotRunning(String),
+    /// The sandbox's state file is unreadable.
+    #[error("The state of sandbox {0} is unreadable.")]
+    BadState(String, #[source] serde_json::Error),
+}
+
+impl GvisorError {
+    /// Whether a failed start may be retried with another sandbox.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, GvisorError::Setup(_) | GvisorError::AgentDied(_))
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> GvisorError + '_ {
+    move |source| GvisorError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// A gVisor platform: how the sentry intercepts the sandbox's system calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Platform {
+    /// `ptrace`: works everywhere, slowest system calls.
+    Ptrace,
+    /// `kvm`: needs a usable `/dev/kvm`.
+    Kvm,
+}
+
+impl Platform {
+    /// Its name for `runsc --platform`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Platform::Ptrace => "ptrace",
+            Platform::Kvm => "kvm",
+        }
+    }
+}
+
+/// What [`probe`] found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GvisorInfo {
+    /// The runsc binary.
+    pub runsc: PathBuf,
+    /// Its version (`runsc --version`, first line).
+    pub version: String,
+    /// The platform sandboxes run on.
+    pub platform: Platform,
+}
+
+/// The runsc binary: `explicit`, or the first `runsc` on `PATH`, or
+/// `/usr/bin/runsc` (reported missing if absent).
+pub fn find_runsc(explicit: Option<&Path>) -> PathBuf {
+    if let Some(p) = explicit {
+        return p.to_path_buf();
+    }
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join("runsc"))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/runsc"))
+}
+
+/// Whether gVisor sandboxes can run here: runsc is installed, this process
+/// is root, and runsc runs a trivial container (`runsc do true`) on the
+/// [`Platform::Ptrace`] platform (the KVM platform hangs at boot on hosts
+/// whose `/dev/kvm` cannot run a guest, so it is not tried). Takes about a
+/// third of a second. The error is a sentence saying why not.
+pub fn probe(runsc: Option<&Path>) -> Result<GvisorInfo, String> {
+    let runsc = find_runsc(runsc);
+    if !runsc.is_file() {
+        return Err(GvisorError::RunscMissing(runsc).to_string());
+    }
+    let out = Command::new(&runsc)
+        .arg("--version")
+        .output()
+        .map_err(|e| format!("Could not run {}: {e}.", runsc.display()))?;
+    let version = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    if !out.status.success() || version.is_empty() {
+        return Err(format!(
+            "{} --version failed: {}",
+            runsc.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    if !nix::unistd::geteuid().is_root() {
+        return Err(GvisorError::NotRoot.to_string());
+    }
+    let platform = Platform::Ptrace;
+    probe_platform(&runsc, platform, Duration::from_secs(10))?;
+    Ok(GvisorInfo {
+        runsc,
+        version,
+        platform,
+    })
+}
+
+/// Whether `runsc` runs a trivial container (`runsc do true`) on
+/// `platform` within `timeout`; the error says why not. On a host whose
+/// `/dev/kvm` cannot run a guest, [`Platform::Kvm`] hangs until the
+/// timeout (then everything the attempt started is killed).
+pub fn probe_platform(runsc: &Path, platform: Platform, timeout: Duration) -> Result<(), String> {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let root = std::env::temp_dir().join(format!(
+        "runcell-runsc-probe-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let mut child = Command::new(runsc)
+        .arg("--root")
+        .arg(&root)
+        .args(["--network=none", "--platform", platform.as_str()])
+        .args(["do", "true"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("Could not run {}: {e}.", runsc.display()))?;
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            _ => break None,
+        }
+    };
+    let result = match status {
+        Some(s) if s.success() => Ok(()),
+        Some(s) => {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = e.read_to_string(&mut err);
+            }
+            Err(format!(
+                "runsc cannot run a sandbox here on the {} platform ({s}): {}",
+                platform.as_str(),
+                err.trim()
+            ))
+        }
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(format!(
+                "runsc did not run a sandbox on the {} platform within {timeout:?}.",
+                platform.as_str()
+            ))
+        }
+    };
+    // `runsc do` runs itself again in new namespaces: what it started may
+    // outlive it, or still be starting, when it is killed. Kill until
+    // nothing has been seen for a while.
+    let until = Instant::now() + Duration::from_secs(2);
+    let mut quiet_since = Instant::now();
+    while Instant::now() < until && quiet_since.elapsed() < Duration::from_millis(100) {
+        let left = processes_mentioning(&root);
+        if !left.is_empty() {
+            quiet_since = Instant::now();
+        }
+        for pid in left {
+            kill_pid(pid);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = fs::remove_dir_all(&root);
+    result
+}
+
+/// Sandboxes in gVisor containers (runsc), on the host's cgroups.
+#[derive(Debug, Clone)]
+pub struct GvisorBackend {
+    runsc: PathBuf,
+    agent: PathBuf,
+    state_dir: PathBuf,
+    cgroup_parent: String,
+    platform: Platform,
+    agent_log: Option<String>,
+}
+
+impl GvisorBackend {
+    /// A gVisor backend that runs `runsc` (found on `PATH` when `None`) on
+    /// the ptrace platform, starts `agent` in each container, keeps one
+    /// directory per sandbox in `state_dir` (which must not be the jail's:
+    /// each backend sweeps its whole directory) and one cgroup per sandbox
+    /// under `cgroup_parent`, and has agents log with the filter
+    /// `agent_log`.
+    pub fn new(
+        runsc: Option<PathBuf>,
+        agent: PathBuf,
+        state_dir: PathBuf,
+        cgroup_parent: String,
+        agent_log: Option<String>,
+    ) -> Self {
+        Self {
+            runsc: find_runsc(runsc.as_deref()),
+            agent,
+            state_dir,
+            cgroup_parent,
+            platform: Platform::Ptrace,
+            agent_log,
+        }
+    }
+
+    /// The same backend on `platform` (e.g. [`Platform::Kvm`] on a host
+    /// where `runsc --platform=kvm do true` works; not this one, where it
+    /// hangs at boot).
+    pub fn with_platform(mut self, platform: Platform) -> Self {
+        self.platform = platform;
+        self
+    }
+
+    /// The platform its sandboxes run on.
+    pub fn platform(&self) -> Platform {
+        self.platform
+    }
+
+    /// The runsc binary it runs.
+    pub fn runsc(&self) -> &Path {
+        &self.runsc
+    }
+
+    /// The directory holding one subdirectory per sandbox.
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
+    fn runsc_cmd(&self, dir: &Path) -> Command {
+        let mut cmd = Command::new(&self.runsc);
+        cmd.arg("--root")
+            .arg(dir.join(RUNSC_DIR))
+            .arg("--platform")
+            .arg(self.platform.as_str());
+        cmd
+    }
+
+    /// Kills and removes whatever sandbox `id` has left: its container,
+    /// processes, mounts, cgroup and directory.
+    fn remove_all(&self, id: &str, dir: &Path) -> Result<(), GvisorError> {
+        let t0 = Instant::now();
+        // Every process runsc made for the sandbox (the sentry, the gofer,
+        // a `runsc run` still starting) names its bundle. Killing them is
+        // enough: runsc's state for it is in the directory removed below.
+        // (`runsc delete --force` does the same but then waits for the
+        // sentry to be reaped, which an orphan's init may take a second
+        // to do.)
+        let bundle = dir.join("bundle");
+        let until = Instant::now() + Duration::from_secs(5);
+        loop {
+            let left = processes_mentioning(&bundle);
+            if left.is_empty() {
+                break;
+            }
+            if Instant::now() >= until {
+                tracing::warn!(sandbox = %id, ?left, "processes of a gVisor sandbox outlived SIGKILL");
+                break;
+            }
+            for pid in left {
+                kill_pid(pid);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let t_kill = t0.elapsed();
+        let cg = Cgroup::open(hierarchy()?, &self.cgroup_parent, id);
+        if cg.exists() {
+            cg.destroy(Duration::from_secs(5))?;
+        }
+        let stage = dir.join(ROOTFS_DIR);
+        runcell_jail::gvisor::unmount_rootfs(&stage).map_err(GvisorError::Rootfs)?;
+        tracing::debug!(
+            sandbox = %id,
+            kill_us = runcell_protocol::units::micros(t_kill),
+            total_us = runcell_protocol::units::micros(t0.elapsed()),
+            "gvisor sandbox removed"
+        );
+        match fs::remove_dir_all(dir) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(dir)(e)),
+            _ => Ok(()),
+        }
+    }
+
+    fn attach_sandbox(&self, id: &str) -> Result<GvisorSandbox, GvisorError> {
+        check_id(id)?;
+        let dir = self.state_dir.join(id);
+        let raw = fs::read(dir.join(STATE_FILE)).map_err(|_| GvisorError::NotRunning(id.into()))?;
+        let state: StateFile =
+            serde_json::from_slice(&raw).map_err(|e| GvisorError::BadState(id.into(), e))?;
+        if !alive(state.pid, state.start_time) {
+            return Err(GvisorError::NotRunning(id.into()));
+        }
+        Ok(GvisorSandbox {
+            id: id.into(),
+            dir,
+            pid: state.pid,
+            start_time: state.start_time,
+            cgroup: Cgroup::open(hierarchy()?, &state.cgroup_parent, id),
+            backend: self.clone(),
+            _host_end: None,
+            egress: None,
+        })
+    }
+}
+
+/// runsc's state directory, in the sandbox's directory.
+const RUNSC_DIR: &str = "runsc";
+/// The root filesystem's staging directory.
+const ROOTFS_DIR: &str = "rootfs";
+/// The directory bind-mounted at [`HOST_DIR`].
+const HOST_SUBDIR: &str = "host";
+/// The directory of the egress socket.
+const EGRESS_DIR: &str = "egress";
+/// The state file written once the sandbox is ready.
+const STATE_FILE: &str = "gvisor.json";
+
+/// What is written to `<dir>/gvisor.json` so a later process can find the sandbox.
+#[derive(Debug, Serialize, Deserialize)]
+struct StateFile {
+    id: String,
+    pid: i32,
+    start_time: u64,
+    cgroup_parent: String,
+}
+
+fn check_id(id: &str) -> Result<(), GvisorError> {
+    runcell_jail::check_id(id).map_err(|_| GvisorError::BadId(id.into()))
+}
+
+fn hierarchy() -> Result<&'static Hierarchy, CgroupError> {
+    static H: OnceLock<Hierarchy> = OnceLock::new();
+    if let Some(h) = H.get() {
+        return Ok(h);
+    }
+    let h = Hierarchy::detect()?;
+    Ok(H.get_or_init(|| h))
+}
+
+/// The host pids limit of a sandbox whose processes are limited to `pids`
+/// by `RLIMIT_NPROC`: a backstop for the sentry's host threads (about one
+/// per running task, plus its own), far enough above that gVisor never
+/// meets it first.
+pub fn host_pids(pids: u64) -> u64 {
+    pids.saturating_mul(4).saturating_add(256)
+}
+
+/// The cgroup limits of a sandbox with `limits`.
+fn host_limits(limits: &Limits) -> Limits {
+    Limits {
+        memory_bytes: limits.memory_bytes.saturating_add(SENTRY_MEMORY),
+        pids: host_pids(limits.pids),
+        ..*limits
+    }
+}
+
+impl Backend for GvisorBackend {
+    fn isolation(&self) -> super::Isolation {
+        super::Isolation::Gvisor
+    }
+
+    fn prepare(&self, spec: &PrepareSpec) -> Result<Box<dyn Prepared>, BackendError> {
+        Ok(Box::new(GvisorPrepared::prepare(self, spec)?))
+    }
+
+    fn attach(&self, id: &str) -> Result<Box<dyn Instance>, BackendError> {
+        Ok(Box::new(self.attach_sandbox(id)?))
+    }
+
+    fn list(&self) -> Vec<String> {
+        runcell_jail::list_sandboxes(&self.state_dir)
+    }
+
+    fn is_dead(&self, id: &str, grace: Duration) -> bool {
+        if check_id(id).is_err() {
+            return false;
+        }
+        let dir = self.state_dir.join(id);
+        if dir.join(STATE_FILE).exists() {
+            match self.attach_sandbox(id) {
+                Ok(_) => return false,
+                Err(GvisorError::NotRunning(_)) => return true,
+                Err(_) => {}
+            }
+        }
+        let age = fs::metadata(&dir)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok());
+        age.is_some_and(|a| a > grace)
+    }
+
+    fn remove(&self, id: &str) -> Result<(), BackendError> {
+        check_id(id)?;
+        Ok(self.remove_all(id, &self.state_dir.join(id))?)
+    }
+}
+
+/// A gVisor sandbox being made: its directory, cgroup and setup socket
+/// exist. The container itself is made by [`Prepared::start`], because its
+/// root filesystem is the template's, known only then.
+#[derive(Debug)]
+struct GvisorPrepared {
+    backend: GvisorBackend,
+    id: String,
+    dir: PathBuf,
+    host_network: bool,
+    prepared_limits: Limits,
+    cgroup: Cgroup,
+    setup: UnixListener,
+    /// Removes everything unless the sandbox started.
+    armed: bool,
+}
+
+impl Drop for GvisorPrepared {
+    fn drop(&mut self) {
+        if self.armed {
+            if let Err(e) = self.backend.remove_all(&self.id, &self.dir) {
+                tracing::warn!(sandbox = %self.id, "could not clean up a gVisor sandbox: {e}");
+            }
+        }
+    }
+}
+
+impl GvisorPrepared {
+    fn prepare(backend: &GvisorBackend, spec: &PrepareSpec) -> Result<Self, GvisorError> {
+        check_id(&spec.id)?;
+        if !nix::unistd::geteuid().is_root() {
+            return Err(GvisorError::NotRoot);
+        }
+        if !backend.runsc.is_file() {
+            return Err(GvisorError::RunscMissing(backend.runsc.clone()));
+        }
+        if !backend.agent.is_file() {
+            return Err(GvisorError::AgentMissing(backend.agent.clone()));
+        }
+        let hierarchy = hierarchy()?;
+        let state_dir = &backend.state_dir;
+        fs::create_dir_all(state_dir).map_err(io_err(state_dir))?;
+        fs::set_permissions(state_dir, fs::Permissions::from_mode(0o711))
+            .map_err(io_err(state_dir))?;
+        let dir = state_dir.join(&spec.id);
+        fs::create_dir(&dir).map_err(io_err(&dir))?;
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(io_err(&dir))?;
+        let host = dir.join(HOST_SUBDIR);
+        let made = fs::create_dir(&host)
+            .and_then(|()| fs::set_permissions(&host, fs::Permissions::from_mode(0o700)))
+            .map_err(io_err(&host))
+            .and_then(|()| {
+                let path = host.join("setup.sock");
+                let l = runcell_jail::socket::bind(&path).map_err(io_err(&path))?;
+                l.set_nonblocking(true).map_err(io_err(&path))?;
+                Ok(l)
+            })
+            .and_then(|setup| {
+                let cgroup = Cgroup::create(
+                    hierarchy,
+                    &backend.cgroup_parent,
+                    &spec.id,
+                    &host_limits(&spec.limits),
+                )?;
+                Ok((setup, cgroup))
+            });
+        let (setup, cgroup) = match made {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = backend.remove_all(&spec.id, &dir);
+                return Err(e);
+            }
+        };
+        Ok(GvisorPrepared {
+            backend: backend.clone(),
+            id: spec.id.clone(),
+            dir,
+            host_network: spec.host_network,
+            prepared_limits: spec.limits,
+            cgroup,
+            setup,
+            armed: true,
+        })
+    }
+
+    fn start_sandbox(mut self, spec: &StartSpec) -> Result<GvisorSandbox, GvisorError> {
+        let t0 = Instant::now();
+        let dir = self.dir.clone();
+        self.cgroup.set_limits(&host_limits(&spec.limits))?;
+        let egress_enabled = match spec.egress {
+            EgressSocket::Socket { enabled } if !self.host_network => Some(enabled),
+            _ => None,
+        };
+        let hostname = format!("runcell-{}", &self.id[..self.id.len().min(8)]);
+        let init = InitSpec {
+            sandbox_id: self.id.clone(),
+            hostname: hostname.clone(),
+            staging_dir: dir.join(ROOTFS_DIR),
+            rootfs: spec.rootfs.clone(),
+            disk_bytes: spec.limits.disk_bytes,
+            user: spec.user.clone(),
+            exit_on_host_close: spec.tied_to_process,
+            deadline_unix_ms: spec.deadline_unix_ms,
+            host_network: self.host_network,
+            env: spec.env.clone(),
+            workdir: spec.workdir.clone(),
+            // The agent only needs to know it has one; it connects to
+            // EGRESS_SOCKET, where the egress directory is mounted.
+            egress_socket: egress_enabled.map(|_| PathBuf::from(EGRESS_SOCKET)),
+            egress_enabled: egress_enabled.unwrap_or(false),
+        };
+        let root = runcell_jail::gvisor::compose_rootfs(&init, &dir.join(ROOTFS_DIR))
+            .map_err(GvisorError::Rootfs)?;
+        let t_rootfs = t0.elapsed();
+        let egress = if egress_enabled.is_some() {
+            let sockets = dir.join(EGRESS_DIR);
+            fs::create_dir_all(&sockets).map_err(io_err(&sockets))?;
+            fs::set_permissions(&sockets, fs::Permissions::from_mode(0o700))
+                .map_err(io_err(&sockets))?;
+            Some(bind_egress(&sockets)?)
+        } else {
+            None
+        };
+
+        let bundle = dir.join("bundle");
+        fs::create_dir_all(&bundle).map_err(io_err(&bundle))?;
+        let config = self.oci_config(spec, &root, &hostname, egress.is_some());
+        let config_path = bundle.join("config.json");
+        fs::write(
+            &config_path,
+            serde_json::to_vec_pretty(&config).expect("config serializes"),
+        )
+        .map_err(io_err(&config_path))?;
+
+        let log_path = dir.join("agent.log");
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(&log_path)
+            .map_err(io_err(&log_path))?;
+        let pid_file = dir.join("sandbox.pid");
+        let mut cmd = self.backend.runsc_cmd(&dir);
+        cmd.arg(if self.host_network {
+            "--network=host"
+        } else {
+            "--network=none"
+        })
+        .args(["--host-uds=all", "--overlay2=none"]);
+        // Debugging aid: runsc's debug logs and an strace of the sandbox's
+        // system calls, in that directory.
+        if let Some(debug) = std::env::var_os("RUNCELL_RUNSC_DEBUG") {
+            let mut log = std::ffi::OsString::from("--debug-log=");
+            log.push(PathBuf::from(debug).join(""));
+            cmd.args(["--debug", "--strace"]).arg(log);
+        }
+        cmd.arg("run")
+            .arg("--detach")
+            .arg("--bundle")
+            .arg(&bundle)
+            .arg("--pid-file")
+            .arg(&pid_file)
+            .arg(&self.id)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(io_err(&log_path))?)
+            .stderr(log);
+        run_checked(&mut cmd, "run", &log_path)?;
+        let t_run = t0.elapsed();
+        let pid: i32 = fs::read_to_string(&pid_file)
+            .map_err(io_err(&pid_file))?
+            .trim()
+            .parse()
+            .map_err(|_| {
+                io_err(&pid_file)(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "runsc wrote no pid",
+                ))
+            })?;
+        let start_time =
+            start_time(pid).ok_or_else(|| GvisorError::AgentDied(log_tail(&log_path)))?;
+
+        // The agent connects once it runs.
+        let deadline = Instant::now() + SETUP_TIMEOUT;
+        let mut host_end = loop {
+            match self.setup.accept() {
+                Ok((s, _)) => break s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if !alive(pid, start_time) {
+                        return Err(GvisorError::AgentDied(log_tail(&log_path)));
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(GvisorError::ReadyTimeout(
+                            SETUP_TIMEOUT,
+                            log_tail(&log_path),
+                        ));
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => return Err(GvisorError::Setup(e)),
+            }
+        };
+        host_end
+            .set_nonblocking(false)
+            .map_err(GvisorError::Setup)?;
+        let spec_bytes = serde_json::to_vec(&init).expect("spec serializes");
+        let len = u32::try_from(spec_bytes.len())
+            .map_err(|_| GvisorError::Setup(io::Error::other("the sandbox spec is over 4 GiB")))?;
+        let mut msg = Vec::with_capacity(4 + spec_bytes.len());
+        msg.extend_from_slice(&len.to_be_bytes());
+        msg.extend_from_slice(&spec_bytes);
+        host_end.write_all(&msg).map_err(GvisorError::Setup)?;
+        host_end
+            .set_read_timeout(Some(
+                deadline
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(1)),
+            ))
+            .map_err(GvisorError::Setup)?;
+        read_status(&mut host_end, &log_path)?;
+        host_end
+            .set_read_timeout(None)
+            .map_err(GvisorError::Setup)?;
+
+        let state = StateFile {
+            id: self.id.clone(),
+            pid,
+            start_time,
+            cgroup_parent: self.backend.cgroup_parent.clone(),
+        };
+        // Whole or not at all: a sweeping process must not take a
+        // half-written file for a dead sandbox.
+        let state_path = dir.join(STATE_FILE);
+        let tmp_path = dir.join("gvisor.json.tmp");
+        fs::write(
+            &tmp_path,
+            serde_json::to_vec(&state).expect("state serializes"),
+        )
+        .map_err(io_err(&tmp_path))?;
+        fs::rename(&tmp_path, &state_path).map_err(io_err(&state_path))?;
+        tracing::debug!(
+            sandbox = %self.id,
+            rootfs_us = runcell_protocol::units::micros(t_rootfs),
+            runsc_us = runcell_protocol::units::micros(t_run - t_rootfs),
+            setup_us = runcell_protocol::units::micros(t0.elapsed() - t_run),
+            "gvisor sandbox started"
+        );
+        self.armed = false;
+        Ok(GvisorSandbox {
+            id: self.id.clone(),
+            dir: dir.clone(),
+            pid,
+            start_time,
+            cgroup: self.cgroup.clone(),
+            backend: self.backend.clone(),
+            _host_end: spec.tied_to_process.then_some(host_end),
+            egress: egress.map(|(l, _)| l),
+        })
+    }
+
+    /// The OCI runtime spec of the sandbox's container.
+    fn oci_config(
+        &self,
+        spec: &StartSpec,
+        root: &Path,
+        hostname: &str,
+        egress: bool,
+    ) -> serde_json::Value {
+        use serde_json::json;
+        let caps = [
+            "CAP_CHOWN",
+            "CAP_DAC_OVERRIDE",
+            "CAP_DAC_READ_SEARCH",
+            "CAP_FOWNER",
+            "CAP_FSETID",
+            "CAP_KILL",
+            "CAP_SETGID",
+            "CAP_SETUID",
+            "CAP_SETPCAP",
+            "CAP_NET_BIND_SERVICE",
+            "CAP_SYS_CHROOT",
+            "CAP_SYS_RESOURCE",
+            "CAP_AUDIT_WRITE",
+        ];
+        let mut env =
+            vec!["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string()];
+        if let Some(l) = &self.backend.agent_log {
+            env.push(format!("RUST_LOG={l}"));
+        }
+        let mut mounts = vec![
+            json!({"destination": "/proc", "type": "proc", "source": "proc"}),
+            json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+                   "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
+            json!({"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+                   "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]}),
+            json!({"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+                   "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}),
+            json!({"destination": AGENT_PATH, "type": "bind",
+                   "source": self.backend.agent, "options": ["rbind", "ro"]}),
+            json!({"destination": HOST_DIR, "type": "bind",
+                   "source": self.dir.join(HOST_SUBDIR), "options": ["rbind", "rw"]}),
+        ];
+        if egress {
+            mounts.push(json!({"destination": "/run/runcell/egress", "type": "bind",
+                   "source": self.dir.join(EGRESS_DIR), "options": ["rbind", "rw"]}));
+        }
+        let mut namespaces = vec![
+            json!({"type": "pid"}),
+            json!({"type": "ipc"}),
+            json!({"type": "uts"}),
+            json!({"type": "mount"}),
+        ];
+        if !self.host_network {
+            namespaces.push(json!({"type": "network"}));
+        }
+        json!({
+            "ociVersion": "1.0.2",
+            "process": {
+                "terminal": false,
+                "user": {"uid": 0, "gid": 0},
+                "args": [AGENT_PATH, "gvisor-init"],
+                "env": env,
+                "cwd": "/",
+                "capabilities": {
+                    "bounding": caps, "effective": caps, "permitted": caps,
+                },
+                "rlimits": [
+                    {"type": "RLIMIT_NPROC", "hard": spec.limits.pids, "soft": spec.limits.pids},
+                    {"type": "RLIMIT_NOFILE", "hard": 1_048_576u64, "soft": 1_048_576u64},
+                ],
+                "noNewPrivileges": false,
+            },
+            "root": {"path": root, "readonly": false},
+            "hostname": hostname,
+            "mounts": mounts,
+            "linux": {
+                "cgroupsPath": format!("/{}/{}", self.backend.cgroup_parent, self.id),
+                "namespaces": namespaces,
+            },
+        })
+    }
+}
+
+impl Prepared for GvisorPrepared {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn set_limits(&self, limits: &Limits) -> Result<(), BackendError> {
+        Ok(self
+            .cgroup
+            .set_limits(&host_limits(limits))
+            .map_err(GvisorError::from)?)
+    }
+
+    fn reset_limits(&self) -> Result<(), BackendError> {
+        self.set_limits(&self.prepared_limits)
+    }
+
+    fn is_alive(&self) -> bool {
+        self.dir.join(HOST_SUBDIR).join("setup.sock").exists()
+    }
+
+    fn start(self: Box<Self>, spec: &StartSpec) -> Result<Box<dyn Instance>, BackendError> {
+        Ok(Box::new(self.start_sandbox(spec)?))
+    }
+}
+
+/// A running gVisor sandbox, host side.
+#[derive(Debug)]
+struct GvisorSandbox {
+    id: String,
+    dir: PathBuf,
+    /// The sandbox process (gVisor's sentry) on the host.
+    pid: i32,
+    start_time: u64,
+    cgroup: Cgroup,
+    backend: GvisorBackend,
+    /// Held open for `tied_to_process` sandboxes: when it closes, the agent exits.
+    _host_end: Option<UnixStream>,
+    egress: Option<UnixListener>,
+}
+
+impl Instance for GvisorSandbox {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    fn agent_channel(&self) -> AgentChannel {
+        AgentChannel::Unix(self.dir.join(HOST_SUBDIR).join("agent.sock"))
+    }
+
+    fn take_egress_listener(&mut self) -> Option<UnixListener> {
+        self.egress.take()
+    }
+
+    fn rebind_egress(&mut self) -> Result<Option<UnixListener>, BackendError> {
+        let sockets = self.dir.join(EGRESS_DIR);
+        if !sockets.is_dir() {
+            return Ok(None);
+        }
+        Ok(Some(bind_egress(&sockets)?.0))
+    }
+
+    fn counters(&self) -> Counters {
+        self.cgroup.counters()
+    }
+
+    fn is_alive(&self) -> bool {
+        alive(self.pid, self.start_time)
+    }
+
+    fn kill(&self) {
+        if alive(self.pid, self.start_time) {
+            kill_pid(self.pid);
+        }
+    }
+
+    fn destroy(self: Box<Self>) -> Result<(), BackendError> {
+        Ok(self.backend.remove_all(&self.id, &self.dir)?)
+    }
+}
+
+/// Binds `<sockets>/sock` (replacing a dead one), 0600 and owned by root:
+/// only root of the sandbox (the agent) may connect to it.
+fn bind_egress(sockets: &Path) -> Result<(UnixListener, PathBuf), GvisorError> {
+    let path = sockets.join("sock");
+    let _ = fs::remove_file(&path);
+    let listener = runcell_jail::socket::bind(&path).map_err(io_err(&path))?;
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).map_err(io_err(&path))?;
+    Ok((listener, path))
+}
+
+/// Runs a runsc command whose output goes to `log`; fails with the log's
+/// tail if it fails or outlives [`SETUP_TIMEOUT`].
+fn run_checked(cmd: &mut Command, what: &str, log: &Path) -> Result<(), GvisorError> {
+    let mut child = cmd.spawn().map_err(|source| GvisorError::RunscExec {
+        command: what.into(),
+        source,
+    })?;
+    let deadline = Instant::now() + SETUP_TIMEOUT;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(GvisorError::ReadyTimeout(SETUP_TIMEOUT, log_tail(log)));
+            }
+            Err(source) => {
+                return Err(GvisorError::RunscExec {
+                    command: what.into(),
+                    source,
+                })
+            }
+        }
+    };
+    if status.success() {
+        Ok(())
+    } else {
+        Err(GvisorError::Runsc {
+            command: what.into(),
+            status: status.to_string(),
+            output: log_tail(log),
+        })
+    }
+}
+
+/// Reads the agent's setup status: `R`, or `E` + length + message.
+fn read_status(sock: &mut UnixStream, log: &Path) -> Result<(), GvisorError> {
+    let map_read = |e: io::Error| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+            GvisorError::ReadyTimeout(SETUP_TIMEOUT, log_tail(log))
+        }
+        io::ErrorKind::UnexpectedEof => GvisorError::AgentDied(log_tail(log)),
+        _ => GvisorError::Setup(e),
+    };
+    let mut tag = [0u8; 1];
+    sock.read_exact(&mut tag).map_err(map_read)?;
+    match tag[0] {
+        b'R' => Ok(()),
+        b'E' => {
+            let mut len = [0u8; 4];
+            sock.read_exact(&mut len).map_err(map_read)?;
+            let len = usize::try_from(u32::from_be_bytes(len)).unwrap_or(usize::MAX);
+            let mut msg = vec![0u8; len.min(64 << 10)];
+            sock.read_exact(&mut msg).map_err(map_read)?;
+            Err(GvisorError::SetupFailed(
+                String::from_utf8_lossy(&msg).into_owned(),
+            ))
+        }
+        other => Err(GvisorError::SetupFailed(format!(
+            "unexpected setup status byte {other:#x}"
+        ))),
+    }
+}
+
+/// The last lines of a log, for error messages.
+fn log_tail(log: &Path) -> String {
+    let text = fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(5)..].join(" | ");
+    if tail.is_empty() {
+        "(empty)".into()
+    } else {
+        tail
+    }
+}
+
+fn kill_pid(pid: i32) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+}
+
+/// Running (not zombie) runsc processes (`runsc`, `runsc-sandbox`,
+/// `runsc-gofer`, ...) whose command line contains `path`. Others that
+/// merely name it (an operator's `cat`) are left alone.
+fn processes_mentioning(path: &Path) -> Vec<i32> {
+    fn is_runsc(cmdline: &[u8]) -> bool {
+        let argv0 = cmdline.split(|&b| b == 0).next().unwrap_or_default();
+        let name = argv0.rsplit(|&b| b == b'/').next().unwrap_or_default();
+        name.starts_with(b"runsc")
+    }
+    let needle = path.as_os_str().as_encoded_bytes();
+    let me = std::process::id();
+    fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| u32::try_from(pid).is_ok_and(|p| p != me))
+        .filter(|pid| {
+            fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| is_runsc(&c) && c.windows(needle.len()).any(|w| w == needle))
+                && start_time(*pid).is_some_and(|t| alive(*pid, t))
+        })
+        .collect()
+}
+
+/// Whether process `pid` runs (not a zombie) and started at `start_time`.
+fn alive(pid: i32, start_time_ticks: u64) -> bool {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let Some(after_comm) = stat.rfind(')').and_then(|i| stat.get(i + 2..)) else {
+        return false;
+    };
+    let running = after_comm.starts_with(|c| c != 'Z' && c != 'X');
+    running && after_comm.split(' ').nth(19).and_then(|s| s.parse().ok()) == Some(start_time_ticks)
+}
+
+/// Start time of a process in clock ticks since boot (field 22 of /proc/pid/stat).
+fn start_time(pid: i32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_comm = stat.get(stat.rfind(')')? + 2..)?;
+    after_comm.split(' ').nth(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backend(state_dir: &Path) -> GvisorBackend {
+        GvisorBackend::new(
+            Some(PathBuf::from("/nonexistent/runsc")),
+            PathBuf::from("/nonexistent/runcell-agent"),
+            state_dir.into(),
+            format!("runcell-unit-gvisor-{}", std::process::id()),
+            None,
+        )
+    }
+
+    #[test]
+    fn sweep_removes_a_half_made_sandbox_past_its_grace_and_keeps_a_young_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let b = backend(tmp.path());
+        // Left behind by a process killed while starting it: a directory
+        // with a bundle and runsc state but no state file.
+        std::fs::create_dir_all(tmp.path().join("orphan/bundle")).unwrap();
+        std::fs::create_dir_all(tmp.path().join("orphan/runsc")).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            b.sweep(Duration::from_millis(10)),
+            vec!["orphan".to_string()]
+        );
+        assert!(!tmp.path().join("orphan").exists());
+
+        std::fs::create_dir_all(tmp.path().join("young")).unwrap();
+        assert!(b.sweep(Duration::from_secs(60)).is_empty());
+        assert!(tmp.path().join("young").exists());
+    }
+
+    #[test]
+    fn a_sandbox_whose_sentry_is_gone_is_dead_and_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let b = backend(tmp.path());
+        let dir = tmp.path().join("gone");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut child = std::process::Command::new("/bin/true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        std::fs::write(
+            dir.join(STATE_FILE),
+            format!(r#"{{"id":"gone","pid":{pid},"start_time":1,"cgroup_parent":"runcell-unit"}}"#),
+        )
+        .unwrap();
+        assert!(b.is_dead("gone", Duration::from_secs(60)));
+        assert!(b.attach("gone").is_err());
+        assert_eq!(b.sweep(Duration::from_secs(60)), vec!["gone".to_string()]);
+        assert!(!dir.exists());
+    }
+
+    #[test]
+    fn ids_that_are_paths_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tmp.path().join("precious");
+        std::fs::create_dir_all(&outside).unwrap();
+        let b = backend(&tmp.path().join("state"));
+        assert!(matches!(
+            b.remove("../precious"),
+            Err(BackendError::Gvisor(GvisorError::BadId(_)))
+        ));
+        assert!(!b.is_dead("../precious", Duration::ZERO));
+        assert!(outside.exists());
+    }
+
+    #[test]
+    fn the_host_limits_leave_room_for_the_sentry() {
+        let l = Limits {
+            memory_bytes: 256 << 20,
+            pids: 64,
+            cpu_millis: 500,
+            disk_bytes: 1 << 30,
+        };
+        let h = host_limits(&l);
+        assert_eq!(h.memory_bytes, (256 << 20) + SENTRY_MEMORY);
+        assert_eq!(h.pids, 64 * 4 + 256);
+        assert_eq!((h.cpu_millis, h.disk_bytes), (500, 1 << 30));
+        assert_eq!(host_pids(u64::MAX), u64::MAX);
+    }
+}

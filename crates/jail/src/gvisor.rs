@@ -1,0 +1,323 @@
+//! gVisor (`runsc`) support, both sides of it.
+//!
+//! Under gVisor the namespaces, `/proc`, `/dev` and the pivot are runsc's
+//! work, and the agent (the container's init) has no host fds handed to
+//! it. So:
+//!
+//! * the host composes the sandbox's root filesystem itself
+//!   ([`compose_rootfs`]): a tmpfs of `disk_bytes` at the sandbox's
+//!   staging directory holds the writable layer, with the template's
+//!   directories overlaid read-only below it exactly as the jail does, and
+//!   the generated `/etc` files. runsc's gofer serves that directory as
+//!   the container's root, so what the sandbox writes lands on the capped
+//!   tmpfs, on the host, and [`unmount_rootfs`] removes it;
+//! * the agent ([`bootstrap`]) reaches the host through a bind-mounted
+//!   directory ([`HOST_DIR`]) and gVisor's host unix-socket support: it
+//!   connects to the host's setup socket, reads the same [`InitSpec`]
+//!   framing as [`crate::inside::bootstrap`], binds its own listening
+//!   socket there (a host socket the host connects to), and answers `R`
+//!   or `E` + message.
+
+use std::fs;
+use std::io::{self, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::unistd::{chown, Gid, Uid};
+
+use crate::inside::{
+    bind, host_etc_entry, host_path, inode_limit, inside, mkdir, mkdir_if_missing, overlay,
+    read_spec, report_error, step, synthesize_etc, Bootstrap, SetupError,
+};
+use crate::spec::{InitSpec, RootfsSpec};
+
+/// Where the sandbox sees its host directory (bind-mounted from the
+/// sandbox's host state directory; only root of the sandbox may enter it).
+pub const HOST_DIR: &str = "/run/runcell/host";
+
+/// The host's setup socket, as the sandbox sees it.
+pub const SETUP_SOCKET: &str = "/run/runcell/host/setup.sock";
+
+/// The agent's listening socket, as the sandbox sees it (a host socket in
+/// the sandbox's host directory, `agent.sock`).
+pub const AGENT_SOCKET: &str = "/run/runcell/host/agent.sock";
+
+/// Where the agent binary is bind-mounted (read-only, root-owned).
+pub const AGENT_PATH: &str = "/run/runcell/agent";
+
+/// Builds the root filesystem of a gVisor sandbox on the host, at
+/// `<stage>/root`, and returns that path.
+///
+/// `stage` is first bind-mounted on itself and made a private mount, so
+/// nothing mounted below it propagates to other mount namespaces; a tmpfs
+/// of `spec.disk_bytes` (its files capped by [`inode_limit`]) is mounted on
+/// it and holds every writable layer. The template's directories are
+/// overlaid read-only as for the jail, and the directories and `/etc`
+/// files every sandbox has are created. `/proc` and `/dev` are runsc's.
+pub fn compose_rootfs(spec: &InitSpec, stage: &Path) -> Result<PathBuf, SetupError> {
+    mkdir(stage, 0o700)?;
+    bind(stage, stage, false)?;
+    mount(
+        None::<&str>,
+        stage,
+        None::<&str>,
+        MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(step("making the sandbox's mounts private"))?;
+    mount(
+        Some("tmpfs"),
+        stage,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(
+            format!(
+                "size={},nr_inodes={},mode=0755",
+                spec.disk_bytes.max(1 << 20),
+                inode_limit(spec.disk_bytes)
+            )
+            .as_str(),
+        ),
+    )
+    .map_err(step("mounting the writable layer"))?;
+    let root = stage.join("root");
+    for d in ["root", "upper", "work"] {
+        mkdir(&stage.join(d), 0o755)?;
+    }
+    match &spec.rootfs {
+        RootfsSpec::Directory { path } => {
+            overlay(
+                path,
+                &root,
+                &stage.join("upper/root"),
+                &stage.join("work/root"),
+            )?;
+        }
+        RootfsSpec::Layers { lowers, persist } => {
+            let (upper, work) = match persist {
+                Some(dir) => (dir.join("diff"), dir.join("work")),
+                None => (stage.join("upper/root"), stage.join("work/root")),
+            };
+            overlay_layers_absolute(lowers, &root, &upper, &work)?;
+        }
+        RootfsSpec::Host { paths, etc } => {
+            for p in paths {
+                host_path(p, &root, stage)?;
+            }
+            mkdir(&root.join("etc"), 0o755)?;
+            for name in etc {
+                host_etc_entry(name, &root)?;
+            }
+        }
+    }
+    populate(spec, &root, stage)?;
+    Ok(root)
+}
+
+/// Overlays a layered template's layers (topmost first) at `target`, with
+/// absolute layer paths: the jail's version changes the working directory
+/// to shorten them, which a multi-threaded host process must not do.
+fn overlay_layers_absolute(
+    lowers: &[PathBuf],
+    target: &Path,
+    upper: &Path,
+    work: &Path,
+) -> Result<(), SetupError> {
+    let bad = |what: String| SetupError::Step {
+        step: "overlaying the template's layers".into(),
+        source: io::Error::new(io::ErrorKind::InvalidInput, what),
+    };
+    if lowers.is_empty() {
+        return Err(bad("the template has no layers".into()));
+    }
+    for p in lowers.iter().map(PathBuf::as_path).chain([upper, work]) {
+        if !p.is_absolute() || p.to_string_lossy().contains([':', ',', '\\']) {
+            return Err(bad(format!(
+                "{} is not an absolute path without ':', ',' or '\\'",
+                p.display()
+            )));
+        }
+    }
+    let lowerdir: Vec<String> = lowers.iter().map(|l| l.display().to_string()).collect();
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={},userxattr",
+        lowerdir.join(":"),
+        upper.display(),
+        work.display()
+    );
+    // The mount options must fit in one page.
+    if opts.len() >= 4000 {
+        return Err(bad(format!(
+            "{} layers are too many for one overlay mount",
+            lowers.len()
+        )));
+    }
+    mkdir(upper, 0o755)?;
+    mkdir(work, 0o755)?;
+    mkdir(target, 0o755)?;
+    mount(
+        Some("overlay"),
+        target,
+        Some("overlay"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(opts.as_str()),
+    )
+    .map_err(step(format!("overlaying {} layers", lowers.len())))
+}
+
+/// Creates the directories every sandbox has (and the mount points runsc
+/// binds the agent, its host directory and its egress directory on), the
+/// user's home and the generated `/etc` files. A layered root is a
+/// complete image: what it has is kept.
+fn populate(spec: &InitSpec, root: &Path, stage: &Path) -> Result<(), SetupError> {
+    let user = &spec.user;
+    let layered = matches!(spec.rootfs, RootfsSpec::Layers { .. });
+    for (d, mode) in [
+        ("proc", 0o555),
+        ("dev", 0o755),
+        ("etc", 0o755),
+        ("tmp", 0o1777),
+        ("var/tmp", 0o1777),
+        ("run", 0o755),
+        ("root", 0o700),
+    ] {
+        if layered {
+            mkdir_if_missing(&root.join(d), mode)?;
+        } else {
+            mkdir(&root.join(d), mode)?;
+        }
+    }
+    for d in [HOST_DIR, "/run/runcell/egress"] {
+        mkdir_if_missing(&inside(root, Path::new(d)), 0o700)?;
+    }
+    let agent = inside(root, Path::new(AGENT_PATH));
+    if fs::symlink_metadata(&agent).is_err() {
+        fs::write(&agent, b"").map_err(step("creating the agent's mount point"))?;
+    }
+    let home = inside(root, Path::new(&user.home));
+    if !layered || mkdir_if_missing(&home, 0o755)? {
+        mkdir(&home, 0o755)?;
+        chown(
+            &home,
+            Some(Uid::from_raw(user.uid)),
+            Some(Gid::from_raw(user.gid)),
+        )
+        .map_err(step("giving the home directory to the sandbox user"))?;
+    }
+    synthesize_etc(spec, &root.join("etc"), stage, layered)
+}
+
+/// Unmounts what [`compose_rootfs`] mounted at `stage` (the whole tree at
+/// once, lazily). Unmounting what is not mounted is not an error.
+pub fn unmount_rootfs(stage: &Path) -> Result<(), SetupError> {
+    // The tmpfs and the bind below it: two mounts stacked on `stage`.
+    for _ in 0..4 {
+        if !is_mount_point(stage) {
+            return Ok(());
+        }
+        match umount2(stage, MntFlags::MNT_DETACH) {
+            Ok(()) => {}
+            Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => return Ok(()),
+            Err(e) => return Err(step(format!("unmounting {}", stage.display()))(e)),
+        }
+    }
+    Ok(())
+}
+
+/// Whether `path` is a mount point in this process's mount namespace.
+pub fn is_mount_point(path: &Path) -> bool {
+    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = path.to_string_lossy();
+    // Field 5 is the mount point, with spaces and the like octal-escaped.
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|m| m == want)
+}
+
+/// The agent's side under gVisor: connects to the host's setup socket,
+/// reads the spec, binds the agent's listening socket, and reports `R` (or
+/// `E` + message) to the host. The setup socket's end of stream then means
+/// the host is gone, as for the jail.
+pub fn bootstrap() -> Result<Bootstrap, SetupError> {
+    let mut sock = UnixStream::connect(SETUP_SOCKET).map_err(SetupError::Spec)?;
+    let result = read_spec(&mut sock).and_then(|spec| {
+        tracing::debug!(sandbox = %spec.sandbox_id, "spec received");
+        // A socket left by an agent of a former life is in the way.
+        let _ = fs::remove_file(AGENT_SOCKET);
+        let listener =
+            UnixListener::bind(AGENT_SOCKET).map_err(step(format!("binding {AGENT_SOCKET}")))?;
+        Ok((spec, listener))
+    });
+    match result {
+        Ok((spec, listener)) => {
+            sock.write_all(b"R").map_err(SetupError::Spec)?;
+            Ok(Bootstrap {
+                spec,
+                setup: OwnedFd::from(sock),
+                listener: OwnedFd::from(listener),
+            })
+        }
+        Err(e) => {
+            report_error(&mut sock, &e);
+            Err(e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    /// Needs root, as the agent is (the jail crate's tests run as root).
+    #[test]
+    fn file_access_switches_on_one_thread_only_and_back() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test switches file ids and must run as root"
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        fs::set_permissions(
+            tmp.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .unwrap();
+        let dir = tmp.path().to_path_buf();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let worker = std::thread::spawn(move || {
+            crate::inside::set_file_user(65534, 65534).unwrap();
+            fs::write(dir.join("as-nobody"), b"x").unwrap();
+            tx.send(()).unwrap();
+            // The main thread writes while this one is still switched.
+            go_rx.recv().unwrap();
+            crate::inside::set_file_user(0, 0).unwrap();
+            fs::write(dir.join("as-root-again"), b"x").unwrap();
+        });
+        rx.recv().unwrap();
+        fs::write(tmp.path().join("main-thread"), b"x").unwrap();
+        go_tx.send(()).unwrap();
+        worker.join().unwrap();
+        let owner = |name: &str| {
+            let m = fs::metadata(tmp.path().join(name)).unwrap();
+            (m.uid(), m.gid())
+        };
+        assert_eq!(owner("as-nobody"), (65534, 65534));
+        assert_eq!(owner("main-thread"), (0, 0));
+        assert_eq!(owner("as-root-again"), (0, 0));
+    }
+
+    #[test]
+    fn mount_points_are_read_from_mountinfo() {
+        assert!(is_mount_point(Path::new("/")));
+        assert!(is_mount_point(Path::new("/proc")));
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(!is_mount_point(&tmp.path().join("nothing")));
+        // Unmounting what is not mounted is not an error.
+        unmount_rootfs(&tmp.path().join("nothing")).unwrap();
+    }
+}
