@@ -50,6 +50,28 @@ use std::time::{Duration, Instant};
 
 use runcell_jail::cgroup::{Cgroup, CgroupError, Hierarchy};
 use runcell_jail::gvisor::{AGENT_PATH, HOST_DIR};
+
+/// Where the preload library (`crates/jail/shim`) is mounted in the sandbox.
+const SHIM_PATH: &str = "/run/runcell/gvisor-shim.so";
+
+/// The preload library built next to the agent.
+fn shim_path(agent: &Path) -> PathBuf {
+    agent.with_file_name("libruncell_gvisor_shim.so")
+}
+
+/// `env` with the preload library first in `LD_PRELOAD` (after a
+/// template's own, which it keeps): this gVisor refuses `AT_NO_AUTOMOUNT`,
+/// which coreutils passes, and the library drops it.
+fn with_shim(
+    mut env: std::collections::BTreeMap<String, String>,
+) -> std::collections::BTreeMap<String, String> {
+    let preload = match env.get("LD_PRELOAD") {
+        Some(p) if !p.is_empty() => format!("{SHIM_PATH}:{p}"),
+        _ => SHIM_PATH.to_string(),
+    };
+    env.insert("LD_PRELOAD".into(), preload);
+    env
+}
 use runcell_jail::{InitSpec, EGRESS_SOCKET};
 use serde::{Deserialize, Serialize};
 
@@ -75,6 +97,9 @@ pub enum GvisorError {
     /// The agent binary is missing.
     #[error("The sandbox agent binary {0} was not found; build it with `cargo build` or set RUNCELL_AGENT.")]
     AgentMissing(PathBuf),
+    /// The preload library is missing.
+    #[error("The gVisor preload library {0} was not found next to the agent; build the workspace (`cargo build`), which makes it.")]
+    ShimMissing(PathBuf),
     /// Not running as root.
     #[error("runcell needs root to create gVisor sandboxes (it mounts their root filesystems and creates cgroups); run it as root.")]
     NotRoot,
@@ -567,6 +592,10 @@ impl GvisorPrepared {
         if !backend.agent.is_file() {
             return Err(GvisorError::AgentMissing(backend.agent.clone()));
         }
+        let shim = shim_path(&backend.agent);
+        if !shim.is_file() {
+            return Err(GvisorError::ShimMissing(shim));
+        }
         let hierarchy = hierarchy()?;
         let state_dir = &backend.state_dir;
         fs::create_dir_all(state_dir).map_err(io_err(state_dir))?;
@@ -632,7 +661,7 @@ impl GvisorPrepared {
             exit_on_host_close: spec.tied_to_process,
             deadline_unix_ms: spec.deadline_unix_ms,
             host_network: self.host_network,
-            env: spec.env.clone(),
+            env: with_shim(spec.env.clone()),
             workdir: spec.workdir.clone(),
             // The agent only needs to know it has one; it connects to
             // EGRESS_SOCKET, where the egress directory is mounted.
@@ -826,6 +855,8 @@ impl GvisorPrepared {
                    "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}),
             json!({"destination": AGENT_PATH, "type": "bind",
                    "source": self.backend.agent, "options": ["rbind", "ro"]}),
+            json!({"destination": SHIM_PATH, "type": "bind",
+                   "source": shim_path(&self.backend.agent), "options": ["rbind", "ro"]}),
             json!({"destination": HOST_DIR, "type": "bind",
                    "source": self.dir.join(HOST_SUBDIR), "options": ["rbind", "rw"]}),
         ];
