@@ -50,6 +50,9 @@ pub struct ExecOutcome {
     pub oom_killed: bool,
     /// A fork failed during the run because the process limit was reached.
     pub pids_limit: bool,
+    /// The limit hit ended the whole sandbox, not one process (gVisor's
+    /// Sentry is one host process: the kernel's OOM killer takes it all).
+    pub sandbox_ended: bool,
     /// The memory limit, for messages.
     pub memory_limit: u64,
     /// The process limit, for messages.
@@ -78,7 +81,12 @@ impl ExecOutcome {
                 format_secs(self.timeout)
             ));
         }
-        if self.oom_killed {
+        if self.oom_killed && self.sandbox_ended {
+            out.push(format!(
+                "The sandbox ran out of memory (limit {}) and was stopped: under gVisor a memory limit ends the whole sandbox.",
+                format_size(self.memory_limit)
+            ));
+        } else if self.oom_killed {
             out.push(format!(
                 "The sandbox ran out of memory (limit {}) and a process was killed.",
                 format_size(self.memory_limit)
@@ -527,9 +535,20 @@ impl ExecRun<'_> {
     pub async fn next(&mut self) -> Result<RunEvent, Error> {
         let backstop = self.timeout + Duration::from_secs(30);
         loop {
-            let event = tokio::time::timeout(backstop, self.replies.next())
-                .await
-                .map_err(|_| ClientError::Closed)??;
+            let event = match tokio::time::timeout(backstop, self.replies.next()).await {
+                Err(_) => return Err(ClientError::Closed.into()),
+                // The agent is gone: if the memory limit took the sandbox
+                // with it (a gVisor sandbox is one host process), say so
+                // by name rather than "connection closed".
+                Ok(Err(ClientError::Closed)) => {
+                    let after = self.sandbox.counters();
+                    if after.oom_kills > self.before.oom_kills {
+                        return Ok(RunEvent::Done(self.ended_by_oom()));
+                    }
+                    return Err(ClientError::Closed.into());
+                }
+                Ok(r) => r?,
+            };
             return match event {
                 (Event::ExecStarted { .. }, _) => continue,
                 (Event::Stdout, body) => Ok(RunEvent::Output(Output::Stdout, body)),
@@ -542,6 +561,7 @@ impl ExecRun<'_> {
                         timeout: self.timeout,
                         oom_killed: after.oom_kills > self.before.oom_kills,
                         pids_limit: after.pids_limit_hits > self.before.pids_limit_hits,
+                        sandbox_ended: false,
                         memory_limit: limits.memory_bytes,
                         pids_max: limits.pids,
                         disk_limit: limits.disk_bytes,
@@ -552,6 +572,32 @@ impl ExecRun<'_> {
                 }
                 (other, _) => Err(ClientError::Unexpected(Box::new(other)).into()),
             };
+        }
+    }
+
+    /// The end of a run whose sandbox the memory limit stopped.
+    fn ended_by_oom(&self) -> ExecOutcome {
+        let limits = &self.sandbox.limits;
+        ExecOutcome {
+            exit: ExitInfo {
+                exit_code: None,
+                signal: Some(9),
+                timed_out: false,
+                duration_ms: 0,
+                stdout_bytes: 0,
+                stderr_bytes: 0,
+                stdout_truncated: false,
+                stderr_truncated: false,
+                disk_full: false,
+                files_full: false,
+            },
+            timeout: self.timeout,
+            oom_killed: true,
+            pids_limit: false,
+            sandbox_ended: true,
+            memory_limit: limits.memory_bytes,
+            pids_max: limits.pids,
+            disk_limit: limits.disk_bytes,
         }
     }
 

@@ -8,6 +8,7 @@ use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use common::*;
+use runcell_core::backend::Isolation;
 use runcell_core::{RunOptions, SandboxLimits};
 use runcell_protocol::Language;
 
@@ -45,20 +46,37 @@ async fn cannot_read_host_files_outside_the_template() {
         !text(&r.stdout).contains(&name),
         "a host file is visible: {out}"
     );
-    // Nothing outside the template's own directories is visible at the root.
+    // Nothing outside the template's own directories is visible at the root
+    // (under gVisor also /sys, which runsc always mounts: gVisor's own
+    // synthetic sysfs, checked below, not the host's).
     let r = sh(&sb, "ls /").await;
     let top: Vec<String> = text(&r.stdout).lines().map(String::from).collect();
-    let allowed = [
+    let mut allowed = vec![
         "bin", "dev", "etc", "home", "lib", "lib32", "lib64", "libx32", "proc", "root", "run",
         "sbin", "tmp", "usr", "var",
     ];
+    if isolation() == Isolation::Gvisor {
+        allowed.push("sys");
+        let r = sh(&sb, "grep ' /sys ' /proc/mounts").await;
+        let out = text(&r.stdout);
+        assert!(out.starts_with("none /sys sysfs"), "{out}");
+        // None of the host's network devices (the sandbox has none but lo).
+        let r = sh(&sb, "ls /sys/class/net").await;
+        let devices = text(&r.stdout);
+        assert!(
+            devices.split_whitespace().all(|d| d == "lo"),
+            "host devices: {devices}"
+        );
+    } else {
+        assert!(!top.contains(&"sys".to_string()));
+    }
     for entry in &top {
         assert!(
             allowed.contains(&entry.as_str()),
             "unexpected top-level entry {entry}: {top:?}"
         );
     }
-    assert!(!top.contains(&"sys".to_string()) && !top.contains(&"work".to_string()));
+    assert!(!top.contains(&"work".to_string()));
     sb.destroy().await.unwrap();
     for p in &paths {
         assert_eq!(std::fs::read_to_string(p).unwrap(), secret);
@@ -126,12 +144,24 @@ async fn cannot_see_host_processes_or_the_agents_environment() {
     // The agent (1), the shell and its few children: no host process.
     assert!(pids.len() < 8 && pids.contains(&1), "{pids:?}");
     assert!(!pids.contains(&(std::process::id() as i32)) || pids.len() < 8);
-    assert!(
-        text(&r.stderr).contains("Permission denied"),
-        "{}",
-        text(&r.stderr)
-    );
-    assert!(out.contains("maps=1"), "{out}");
+    if isolation() == Isolation::Gvisor {
+        // This gVisor does not hide a non-dumpable process's /proc files
+        // from other users: the agent's environment is readable, and holds
+        // only what its container was started with (no secret lives in the
+        // agent's environment, under any backend).
+        let environ = out.lines().nth(1).unwrap_or_default();
+        assert!(
+            environ.starts_with("PATH=") && !environ.contains("RUNCELL"),
+            "{out}"
+        );
+    } else {
+        assert!(
+            text(&r.stderr).contains("Permission denied"),
+            "{}",
+            text(&r.stderr)
+        );
+        assert!(out.contains("maps=1"), "{out}");
+    }
     // The user's environment is the sandbox's, not the host's.
     let r = sh(&sb, "env").await;
     let env = text(&r.stdout);
@@ -172,10 +202,15 @@ async fn cannot_see_host_processes_or_the_agents_environment() {
     let r = sh(&sb, "id -u; cat /proc/self/uid_map").await;
     let out = text(&r.stdout);
     assert!(out.starts_with("1000\n"), "{out}");
-    assert!(
-        !out.contains(" 0 ") || out.contains(&host_uid.to_string()),
-        "{out}"
-    );
+    // Under gVisor the ids inside are its own kernel's (its uid_map is an
+    // identity map of nothing on the host); the host sees only the Sentry,
+    // running as the unprivileged uid checked above.
+    if isolation() != Isolation::Gvisor {
+        assert!(
+            !out.contains(" 0 ") || out.contains(&host_uid.to_string()),
+            "{out}"
+        );
+    }
     sb.destroy().await.unwrap();
 }
 
@@ -313,6 +348,12 @@ print('init_module', libc.syscall(175, b'\x7fELF', 4, b''), os.strerror(ctypes.g
     sb.destroy().await.unwrap();
 }
 
+/// Processes inside the sandbox whose command line has `marker`.
+async fn sandbox_processes_with(sb: &runcell_core::Sandbox, marker: &str) -> usize {
+    let r = sh(sb, &format!("ps -eo args= | grep -c '^{marker}' || true")).await;
+    text(&r.stdout).trim().parse().unwrap_or(0)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn double_forked_daemons_die_with_the_sandbox() {
     let rt = runtime("isolation");
@@ -324,11 +365,21 @@ async fn double_forked_daemons_die_with_the_sandbox() {
          python3 -c \"import os,time\nif os.fork()==0:\n  os.setsid()\n  if os.fork()==0:\n    os.execvp('bash',['bash','-c','exec -a {marker}-c sleep 302'])\n\" ; \
          sleep 0.3; echo started"
     );
-    // By default they die when the command returns...
+    // By default they die when the command returns (under the jail; this
+    // gVisor has no child subreaper, so those that left the command's
+    // process group outlive it until the sandbox ends: a documented
+    // difference, checked here so it cannot change unnoticed)...
     let r = sh(&sb, &script).await;
     assert!(text(&r.stdout).contains("started"));
-    let alive = host_processes_with(&marker);
-    assert!(alive.is_empty(), "processes outlived their exec: {alive:?}");
+    if isolation() == Isolation::Gvisor {
+        let inside = sandbox_processes_with(&sb, &marker).await;
+        assert!(inside <= 3, "{inside}");
+        let r = sh(&sb, &format!("pkill -f '^{marker}'; true")).await;
+        assert_eq!(r.outcome.status(), 0);
+    } else {
+        let alive = host_processes_with(&marker);
+        assert!(alive.is_empty(), "processes outlived their exec: {alive:?}");
+    }
     // ...and with `background` they outlive it: they are running on the host
     // right now...
     let background = RunOptions {
@@ -340,11 +391,17 @@ async fn double_forked_daemons_die_with_the_sandbox() {
         .await
         .unwrap();
     assert!(text(&r.stdout).contains("started"));
-    let alive = host_processes_with(&marker);
-    assert!(
-        alive.len() >= 3,
-        "expected the daemons to be running: {alive:?}"
-    );
+    if isolation() == Isolation::Gvisor {
+        // Inside gVisor's own kernel: the host sees only the Sentry.
+        let inside = sandbox_processes_with(&sb, &marker).await;
+        assert!(inside >= 3, "expected the daemons to be running: {inside}");
+    } else {
+        let alive = host_processes_with(&marker);
+        assert!(
+            alive.len() >= 3,
+            "expected the daemons to be running: {alive:?}"
+        );
+    }
     // ...and die with the sandbox.
     sb.destroy().await.unwrap();
     let left = host_processes_with(&marker);
@@ -376,11 +433,25 @@ async fn fork_bomb_hits_the_pids_limit_and_the_host_stays_responsive() {
     });
     let r = sh(&sb, "bomb() { bomb | bomb & }; bomb; sleep 10").await;
     let worst = probe.join().unwrap();
-    assert!(r.outcome.pids_limit, "{:?}", r.outcome);
-    let msgs = r.outcome.messages().join("\n");
-    assert!(msgs.contains("process limit (64)"), "{msgs}");
     assert!(worst < Duration::from_secs(1), "host stalled for {worst:?}");
-    assert!(sb.counters().pids <= 64);
+    if isolation() == Isolation::Gvisor {
+        // gVisor enforces the limit as RLIMIT_NPROC inside its own kernel,
+        // which counts no hits the host can read: the bomb is contained
+        // (forks fail with EAGAIN, the run times out, the sandbox lives).
+        assert!(r.outcome.exit.timed_out, "{:?}", r.outcome);
+        assert!(
+            text(&r.stderr).contains("Resource temporarily unavailable"),
+            "{}",
+            text(&r.stderr)
+        );
+        let r = sh(&sb, "echo alive").await;
+        assert_eq!(text(&r.stdout), "alive\n");
+    } else {
+        assert!(r.outcome.pids_limit, "{:?}", r.outcome);
+        let msgs = r.outcome.messages().join("\n");
+        assert!(msgs.contains("process limit (64)"), "{msgs}");
+        assert!(sb.counters().pids <= 64);
+    }
     sb.destroy().await.unwrap();
 }
 
@@ -402,6 +473,14 @@ async fn memory_bomb_is_reported_as_oom() {
     assert_eq!(r.outcome.status(), 137);
     let msgs = r.outcome.messages().join("\n");
     assert!(msgs.contains("ran out of memory (limit 128 MiB)"), "{msgs}");
+    if isolation() == Isolation::Gvisor {
+        // The Sentry is one host process: the kernel's OOM killer ends the
+        // whole sandbox, and the outcome says so by name.
+        assert!(r.outcome.sandbox_ended, "{:?}", r.outcome);
+        assert!(msgs.contains("ends the whole sandbox"), "{msgs}");
+        sb.destroy().await.unwrap();
+        return;
+    }
     // The agent survived its sandbox's OOM: the sandbox is still usable.
     let r = py(&sb, "print('still here')").await;
     assert_eq!(text(&r.stdout), "still here\n");
@@ -480,7 +559,15 @@ async fn a_gibibyte_of_output_is_truncated_counted_and_costs_no_memory() {
         .unwrap()
         .parse()
         .unwrap();
-    assert!(hwm_kb < 32 * 1024, "agent peak RSS {hwm_kb} KiB");
+    // Under gVisor the host process is the Sentry (the whole sandbox's
+    // kernel), so its bound is larger; either way a GiB does not pass
+    // through memory.
+    let bound_kb = if isolation() == Isolation::Gvisor {
+        128 * 1024
+    } else {
+        32 * 1024
+    };
+    assert!(hwm_kb < bound_kb, "agent peak RSS {hwm_kb} KiB");
     sb.destroy().await.unwrap();
 }
 
@@ -664,7 +751,7 @@ async fn the_host_can_reconnect_to_a_running_sandbox() {
     let again = rt
         .attach(
             &id,
-            runcell_core::backend::Isolation::Jail,
+            isolation(),
             runcell_core::Template::host(),
             limits(),
             None,
@@ -677,6 +764,7 @@ async fn the_host_can_reconnect_to_a_running_sandbox() {
     // A clean shutdown through the protocol leaves nothing behind.
     again.shutdown().await.unwrap();
     assert!(!std::path::Path::new(&format!("/run/runcell-test/isolation/{id}")).exists());
+    assert!(!std::path::Path::new(&format!("/run/runcell-test/isolation-gvisor/{id}")).exists());
     assert!(
         !std::path::Path::new(&format!("/proc/{pid}/cmdline")).exists()
             || std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -695,8 +783,15 @@ async fn landlock_confines_every_process_to_the_sandboxs_root() {
     let rt = runtime("isolation");
     let sb = sandbox(&rt, limits()).await;
     let stats = sb.stats().await.unwrap();
+    // gVisor does not implement Landlock (its own kernel is the fence);
+    // the agent says so rather than pretending.
+    let want = if isolation() == Isolation::Gvisor {
+        0
+    } else {
+        abi
+    };
     assert_eq!(
-        stats.landlock_abi, abi,
+        stats.landlock_abi, want,
         "the agent did not confine the sandbox with the kernel's Landlock"
     );
     // Programs still run and write where the sandbox lets them: the domain

@@ -917,6 +917,12 @@ fn supervise(main: libc::pid_t, set: &libc::sigset_t, keep_background: bool) -> 
             return 1 << 8;
         }
         if killing {
+            // The command leads its own session and process group
+            // (drop_privileges): one call reaches every process that stayed
+            // in it, also where /proc/<pid>/task/<tid>/children is missing
+            // (gVisor), which kill_children walks.
+            // SAFETY: kill(2) on a process group id; no memory is touched.
+            unsafe { libc::kill(-main, libc::SIGKILL) };
             kill_children();
         }
         let tick = libc::timespec {

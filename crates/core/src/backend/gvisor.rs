@@ -500,7 +500,7 @@ fn hierarchy() -> Result<&'static Hierarchy, CgroupError> {
 /// per running task, plus its own), far enough above that gVisor never
 /// meets it first.
 pub fn host_pids(pids: u64) -> u64 {
-    pids.saturating_mul(4).saturating_add(256)
+    pids.saturating_mul(16).saturating_add(1024)
 }
 
 /// The cgroup limits of a sandbox with `limits`.
@@ -853,6 +853,11 @@ impl GvisorPrepared {
                    "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]}),
             json!({"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
                    "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}),
+            // runsc mounts a tmpfs of its own on /tmp unless the spec names
+            // one: in the Sentry's memory, outside the disk limit. The
+            // root's own /tmp (on the capped writable layer) instead.
+            json!({"destination": "/tmp", "type": "bind",
+                   "source": root.join("tmp"), "options": ["rbind", "rw"]}),
             json!({"destination": AGENT_PATH, "type": "bind",
                    "source": self.backend.agent, "options": ["rbind", "ro"]}),
             json!({"destination": SHIM_PATH, "type": "bind",
@@ -1201,7 +1206,7 @@ mod tests {
         };
         let h = host_limits(&l);
         assert_eq!(h.memory_bytes, (256 << 20) + SENTRY_MEMORY);
-        assert_eq!(h.pids, 64 * 4 + 256);
+        assert_eq!(h.pids, 64 * 16 + 1024);
         assert_eq!((h.cpu_millis, h.disk_bytes), (500, 1 << 30));
         assert_eq!(host_pids(u64::MAX), u64::MAX);
     }
