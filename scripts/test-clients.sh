@@ -73,8 +73,10 @@ trap on_exit EXIT
 trap 'exit 130' INT TERM
 
 # Starts the daemon, waits for /healthz, exports PANDASTACK_API(_KEY).
+# Extra `runcell serve` flags for the next suites (the gVisor passes below).
+SERVE_ARGS=()
 start_daemon() {
-  daemon_start clients || die "the daemon did not start"
+  daemon_start clients "${SERVE_ARGS[@]}" || die "the daemon did not start"
   local mode
   mode=$(stat -c %a "$DATA_DIR/api-key")
   if [ "$mode" != 600 ]; then
@@ -114,6 +116,12 @@ export NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}" no_proxy="127.0.0.1
 run_suite "@pandastack/sdk@0.9.0" node --test tests/clients/pandastack-sdk.test.mjs tests/clients/.build/await-using.test.mjs
 run_suite "pandastack==0.10.0" "$VENV/bin/python" -m pytest -v -p no:cacheprovider "$CLIENTS/test_pandastack_py.py"
 run_suite "MCP (@modelcontextprotocol/sdk)" node --test tests/clients/mcp.test.mjs
+# The same published clients with gVisor as the daemon's default isolation:
+# every sandbox they create runs under runsc (issue 13).
+SERVE_ARGS=(--default-isolation gvisor)
+run_suite "@pandastack/sdk@0.9.0 on gVisor" node --test tests/clients/pandastack-sdk.test.mjs tests/clients/.build/await-using.test.mjs
+run_suite "pandastack==0.10.0 on gVisor" "$VENV/bin/python" -m pytest -v -p no:cacheprovider "$CLIENTS/test_pandastack_py.py"
+SERVE_ARGS=()
 
 if [ ${#failed[@]} -gt 0 ]; then
   echo "scripts/test-clients.sh: FAILED: ${failed[*]}" >&2

@@ -281,7 +281,14 @@ pub async fn read(agent: &Shared, id: u64, path: &str, max_bytes: u64, out: &Out
         let located = as_user(u, || {
             open_checked("read", &path, OFlag::O_PATH, Mode::empty(), u.uid)
         })?;
-        let meta = located.metadata().map_err(|e| classify("read", &path, e))?;
+        let meta = match located.metadata() {
+            // gVisor (20221219) cannot fstat an O_PATH descriptor of a
+            // socket: ask by path (the type is all that is needed here; the
+            // reopen below goes through the descriptor again).
+            Err(e) if e.raw_os_error() == Some(libc::EBADF) => as_user(u, || fs::metadata(&path)),
+            other => other,
+        }
+        .map_err(|e| classify("read", &path, e))?;
         if !meta.is_file() {
             return Err(not_regular(&path, meta.file_type(), "read"));
         }

@@ -908,7 +908,15 @@ fn supervise(main: libc::pid_t, set: &libc::sigset_t, keep_background: bool) -> 
             break;
         }
         if let Some(st) = main_status {
-            if no_children || (keep_background && !killing) {
+            if keep_background && !killing {
+                return st;
+            }
+            if no_children {
+                // Where orphans are not re-parented to us (gVisor has no
+                // child subreaper), what stayed in the command's process
+                // group is still reachable through it.
+                // SAFETY: kill(2) on a process group id; no memory is touched.
+                unsafe { libc::kill(-main, libc::SIGKILL) };
                 return st;
             }
             killing = true;
