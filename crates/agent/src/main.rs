@@ -5,7 +5,8 @@
 //! installs the seccomp filter on itself (so every process it starts inherits
 //! it), and then serves the framed protocol ([`runcell_protocol`]) on the
 //! listening socket the host bound for it. It reaps every orphan, as an init
-//! must.
+//! must. In a microVM guest it starts as `runcell-agent vm-init` instead
+//! (see [`vm`]).
 
 mod context;
 mod egress;
@@ -15,6 +16,7 @@ mod procs;
 mod reaper;
 mod server;
 mod shared;
+mod vm;
 
 use std::process::ExitCode;
 
@@ -23,8 +25,12 @@ const FILE_THREADS: usize = 8;
 
 fn main() -> ExitCode {
     let started = std::time::Instant::now();
+    let mut in_vm = false;
     match std::env::args().nth(1).as_deref() {
         Some("init") => {}
+        // PID 1 of a microVM guest (the kernel passes what follows `--` on
+        // its command line).
+        Some("vm-init") => in_vm = true,
         Some("--version") => {
             println!("runcell-agent {}", env!("CARGO_PKG_VERSION"));
             return ExitCode::SUCCESS;
@@ -49,6 +55,9 @@ fn main() -> ExitCode {
         us = runcell_protocol::units::micros(started.elapsed()),
         "agent started"
     );
+    if in_vm {
+        return vm::main(started);
+    }
     let boot = match runcell_jail::inside::bootstrap() {
         Ok(b) => b,
         Err(e) => {

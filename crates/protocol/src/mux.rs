@@ -172,7 +172,11 @@ fn register(inner: &Arc<Inner>, id: u32) -> DuplexStream {
             }
             let n = u32::try_from(data.len()).unwrap_or(0);
             acked.fetch_sub(n, Ordering::AcqRel);
-            if out.send(encode(id, CREDIT, &n.to_be_bytes())).await.is_err() {
+            if out
+                .send(encode(id, CREDIT, &n.to_be_bytes()))
+                .await
+                .is_err()
+            {
                 break;
             }
         }
@@ -391,7 +395,9 @@ mod tests {
         ga.read_exact(&mut buf).await.unwrap();
         assert_eq!(&buf, b"hello a");
         // A large transfer crosses many windows.
-        let big: Vec<u8> = (0..3_000_000u32).map(|i| u8::try_from(i % 251).unwrap()).collect();
+        let big: Vec<u8> = (0..3_000_000u32)
+            .map(|i| u8::try_from(i % 251).unwrap())
+            .collect();
         let sent = big.clone();
         let writer = tokio::spawn(async move {
             ga.write_all(&sent).await.unwrap();
@@ -423,7 +429,10 @@ mod tests {
             let _ = slow.write_all(&junk).await;
         });
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        assert!(!stuck.is_finished(), "the slow stream took more than its window");
+        assert!(
+            !stuck.is_finished(),
+            "the slow stream took more than its window"
+        );
         fast.write_all(b"ping").await.unwrap();
         let mut buf = [0u8; 4];
         tokio::time::timeout(

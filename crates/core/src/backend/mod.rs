@@ -20,9 +20,10 @@
 //! directory under the runtime's state directory (the jail: `jail.json`).
 //!
 //! The first backend is [`JailBackend`], the namespace jail of
-//! `runcell-jail`.
+//! `runcell-jail`; [`MicrovmBackend`] runs each sandbox in a QEMU microVM.
 
 mod jail;
+pub mod microvm;
 
 use std::fmt;
 use std::os::unix::net::UnixListener;
@@ -30,6 +31,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use jail::JailBackend;
+pub use microvm::{MicrovmBackend, MicrovmConfig, MicrovmError, MicrovmInfo};
 pub use runcell_jail::cgroup::Counters;
 pub use runcell_jail::{EgressSocket, Limits, RootfsSpec, SandboxUser};
 
@@ -39,6 +41,9 @@ pub enum BackendError {
     /// The namespace jail failed.
     #[error(transparent)]
     Jail(#[from] runcell_jail::SpawnError),
+    /// The microVM backend failed.
+    #[error(transparent)]
+    Microvm(#[from] MicrovmError),
 }
 
 impl BackendError {
@@ -48,7 +53,11 @@ impl BackendError {
     /// binary or a timeout.
     pub fn is_transient(&self) -> bool {
         use runcell_jail::SpawnError as S;
-        matches!(self, BackendError::Jail(S::Setup(_) | S::AgentDied(_)))
+        matches!(
+            self,
+            BackendError::Jail(S::Setup(_) | S::AgentDied(_))
+                | BackendError::Microvm(MicrovmError::AgentGone(_))
+        )
     }
 }
 
