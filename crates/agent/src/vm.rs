@@ -22,6 +22,7 @@
 
 use std::fs;
 use std::io;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
@@ -31,6 +32,7 @@ use nix::mount::{mount, MsFlags};
 use runcell_jail::InitSpec;
 use runcell_protocol::mux::{self, Opener, Side};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 
 use crate::server::{self, Conn};
@@ -224,6 +226,12 @@ type CurrentOpener = Arc<Mutex<Option<Opener>>>;
 async fn serve(port: PathBuf) -> Result<(), VmInitError> {
     let (in_tx, mut in_rx) = mpsc::channel::<DuplexStream>(16);
     let opener: CurrentOpener = Arc::default();
+    let port = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&port)
+        .map_err(step(format!("opening {}", port.display())))?;
     tokio::spawn(port_loop(port, in_tx, opener.clone()));
 
     // The first stream of the first host carries the spec.
@@ -305,32 +313,36 @@ async fn read_spec(setup: &mut DuplexStream) -> Result<InitSpec, VmInitError> {
     serde_json::from_slice(&buf).map_err(step("decoding the spec"))
 }
 
-/// Serves the port for ever: one multiplexer per host connection.
-async fn port_loop(port: PathBuf, incoming: mpsc::Sender<DuplexStream>, current: CurrentOpener) {
+/// Serves the port for ever: one multiplexer per host connection. The
+/// port stays open (its node is not in the sandbox's `/dev`); each
+/// connection works on duplicates of it.
+async fn port_loop(port: fs::File, incoming: mpsc::Sender<DuplexStream>, current: CurrentOpener) {
     let mut logged = false;
     loop {
-        let opened = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&port)
-            .and_then(|f| f.try_clone().map(|w| (f, w)));
-        let (r, w) = match opened {
+        // Non-blocking (set when opened): a read returns end of file while
+        // the host is away, and no write is ever left blocked in a thread
+        // (it would write stale bytes to the next host). The port is a
+        // character device, not a FIFO: tokio's pipe ends drive any
+        // pollable file.
+        let ends = port.try_clone().and_then(|r| {
+            let w = port.try_clone()?;
+            Ok((
+                pipe::Receiver::from_file_unchecked(r)?,
+                pipe::Sender::from_file_unchecked(w)?,
+            ))
+        });
+        let (r, w) = match ends {
             Ok(p) => p,
             Err(e) => {
                 if !logged {
-                    tracing::warn!("could not open {}: {e}", port.display());
+                    tracing::warn!("could not use the host's port: {e}");
                     logged = true;
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
-        let (opener, channel) = mux::run(
-            Side::Guest,
-            tokio::fs::File::from_std(r),
-            tokio::fs::File::from_std(w),
-            incoming.clone(),
-        );
+        let (opener, channel) = mux::run(Side::Guest, r, w, incoming.clone());
         *current.lock().expect("opener lock") = Some(opener);
         if let Err(e) = channel.await {
             tracing::info!("host channel ended: {e}");

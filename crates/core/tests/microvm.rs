@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::{require_root, sh, text};
 use runcell_core::backend::microvm::{self, MicrovmBackend, MicrovmConfig};
+use runcell_core::backend::Backend;
 use runcell_core::{Runtime, RuntimeConfig, SandboxLimits, SandboxOptions, Template};
 
 const STATE: &str = "/run/runcell-test/microvm";
@@ -181,4 +182,173 @@ async fn a_guest_runs_commands_sees_its_limits_and_files_and_not_the_hosts() {
     assert!(qemu_processes_in(&dir).is_empty(), "QEMU still runs");
     assert!(!dir.exists(), "{} is left", dir.display());
     let _ = std::fs::remove_file(&marker);
+}
+
+/// The median of boot-to-agent-ready (`create`, the image and initramfs
+/// cached) over a few guests, under this machine's acceleration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boot_to_agent_ready_is_measured_and_bounded() {
+    let state = format!("{STATE}-boot");
+    let (rt, _backend) = runtime(&state);
+    let mut times = Vec::new();
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        let sb = rt
+            .create(SandboxOptions {
+                limits: limits(256),
+                ..SandboxOptions::default()
+            })
+            .await
+            .expect("creating a microVM sandbox");
+        let ready = t0.elapsed();
+        let r = sh(&sb, "echo ready").await;
+        assert_eq!(text(&r.stdout), "ready\n");
+        times.push(ready);
+        sb.destroy().await.expect("destroy");
+    }
+    times.sort();
+    let median = times[times.len() / 2];
+    eprintln!("microvm boot-to-agent-ready: {times:?}, median {median:?}");
+    assert!(
+        median < Duration::from_secs(30),
+        "booting takes {median:?} (median)"
+    );
+}
+
+/// A sandbox outlives the process's end of its channel: another process
+/// (here, a second backend after this one's forwarder was stopped, as the
+/// daemon's death stops it) attaches by id and finds the same guest;
+/// remove kills QEMU and removes the directory; sweep removes leftovers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_is_attached_again_after_its_forwarder_goes_then_removed() {
+    let state = format!("{STATE}-attach");
+    let (rt, backend) = runtime(&state);
+    let sb = rt
+        .create(SandboxOptions {
+            limits: limits(256),
+            tied_to_process: false,
+            ..SandboxOptions::default()
+        })
+        .await
+        .expect("creating a microVM sandbox");
+    let id = sb.id().to_string();
+    let dir = Path::new(&state).join(&id);
+    let r = sh(&sb, "echo kept > /tmp/state").await;
+    assert_eq!(r.outcome.status(), 0);
+    let pids = qemu_processes_in(&dir);
+    assert_eq!(pids.len(), 1);
+    // QEMU runs in its own session, not as this process's child: it does
+    // not die with the daemon.
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pids[0])).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let (ppid, sid): (i32, i32) = (fields[1].parse().unwrap(), fields[3].parse().unwrap());
+    let me = i32::try_from(std::process::id()).unwrap();
+    assert_ne!(ppid, me, "QEMU is a child of the host process");
+    assert_ne!(sid, nix::unistd::getsid(None).unwrap().as_raw());
+    drop(sb);
+
+    backend.detach(&id).unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        qemu_processes_in(&dir),
+        pids,
+        "the guest stopped with its forwarder"
+    );
+
+    let (rt2, backend2) = runtime(&state);
+    assert!(backend2.list().contains(&id));
+    assert!(!backend2.is_dead(&id, Duration::ZERO));
+    let sb = rt2
+        .attach(&id, Template::host(), limits(256), None)
+        .await
+        .expect("attaching to the running guest");
+    let r = sh(&sb, "cat /tmp/state").await;
+    assert_eq!(text(&r.stdout), "kept\n", "stderr: {}", text(&r.stderr));
+    drop(sb);
+
+    backend2.remove(&id).expect("remove");
+    assert!(qemu_processes_in(&dir).is_empty(), "QEMU still runs");
+    assert!(!dir.exists());
+    assert!(backend2.attach(&id).is_err());
+
+    // Sweep: a half-made directory past its grace goes; a young one stays.
+    std::fs::create_dir_all(Path::new(&state).join("orphan")).unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        backend2.sweep(Duration::from_millis(10)),
+        vec!["orphan".to_string()]
+    );
+    std::fs::create_dir_all(Path::new(&state).join("young")).unwrap();
+    assert!(backend2.sweep(Duration::from_secs(60)).is_empty());
+    backend2.remove("young").unwrap();
+}
+
+/// A sandbox tied to its process stops when the process's end of the
+/// channel closes: the agent exits and QEMU with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tied_guest_stops_when_the_host_end_closes() {
+    let state = format!("{STATE}-tied");
+    let (rt, backend) = runtime(&state);
+    let sb = rt
+        .create(SandboxOptions {
+            limits: limits(256),
+            tied_to_process: true,
+            ..SandboxOptions::default()
+        })
+        .await
+        .expect("creating a microVM sandbox");
+    let id = sb.id().to_string();
+    let dir = Path::new(&state).join(&id);
+    assert_eq!(qemu_processes_in(&dir).len(), 1);
+    backend.detach(&id).unwrap();
+    let t0 = Instant::now();
+    while !qemu_processes_in(&dir).is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "QEMU still runs 20 s after the host end closed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(backend.is_dead(&id, Duration::from_secs(60)));
+    drop(sb);
+    backend.remove(&id).unwrap();
+    assert!(!dir.exists());
+}
+
+/// Egress travels guest -> port -> host proxy: an allowed host is reached
+/// through the proxy, another is refused by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn egress_goes_through_the_hosts_proxy() {
+    let state = format!("{STATE}-egress");
+    let (rt, _backend) = runtime(&state);
+    let policy = runcell_egress::NetworkPolicy::parse_setting("allowlist:pypi.org").unwrap();
+    let sb = rt
+        .create(SandboxOptions {
+            limits: limits(256),
+            network: Some(policy),
+            ..SandboxOptions::default()
+        })
+        .await
+        .expect("creating a microVM sandbox");
+    let r = sh(
+        &sb,
+        "curl -s -o /dev/null -w '%{http_code}\\n' --max-time 40 https://pypi.org/simple/pip/; \
+         curl -s -o /dev/null -w '%{http_code}\\n' --max-time 20 https://example.com/ ; true",
+    )
+    .await;
+    let out = text(&r.stdout);
+    let codes: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        codes.first(),
+        Some(&"200"),
+        "pypi.org through the proxy: {out} {}",
+        text(&r.stderr)
+    );
+    assert_ne!(codes.get(1), Some(&"200"), "example.com was reached: {out}");
+    sb.destroy().await.expect("destroy");
 }

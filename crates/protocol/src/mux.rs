@@ -12,8 +12,13 @@
 //!
 //! (big-endian). Kinds: `OPEN` (a new stream), `DATA`, `EOF` (the sender
 //! writes no more; the other direction stays open), `CREDIT` (payload: a
-//! `u32` of bytes the receiver delivered) and `RESET` (the stream is gone).
-//! Either side may open streams; the host uses odd ids, the guest even ids.
+//! `u32` of bytes the receiver delivered), `RESET` (the stream is gone) and
+//! `HELLO`. Either side may open streams; the host uses odd ids, the guest
+//! even ids.
+//!
+//! A host that connects first sends `HELLO`: the guest then drops every
+//! stream it still has (a previous host's, which may have gone and come
+//! back before the guest noticed), so both start from nothing.
 //!
 //! Flow control: a side sends at most [`WINDOW`] bytes of a stream that the
 //! other side has not acknowledged with `CREDIT`, and acknowledges only what
@@ -43,6 +48,7 @@ const DATA: u8 = 2;
 const EOF: u8 = 3;
 const CREDIT: u8 = 4;
 const RESET: u8 = 5;
+const HELLO: u8 = 6;
 
 /// Which end of the channel this is (they number their streams apart).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,6 +242,11 @@ where
     let opener = Opener {
         inner: inner.clone(),
     };
+    if side == Side::Host {
+        // First in the queue, before any stream this side opens: the
+        // channel was just made, so there is room.
+        let _ = inner.out.try_send(encode(0, HELLO, &[]));
+    }
     let fut = async move {
         let write = tokio::spawn(write_loop(writer, out_rx));
         let result = read_loop(&inner, reader, &incoming).await;
@@ -348,6 +359,26 @@ async fn read_loop<R: AsyncRead + Unpin>(
             }
             RESET => {
                 if let Some(e) = inner.streams.lock().expect("mux lock").remove(&id) {
+                    for t in e.tasks {
+                        t.abort();
+                    }
+                }
+            }
+            HELLO => {
+                let old: Vec<StreamEntry> = inner
+                    .streams
+                    .lock()
+                    .expect("mux lock")
+                    .drain()
+                    .map(|(_, e)| e)
+                    .collect();
+                if !old.is_empty() {
+                    tracing::info!(
+                        "mux: a new host connected; {} old streams dropped",
+                        old.len()
+                    );
+                }
+                for e in old {
                     for t in e.tasks {
                         t.abort();
                     }

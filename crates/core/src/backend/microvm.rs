@@ -348,6 +348,14 @@ impl MicrovmBackend {
         Ok(info.accel)
     }
 
+    /// Stops this process's forwarder for sandbox `id`, as this process's
+    /// death would: the guest's streams end (a sandbox tied to its process
+    /// stops; any other keeps running and can be attached again).
+    pub fn detach(&self, id: &str) -> Result<(), MicrovmError> {
+        forward::stop(&self.dir(id)?);
+        Ok(())
+    }
+
     /// Builds (or finds) the image of a template, ahead of its first sandbox.
     pub fn template_image(&self, rootfs: &RootfsSpec) -> Result<PathBuf, MicrovmError> {
         self.assets.template_image(rootfs)
@@ -673,11 +681,15 @@ impl Prepared for MicrovmPrepared {
     }
 }
 
-/// The last lines of a guest's console, for error reports.
+/// The last lines of a guest's console that are not kernel messages (the
+/// agent's), and the kernel's panic line, for error reports.
 fn console_tail(dir: &Path) -> String {
     let text = fs::read_to_string(dir.join("console.log")).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(8)..].join(" | ")
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('[') || l.contains("Kernel panic"))
+        .collect();
+    lines[lines.len().saturating_sub(6)..].join(" | ")
 }
 
 impl Drop for MicrovmPrepared {
