@@ -35,7 +35,7 @@ fn config(state: &str) -> MicrovmConfig {
         info.kvm_unusable
     );
     let mut cfg = MicrovmConfig::new(agent, PathBuf::from(state), true);
-    cfg.agent_log = Some("info".into());
+    cfg.agent_log = Some("debug".into());
     cfg
 }
 
@@ -109,6 +109,17 @@ async fn a_guest_runs_commands_sees_its_limits_and_files_and_not_the_hosts() {
     assert!(out.contains("cloud-amd64"), "guest kernel: {out}");
     let host_kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
     eprintln!("guest: {out} host kernel: {host_kernel}");
+
+    // The guest's clock runs at the host's pace (a wrong TSC rate would
+    // make `sleep 1` and every timeout last much more or less).
+    let t = Instant::now();
+    let r = sh(&sb, "sleep 1").await;
+    assert_eq!(r.outcome.status(), 0);
+    let took = t.elapsed();
+    assert!(
+        took > Duration::from_millis(900) && took < Duration::from_secs(3),
+        "the guest's `sleep 1` took {took:?} on the host"
+    );
 
     // Python from the host template's image.
     let r = sh(
@@ -337,7 +348,7 @@ async fn egress_goes_through_the_hosts_proxy() {
         .expect("creating a microVM sandbox");
     let r = sh(
         &sb,
-        "curl -s -o /dev/null -w '%{http_code}\\n' --max-time 40 https://pypi.org/simple/pip/; \
+        "curl -s -o /dev/null -w '%{http_code}\\n' --max-time 60 https://pypi.org/simple/pip/; \
          curl -s -o /dev/null -w '%{http_code}\\n' --max-time 20 https://example.com/ ; true",
     )
     .await;

@@ -16,9 +16,13 @@
 //! `HELLO`. Either side may open streams; the host uses odd ids, the guest
 //! even ids.
 //!
-//! A host that connects first sends `HELLO`: the guest then drops every
-//! stream it still has (a previous host's, which may have gone and come
-//! back before the guest noticed), so both start from nothing.
+//! Each side starts by sending `HELLO`; a side that receives one drops
+//! every stream it still has (a previous host's, which may have gone and
+//! come back before the guest noticed), so both start from nothing. The
+//! guest speaks first: the host sends nothing before the guest's `HELLO`
+//! ([`wait_hello`]), so nothing the host sends reaches a port the guest has
+//! not opened yet (the guest's write succeeds only once the port is up at
+//! both ends).
 //!
 //! Flow control: a side sends at most [`WINDOW`] bytes of a stream that the
 //! other side has not acknowledged with `CREDIT`, and acknowledges only what
@@ -242,11 +246,9 @@ where
     let opener = Opener {
         inner: inner.clone(),
     };
-    if side == Side::Host {
-        // First in the queue, before any stream this side opens: the
-        // channel was just made, so there is room.
-        let _ = inner.out.try_send(encode(0, HELLO, &[]));
-    }
+    // First in the queue, before any stream this side opens: the channel
+    // was just made, so there is room.
+    let _ = inner.out.try_send(encode(0, HELLO, &[]));
     let fut = async move {
         let write = tokio::spawn(write_loop(writer, out_rx));
         let result = read_loop(&inner, reader, &incoming).await;
@@ -267,6 +269,19 @@ where
         result
     };
     (opener, fut)
+}
+
+/// Waits for the other side's `HELLO` on a new channel, before [`run`]
+/// (which then must not see it again). Anything else first is an error.
+pub async fn wait_hello<R: AsyncRead + Unpin>(reader: &mut R) -> Result<(), MuxError> {
+    let mut head = [0u8; 9];
+    reader.read_exact(&mut head).await?;
+    if head != encode(0, HELLO, &[])[..] {
+        return Err(MuxError::BadFrame(format!(
+            "{head:?} where a HELLO was expected"
+        )));
+    }
+    Ok(())
 }
 
 async fn write_loop<W: AsyncWrite + Unpin>(mut writer: W, mut rx: mpsc::Receiver<Vec<u8>>) {
@@ -393,27 +408,29 @@ async fn read_loop<R: AsyncRead + Unpin>(
 mod tests {
     use super::*;
 
-    /// Two multiplexers joined by an in-memory channel.
-    fn pair() -> (
+    /// Two multiplexers joined by an in-memory channel, started as the
+    /// microVM's are: the host waits for the guest's HELLO.
+    async fn pair() -> (
         Opener,
         mpsc::Receiver<DuplexStream>,
         (Opener, mpsc::Receiver<DuplexStream>),
     ) {
         let (a, b) = tokio::io::duplex(64 << 10);
-        let (ar, aw) = tokio::io::split(a);
+        let (mut ar, aw) = tokio::io::split(a);
         let (br, bw) = tokio::io::split(b);
         let (host_in, host_rx) = mpsc::channel(8);
         let (guest_in, guest_rx) = mpsc::channel(8);
-        let (host, hf) = run(Side::Host, ar, aw, host_in);
         let (guest, gf) = run(Side::Guest, br, bw, guest_in);
-        tokio::spawn(hf);
         tokio::spawn(gf);
+        wait_hello(&mut ar).await.unwrap();
+        let (host, hf) = run(Side::Host, ar, aw, host_in);
+        tokio::spawn(hf);
         (host, guest_rx, (guest, host_rx))
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn streams_carry_bytes_both_ways_and_end_separately() {
-        let (host, mut incoming, _guest) = pair();
+        let (host, mut incoming, _guest) = pair().await;
         let mut a = host.open().await.unwrap();
         let mut b = host.open().await.unwrap();
         let mut ga = incoming.recv().await.unwrap();
@@ -449,7 +466,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_stream_nobody_reads_does_not_hold_up_another() {
-        let (host, mut incoming, _guest) = pair();
+        let (host, mut incoming, _guest) = pair().await;
         let mut slow = host.open().await.unwrap();
         let mut fast = host.open().await.unwrap();
         let _slow_guest = incoming.recv().await.unwrap();

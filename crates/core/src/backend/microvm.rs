@@ -55,7 +55,7 @@ use super::{
 pub const PORT_NAME: &str = "runcell.agent";
 
 /// How long a guest may take from launch to its agent being ready.
-const BOOT_TIMEOUT: Duration = Duration::from_secs(90);
+const BOOT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Guest memory below this cannot boot the kernel and agent.
 const MIN_MEMORY_MIB: u64 = 128;
 /// Where the guest mounts the template image (vm-init's `LOWER`).
@@ -99,8 +99,8 @@ pub enum MicrovmError {
     #[error("The guest could not set up the sandbox: {0}")]
     Guest(String),
     /// The guest did not become ready in time.
-    #[error("The guest was not ready within {0:?}.")]
-    Timeout(Duration),
+    #[error("The guest was not ready within {0:?}; its console ended with: {1}")]
+    Timeout(Duration, String),
     /// The sandbox id is not a plain name.
     #[error("{0:?} is not a valid sandbox id.")]
     BadId(String),
@@ -417,8 +417,14 @@ impl MicrovmBackend {
             .min(u32::try_from(host_cpus).unwrap_or(1));
         let mut cmdline = String::from(
             "console=ttyS0 panic=-1 reboot=t quiet loglevel=3 random.trust_cpu=on \
-             rootfstype=ramfs tsc=reliable no_timer_check noreplace-smp",
+             tsc=reliable no_timer_check",
         );
+        // microvm has no HPET, and under emulation calibrating the TSC
+        // against the PIT fails now and then, which hangs the boot: give
+        // the kernel the host's TSC rate (what QEMU's guests read).
+        if let Some(khz) = host_tsc_khz() {
+            cmdline.push_str(&format!(" tsc_early_khz={khz}"));
+        }
         if let Some(filter) = &self.config.agent_log {
             if !filter.contains(char::is_whitespace) {
                 cmdline.push_str(&format!(" RUST_LOG={filter}"));
@@ -483,6 +489,21 @@ impl MicrovmBackend {
             _forwarder: Some(forwarder),
         })
     }
+}
+
+/// The host CPU's clock rate in kHz, from `/proc/cpuinfo`.
+fn host_tsc_khz() -> Option<u64> {
+    let info = fs::read_to_string("/proc/cpuinfo").ok()?;
+    let mhz = info
+        .lines()
+        .find(|l| l.starts_with("cpu MHz"))?
+        .split(':')
+        .nth(1)?
+        .trim();
+    let (whole, frac) = mhz.split_once('.').unwrap_or((mhz, "0"));
+    let frac: String = frac.chars().chain("000".chars()).take(3).collect();
+    let khz = whole.parse::<u64>().ok()? * 1000 + frac.parse::<u64>().ok()?;
+    (khz > 0).then_some(khz)
 }
 
 /// What `vm.json` records.
@@ -672,6 +693,9 @@ impl Prepared for MicrovmPrepared {
             Err(MicrovmError::AgentGone(_)) => {
                 Err(MicrovmError::AgentGone(console_tail(&self.dir)).into())
             }
+            Err(MicrovmError::Timeout(t, _)) => {
+                Err(MicrovmError::Timeout(t, console_tail(&self.dir)).into())
+            }
             Err(e) => {
                 tracing::warn!(sandbox = %self.id, "microvm failed to start: {e}; console: {}",
                     console_tail(&self.dir));
@@ -685,10 +709,13 @@ impl Prepared for MicrovmPrepared {
 /// agent's), and the kernel's panic line, for error reports.
 fn console_tail(dir: &Path) -> String {
     let text = fs::read_to_string(dir.join("console.log")).unwrap_or_default();
-    let lines: Vec<&str> = text
+    let mut lines: Vec<&str> = text
         .lines()
         .filter(|l| !l.starts_with('[') || l.contains("Kernel panic"))
         .collect();
+    if lines.is_empty() {
+        lines = text.lines().collect();
+    }
     lines[lines.len().saturating_sub(6)..].join(" | ")
 }
 

@@ -22,6 +22,9 @@ use tokio::sync::{mpsc, watch};
 
 use super::MicrovmError;
 
+/// How long a re-attaching host waits for a running guest's `HELLO`.
+const HELLO_PATIENCE: Duration = Duration::from_secs(2);
+
 /// A running forwarder; stops when told to or when the guest's channel ends.
 #[derive(Debug)]
 pub struct Forwarder {
@@ -104,7 +107,7 @@ pub fn start(cfg: ForwardConfig) -> Result<Arc<Forwarder>, MicrovmError> {
         .map_err(MicrovmError::Channel)?;
     let result = ready_rx
         .recv_timeout(timeout + Duration::from_secs(1))
-        .unwrap_or(Err(MicrovmError::Timeout(timeout)));
+        .unwrap_or(Err(MicrovmError::Timeout(timeout, String::new())));
     let fwd = Arc::new(Forwarder {
         stop: stop_tx,
         done: done_rx,
@@ -128,7 +131,22 @@ async fn run(
     let deadline = tokio::time::Instant::now() + cfg.timeout;
     let setup = async {
         let chan = connect(&cfg.channel, deadline).await?;
-        let (r, w) = chan.into_split();
+        let (mut r, w) = chan.into_split();
+        // The guest speaks first (its port is then open at both ends). A
+        // guest that is already serving (re-attach) and did not notice the
+        // previous host go says nothing: go ahead after a while, and our
+        // HELLO resets its streams.
+        let patience = if cfg.spec.is_some() {
+            cfg.timeout
+        } else {
+            HELLO_PATIENCE
+        };
+        match tokio::time::timeout(patience, mux::wait_hello(&mut r)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(MicrovmError::Mux(e)),
+            Err(_) if cfg.spec.is_none() => {}
+            Err(_) => return Err(MicrovmError::Timeout(cfg.timeout, String::new())),
+        }
         let (in_tx, in_rx) = mpsc::channel::<DuplexStream>(16);
         let (opener, channel) = mux::run(Side::Host, r, w, in_tx);
         let channel = tokio::spawn(channel);
@@ -136,7 +154,7 @@ async fn run(
             Some(spec) => Some(
                 tokio::time::timeout_at(deadline, send_spec(&opener, spec))
                     .await
-                    .map_err(|_| MicrovmError::Timeout(cfg.timeout))??,
+                    .map_err(|_| MicrovmError::Timeout(cfg.timeout, String::new()))??,
             ),
             None => None,
         };
