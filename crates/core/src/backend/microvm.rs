@@ -575,6 +575,13 @@ impl Backend for MicrovmBackend {
         let dir = self.dir(&spec.id)?;
         fs::create_dir_all(&dir)
             .map_err(|e| MicrovmError::Asset(format!("creating {}", dir.display()), e))?;
+        // Its sockets (the agent's, QEMU's end of the port, egress) are the
+        // host's alone.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
+                .map_err(|e| MicrovmError::Asset(format!("securing {}", dir.display()), e))?;
+        }
         Ok(Box::new(MicrovmPrepared {
             backend: self.clone(),
             id: spec.id.clone(),
