@@ -31,7 +31,10 @@ use std::time::{Duration, Instant};
 use nix::mount::{mount, MsFlags};
 use runcell_jail::InitSpec;
 use runcell_protocol::mux::{self, Opener, Side};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf};
 use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 
@@ -327,8 +330,8 @@ async fn port_loop(port: fs::File, incoming: mpsc::Sender<DuplexStream>, current
         let ends = port.try_clone().and_then(|r| {
             let w = port.try_clone()?;
             Ok((
-                pipe::Receiver::from_file_unchecked(r)?,
-                pipe::Sender::from_file_unchecked(w)?,
+                PortReader(pipe::Receiver::from_file_unchecked(r)?),
+                PortWriter(pipe::Sender::from_file_unchecked(w)?),
             ))
         });
         let (r, w) = match ends {
@@ -350,6 +353,61 @@ async fn port_loop(port: fs::File, incoming: mpsc::Sender<DuplexStream>, current
         *current.lock().expect("opener lock") = None;
         // The host is away (a read returns end of file until it is back).
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The reading end of the port. A virtio port's read returns one buffer
+/// the host sent, often less than asked while more are queued; tokio's own
+/// `AsyncRead` takes a short read for "drained" and waits for the next
+/// wake-up, which never comes once the host waits for credit. This one
+/// reads until the port says it would block.
+struct PortReader(pipe::Receiver);
+
+impl AsyncRead for PortReader {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            ready!(self.0.poll_read_ready(cx))?;
+            match self.0.try_read(buf.initialize_unfilled()) {
+                Ok(n) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+/// The writing end of the port: a write takes at most 32 KiB, which is no
+/// sign that the port is full (see [`PortReader`]).
+struct PortWriter(pipe::Sender);
+
+impl AsyncWrite for PortWriter {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            ready!(self.0.poll_write_ready(cx))?;
+            match self.0.try_write(data) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                r => return Poll::Ready(r),
+            }
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
     }
 }
 

@@ -167,6 +167,36 @@ async fn a_guest_runs_commands_sees_its_limits_and_files_and_not_the_hosts() {
         .expect("read_file");
     assert_eq!(text(&back), "written in the guest\n");
 
+    // Large transfers both ways cross the port's flow-control window many
+    // times over.
+    let big: Vec<u8> = (0..3_000_000u32)
+        .map(|i| u8::try_from(i % 251).unwrap())
+        .collect();
+    sb.write_file("/tmp/big.bin", &big)
+        .await
+        .expect("write_file big");
+    let r = sh(
+        &sb,
+        "sha256sum /tmp/big.bin | cut -c1-64; head -c 2000000 /dev/zero | tr '\\0' x | wc -c",
+    )
+    .await;
+    let expected = {
+        use sha2::Digest;
+        let d = sha2::Sha256::digest(&big);
+        d.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    assert_eq!(text(&r.stdout), format!("{expected}\n2000000\n"));
+    let back = sb
+        .read_file("/tmp/big.bin", 8 << 20)
+        .await
+        .expect("read_file big");
+    assert!(back == big, "the 3 MB file came back different");
+    let r = sh(&sb, "head -c 1000000 /tmp/big.bin").await;
+    assert!(
+        r.stdout == big[..1_000_000],
+        "1 MB of output came back different"
+    );
+
     // Escape attempts: the host's files are not there, and the template is
     // read-only below the writable layer.
     let r = sh(
@@ -348,12 +378,17 @@ async fn egress_goes_through_the_hosts_proxy() {
         .expect("creating a microVM sandbox");
     let r = sh(
         &sb,
-        "curl -s -o /dev/null -w '%{http_code}\\n' --max-time 60 https://pypi.org/simple/pip/; \
-         curl -s -o /dev/null -w '%{http_code}\\n' --max-time 20 https://example.com/ ; true",
+        "curl -s -o /dev/null -w '%{http_code} %{time_connect} %{time_appconnect} %{time_total}\\n' \
+         --max-time 40 https://pypi.org/simple/pip/; \
+         curl -s -o /dev/null -w '%{http_code}\\n' --max-time 15 https://example.com/; true",
     )
     .await;
     let out = text(&r.stdout);
-    let codes: Vec<&str> = out.lines().collect();
+    let codes: Vec<&str> = out
+        .lines()
+        .map(|l| l.split_whitespace().next().unwrap_or(""))
+        .collect();
+    eprintln!("egress: {out}");
     assert_eq!(
         codes.first(),
         Some(&"200"),
