@@ -42,6 +42,11 @@ fn config(state: &str) -> MicrovmConfig {
 fn runtime(state: &str) -> (Runtime, MicrovmBackend) {
     let cfg = config(state);
     let backend = MicrovmBackend::new(cfg);
+    // What a failed earlier run left in this test's own directory.
+    let swept = backend.sweep(Duration::ZERO);
+    if !swept.is_empty() {
+        eprintln!("swept {} leftover sandboxes", swept.len());
+    }
     // The host template's image is built once (slow) and cached.
     let t0 = Instant::now();
     backend
