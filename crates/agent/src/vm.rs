@@ -102,6 +102,7 @@ pub fn main(started: Instant) -> ExitCode {
 
 fn run(started: Instant) -> Result<(), VmInitError> {
     mount_basics()?;
+    limit_pids()?;
     load_modules()?;
     tracing::debug!(
         us = runcell_protocol::units::micros(started.elapsed()),
@@ -148,6 +149,40 @@ fn mount_basics() -> Result<(), VmInitError> {
         .map_err(step(format!("mounting {dst}")))?;
     }
     Ok(())
+}
+
+/// The kernel command line parameter with the sandbox's process limit.
+const PIDS_PARAM: &str = "runcell.pids=";
+
+/// Puts the agent (and so everything it starts) in a guest cgroup whose
+/// `pids.max` is the `runcell.pids=` of the kernel command line, as the
+/// jail's cgroup does on the host. Without the parameter: no limit.
+fn limit_pids() -> Result<(), VmInitError> {
+    let cmdline = fs::read_to_string("/proc/cmdline").map_err(step("reading /proc/cmdline"))?;
+    let Some(max) = cmdline
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix(PIDS_PARAM))
+        .and_then(|n| n.parse::<u64>().ok())
+    else {
+        return Ok(());
+    };
+    let root = Path::new("/sys/fs/cgroup");
+    mount(
+        Some("cgroup2"),
+        root,
+        Some("cgroup2"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .map_err(step("mounting the guest's cgroups"))?;
+    let group = root.join("sandbox");
+    let write = |path: PathBuf, value: String| {
+        fs::write(&path, value).map_err(step(format!("writing {}", path.display())))
+    };
+    write(root.join("cgroup.subtree_control"), "+pids".into())?;
+    fs::create_dir_all(&group).map_err(step("creating the guest's sandbox cgroup"))?;
+    write(group.join("pids.max"), max.to_string())?;
+    write(group.join("cgroup.procs"), std::process::id().to_string())
 }
 
 fn load_modules() -> Result<(), VmInitError> {

@@ -66,6 +66,7 @@ fn runtime(state: &str) -> (Runtime, MicrovmBackend) {
 fn limits(memory_mib: u64) -> SandboxLimits {
     SandboxLimits {
         memory_bytes: memory_mib << 20,
+        pids: 64,
         disk_bytes: 64 << 20,
         timeout: Duration::from_secs(60),
         ..SandboxLimits::default()
@@ -145,6 +146,35 @@ async fn a_guest_runs_commands_sees_its_limits_and_files_and_not_the_hosts() {
     assert!(
         (300..=384).contains(&mib),
         "MemTotal {mib} MiB, limit 384 MiB"
+    );
+
+    // Processes: the limit holds in the guest.
+    let r = sh(
+        &sb,
+        "/usr/bin/python3 -c '
+import os, time
+n = 0
+for _ in range(100):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(5)
+        os._exit(0)
+    n += 1
+print(n)
+'",
+    )
+    .await;
+    let out = text(&r.stdout);
+    let forked: u64 = out
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("fork count: {out} {}", text(&r.stderr)));
+    assert!(
+        (10..64).contains(&forked),
+        "{forked} processes forked with a limit of 64"
     );
 
     // Files: a round trip through the agent, and the writable layer's size.

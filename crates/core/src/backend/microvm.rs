@@ -10,8 +10,9 @@
 //!   template content and cached; the guest overlays it with a private
 //!   tmpfs of the disk limit (in guest memory), as the jail does.
 //! * Limits: memory is the guest's RAM (`-m`), CPU its number of vCPUs
-//!   (`-smp`, rounded up); the guest kernel enforces the pids limit only
-//!   through the agent's own process handling.
+//!   (`-smp`, rounded up), processes a `pids.max` of a guest cgroup the
+//!   agent puts itself in (`runcell.pids=` on the kernel command line),
+//!   disk the size of the guest's writable tmpfs.
 //! * Channel: one virtio-serial port, multiplexed
 //!   ([`runcell_protocol::mux`]); the host end is a unix socket QEMU
 //!   listens on, and a forwarder in the host process serves
@@ -422,6 +423,8 @@ impl MicrovmBackend {
         // microvm has no HPET, and under emulation calibrating the TSC
         // against the PIT fails now and then, which hangs the boot: give
         // the kernel the host's TSC rate (what QEMU's guests read).
+        // The process limit, applied by the guest's init (vm-init).
+        cmdline.push_str(&format!(" runcell.pids={}", limits.pids));
         if let Some(khz) = host_tsc_khz() {
             cmdline.push_str(&format!(" tsc_early_khz={khz}"));
         }
