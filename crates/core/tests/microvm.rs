@@ -258,6 +258,7 @@ print(n)
     assert!(qemu_processes_in(&dir).is_empty(), "QEMU still runs");
     assert!(!dir.exists(), "{} is left", dir.display());
     let _ = std::fs::remove_file(&marker);
+    let _ = std::fs::remove_file(Path::new(&state).join("host-marker"));
 }
 
 /// The median of boot-to-agent-ready (`create`, the image and initramfs
