@@ -36,3 +36,16 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
+
+# The microVM backend: QEMU (its `microvm` machine), mkfs.ext4 for template
+# images, and the guest kernel in the cache (scripts/microvm-assets.sh).
+mneed=()
+[ -x /usr/bin/qemu-system-x86_64 ] || mneed+=(qemu-system-x86)
+[ -x /usr/sbin/mkfs.ext4 ] || mneed+=(e2fsprogs)
+if [ ${#mneed[@]} -gt 0 ]; then
+  echo "installing: ${mneed[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${mneed[@]}" >/dev/null
+fi
+"$(dirname "$0")/microvm-assets.sh"

@@ -11,6 +11,9 @@
 //! a container whose root the host already built; it then gets its spec and
 //! binds its socket through host unix sockets
 //! ([`runcell_jail::gvisor::bootstrap`]) and serves the same way.
+//!
+//! In a microVM guest it starts as `runcell-agent vm-init` instead (see
+//! [`vm`]).
 
 mod context;
 mod egress;
@@ -20,6 +23,7 @@ mod procs;
 mod reaper;
 mod server;
 mod shared;
+mod vm;
 
 use std::process::ExitCode;
 
@@ -28,10 +32,17 @@ const FILE_THREADS: usize = 8;
 
 fn main() -> ExitCode {
     let started = std::time::Instant::now();
+    let mut in_vm = false;
     let gvisor = match std::env::args().nth(1).as_deref() {
         Some("init") => false,
         // Started by runsc as the init of a gVisor container.
         Some("gvisor-init") => true,
+        // PID 1 of a microVM guest (the kernel passes what follows `--` on
+        // its command line).
+        Some("vm-init") => {
+            in_vm = true;
+            false
+        }
         Some("--version") => {
             println!("runcell-agent {}", env!("CARGO_PKG_VERSION"));
             return ExitCode::SUCCESS;
@@ -56,6 +67,9 @@ fn main() -> ExitCode {
         us = runcell_protocol::units::micros(started.elapsed()),
         "agent started"
     );
+    if in_vm {
+        return vm::main(started);
+    }
     let boot = if gvisor {
         runcell_jail::gvisor::bootstrap()
     } else {

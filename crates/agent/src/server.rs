@@ -4,12 +4,14 @@ use std::os::unix::net::UnixListener as StdListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use runcell_jail::confine::Confinement;
 use runcell_jail::inside::Bootstrap;
+use runcell_jail::InitSpec;
 use runcell_protocol::{
     read_frame, write_frame, AgentStats, ClientMessage, CodecError, ErrorKind, Event, Frame,
     Request, ServerMessage, PROTOCOL_VERSION,
 };
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, watch};
 
@@ -34,29 +36,62 @@ struct Agent {
     /// What the handlers read: spec, reaper, egress.
     shared: Shared,
     started: Instant,
-    /// What Landlock applied to the sandbox.
-    confinement: runcell_jail::confine::Confinement,
     deadline: watch::Sender<Option<u64>>,
     /// Running execs, by (connection, request id).
     running: exec::RunningExecs,
     /// Code contexts.
     contexts: context::Contexts,
+    /// What Landlock applied to the sandbox.
+    confinement: Confinement,
 }
 
-/// Serves until shutdown.
-pub async fn run(
-    boot: Bootstrap,
-    confinement: runcell_jail::confine::Confinement,
-) -> Result<(), ServeError> {
-    let reaper = Reaper::start().map_err(ServeError::Reaper)?;
+/// A host connection: a unix socket (jail) or a multiplexed stream (microVM).
+pub trait Conn: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Conn for T {}
+
+/// Serves, on the listener the jail's host bound, until shutdown.
+pub async fn run(boot: Bootstrap, confinement: Confinement) -> Result<(), ServeError> {
     let std_listener = StdListener::from(boot.listener);
     std_listener
         .set_nonblocking(true)
         .map_err(ServeError::Listener)?;
     let listener = UnixListener::from_std(std_listener).map_err(ServeError::Listener)?;
-    let (deadline, deadline_rx) = watch::channel(boot.spec.deadline_unix_ms);
-    let egress = egress::Egress::new(boot.spec.egress_socket.is_some());
-    if boot.spec.egress_enabled {
+    let std_sock = std::os::unix::net::UnixStream::from(boot.setup);
+    std_sock
+        .set_nonblocking(true)
+        .map_err(ServeError::Listener)?;
+    let setup = UnixStream::from_std(std_sock).map_err(ServeError::Listener)?;
+    let (tx, rx) = mpsc::channel::<Box<dyn Conn>>(16);
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = match listener.accept().await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            };
+            if tx.send(Box::new(stream)).await.is_err() {
+                return;
+            }
+        }
+    });
+    serve(boot.spec, Box::new(setup), rx, confinement).await
+}
+
+/// Serves the connections from `incoming` until shutdown. `setup` is the
+/// channel the spec came over: its end means the host is gone.
+pub async fn serve(
+    spec: InitSpec,
+    setup: Box<dyn Conn>,
+    mut incoming: mpsc::Receiver<Box<dyn Conn>>,
+    confinement: Confinement,
+) -> Result<(), ServeError> {
+    let reaper = Reaper::start().map_err(ServeError::Reaper)?;
+    let (deadline, deadline_rx) = watch::channel(spec.deadline_unix_ms);
+    let egress = egress::Egress::new(spec.egress_socket.is_some());
+    if spec.egress_enabled {
         if let Err(e) = egress.set(true).await {
             tracing::error!("{e}");
         }
@@ -64,22 +99,18 @@ pub async fn run(
     let agent = Arc::new(Agent {
         shared: Shared {
             egress,
-            spec: boot.spec,
+            spec,
             reaper,
         },
         started: Instant::now(),
-        confinement,
         deadline,
         running: exec::RunningExecs::default(),
         contexts: context::Contexts::default(),
+        confinement,
     });
     tokio::spawn(enforce_deadline(deadline_rx));
     if agent.shared.spec.exit_on_host_close {
-        let std_sock = std::os::unix::net::UnixStream::from(boot.setup);
-        std_sock
-            .set_nonblocking(true)
-            .map_err(ServeError::Listener)?;
-        let mut sock = UnixStream::from_std(std_sock).map_err(ServeError::Listener)?;
+        let mut sock = setup;
         tokio::spawn(async move {
             let mut buf = [0u8; 64];
             // Any read result other than data means the owning host process is gone.
@@ -92,21 +123,14 @@ pub async fn run(
             shutdown();
         });
     } else {
-        drop(boot.setup);
+        drop(setup);
     }
     let mut next_conn = 0u64;
-    loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!("accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
-        };
+    while let Some(stream) = incoming.recv().await {
         next_conn += 1;
         tokio::spawn(connection(agent.clone(), next_conn, stream));
     }
+    Ok(())
 }
 
 /// Kills every process in the sandbox and exits; the kernel then tears down
@@ -140,8 +164,8 @@ async fn enforce_deadline(mut rx: watch::Receiver<Option<u64>>) {
     }
 }
 
-async fn connection(agent: Arc<Agent>, conn: u64, stream: UnixStream) {
-    let (mut rd, mut wr) = stream.into_split();
+async fn connection(agent: Arc<Agent>, conn: u64, stream: Box<dyn Conn>) {
+    let (mut rd, mut wr) = tokio::io::split(stream);
     let (tx, mut rx) = mpsc::channel::<Frame<ServerMessage>>(64);
     let writer = tokio::spawn(async move {
         while let Some(frame) = rx.recv().await {

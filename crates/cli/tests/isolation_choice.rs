@@ -169,3 +169,34 @@ fn a_default_isolation_the_host_cannot_run_stops_serve_at_start_up() {
         "the refusal must name the setting and why: {err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_microvm_runs_behind_the_same_api_when_emulation_is_allowed() {
+    let data = data_dir("isolation-microvm");
+    let d = Daemon::start(&data, free_port(), &["--allow-emulation", "--standby", "0"]);
+    let sys: Value = d.get_ok("/v1/system").await;
+    let vm = &sys["backends"][2];
+    assert_eq!(
+        (&vm["name"], &vm["available"]),
+        (&json!("microvm"), &json!(true)),
+        "{sys}"
+    );
+    let created = d
+        .create_json(
+            json!({"template": "host", "isolation": "microvm", "limits": {"memory_mb": 384}}),
+        )
+        .await;
+    assert_eq!(created["isolation"], "microvm", "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let (code, body) = d
+        .exec(&id, "uname -r; /usr/bin/python3 -c 'print(6*7)'")
+        .await;
+    assert_eq!(code, 200, "{body}");
+    let out = body["stdout"].as_str().unwrap();
+    // The guest's own kernel (Debian's cloud kernel), not the host's.
+    assert!(
+        out.contains("cloud-amd64") && out.ends_with("42\n"),
+        "{body}"
+    );
+    d.delete(&id).await;
+}

@@ -4,8 +4,6 @@
 //! tools are installed. A backend is available only when runcell can run
 //! sandboxes with it here; otherwise the report says why not.
 
-use std::path::{Path, PathBuf};
-
 use serde::Serialize;
 
 use crate::backend::Isolation;
@@ -66,7 +64,7 @@ pub fn equip(runtime: Runtime, options: &HostOptions) -> (Runtime, SystemReport)
         if isolation == Isolation::Jail {
             continue;
         }
-        runtime = match backend_for(&runtime, isolation, b) {
+        runtime = match backend_for(&runtime, isolation, b, options) {
             Some(backend) => runtime.add_backend(backend),
             None => runtime.mark_unavailable(isolation, b.detail.clone()),
         };
@@ -81,6 +79,7 @@ fn backend_for(
     runtime: &Runtime,
     isolation: Isolation,
     report: &BackendReport,
+    options: &HostOptions,
 ) -> Option<std::sync::Arc<dyn crate::backend::Backend>> {
     if !report.available {
         return None;
@@ -108,7 +107,15 @@ fn backend_for(
             format!("{}-gvisor", config.cgroup_parent),
             config.agent_log.clone(),
         ))),
-        Isolation::Microvm => None,
+        Isolation::Microvm => {
+            let mut vm = crate::backend::MicrovmConfig::new(
+                agent,
+                beside("microvm"),
+                options.allow_emulation,
+            );
+            vm.agent_log = config.agent_log.clone();
+            Some(std::sync::Arc::new(crate::backend::MicrovmBackend::new(vm)))
+        }
     }
 }
 
@@ -160,19 +167,6 @@ fn jail(host: &HostReport) -> BackendReport {
     }
 }
 
-fn on_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| is_executable(p))
-    })
-}
-
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
 fn gvisor() -> BackendReport {
     match crate::backend::probe(None) {
         Ok(info) => BackendReport {
@@ -194,30 +188,29 @@ fn gvisor() -> BackendReport {
     }
 }
 
-fn microvm(host: &HostReport, options: &HostOptions) -> BackendReport {
-    let _ = options.allow_emulation;
-    let qemu = on_path("qemu-system-x86_64");
-    let kvm = if host.kvm.available {
-        host.kvm.detail.clone()
-    } else {
-        format!(
-            "no KVM ({}), so a guest would run under TCG emulation only",
-            host.kvm.detail
-        )
-    };
-    let detail = match qemu {
-        None => format!(
-            "qemu-system-x86_64 is not installed (Debian: apt-get install qemu-system-x86); {kvm}"
-        ),
-        Some(q) => format!(
-            "{} found; {kvm}; but this runcell version does not run sandboxes in microVMs yet",
-            q.display()
-        ),
-    };
-    BackendReport {
-        name: "microvm",
-        available: false,
-        detail,
+fn microvm(_host: &HostReport, options: &HostOptions) -> BackendReport {
+    match crate::backend::microvm::probe(options.allow_emulation) {
+        Ok(info) => BackendReport {
+            name: "microvm",
+            available: true,
+            detail: match &info.kvm_unusable {
+                None => format!(
+                    "{} under KVM with {}: a guest kernel of its own per sandbox",
+                    info.qemu_version,
+                    info.kernel.display()
+                ),
+                Some(why) => format!(
+                    "{} under TCG emulation (allowed; tens of times slower than KVM) with {}: a guest kernel of its own per sandbox; KVM is not used: {why}",
+                    info.qemu_version,
+                    info.kernel.display()
+                ),
+            },
+        },
+        Err(why) => BackendReport {
+            name: "microvm",
+            available: false,
+            detail: why,
+        },
     }
 }
 

@@ -65,6 +65,14 @@ pub struct Confinement {
 }
 
 impl Confinement {
+    /// Nothing applied (ABI 0).
+    pub fn none() -> Self {
+        Self {
+            abi: 0,
+            enforcement: Enforcement::None,
+        }
+    }
+
     /// A sentence for reports: what this confinement covers.
     pub fn describe(&self) -> String {
         match self.enforcement {

@@ -121,10 +121,33 @@ pub(crate) fn read_spec(sock: &mut impl Read) -> Result<InitSpec, SetupError> {
     serde_json::from_slice(&buf).map_err(SetupError::BadSpec)
 }
 
+/// How the agent leaves its old root once the new one is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Enter {
+    /// `pivot_root` and detach the old root (the jail: the old root is the host's).
+    Pivot,
+    /// Move the new root over `/` and `chroot` into it (a microVM guest,
+    /// whose old root is its initramfs: `pivot_root` refuses to leave it,
+    /// and it holds nothing but the agent, its libraries and modules).
+    MoveAndChroot,
+}
+
 fn build(spec: &InitSpec) -> Result<(), SetupError> {
-    let t0 = std::time::Instant::now();
     // We were moved into our cgroup before we started: make it our root.
     unshare(CloneFlags::CLONE_NEWCGROUP).map_err(step("unsharing the cgroup namespace"))?;
+    build_root(spec, Enter::Pivot)
+}
+
+/// Builds the sandbox's root inside a microVM guest, as [`bootstrap`] does
+/// in a jail, from a spec the agent received itself: the template image is
+/// already mounted (read-only) where `spec.rootfs` says, and `/dev`,
+/// `/proc` and `/sys` of the guest are mounted. Ends inside the new root.
+pub fn build_in_vm(spec: &InitSpec) -> Result<(), SetupError> {
+    build_root(spec, Enter::MoveAndChroot)
+}
+
+fn build_root(spec: &InitSpec, enter: Enter) -> Result<(), SetupError> {
+    let t0 = std::time::Instant::now();
     // Nothing we mount may propagate back to the host.
     mount(
         None::<&str>,
@@ -193,9 +216,18 @@ fn build(spec: &InitSpec) -> Result<(), SetupError> {
     let t_populate = t0.elapsed();
 
     chdir(&root).map_err(step("entering the new root"))?;
-    pivot_root(".", ".").map_err(step("pivot_root"))?;
-    // The old root is now stacked on top of "/": detach it.
-    umount2(".", MntFlags::MNT_DETACH).map_err(step("detaching the old root"))?;
+    match enter {
+        Enter::Pivot => {
+            pivot_root(".", ".").map_err(step("pivot_root"))?;
+            // The old root is now stacked on top of "/": detach it.
+            umount2(".", MntFlags::MNT_DETACH).map_err(step("detaching the old root"))?;
+        }
+        Enter::MoveAndChroot => {
+            mount(Some("."), "/", None::<&str>, MsFlags::MS_MOVE, None::<&str>)
+                .map_err(step("moving the new root over /"))?;
+            nix::unistd::chroot(".").map_err(step("entering the new root (chroot)"))?;
+        }
+    }
     chdir("/").map_err(step("entering /"))?;
 
     sethostname(&spec.hostname).map_err(step("setting the host name"))?;

@@ -32,6 +32,8 @@ mod spawn;
 mod spec;
 mod sys;
 
+pub use sys::finit_module;
+
 pub use command::{SandboxCommand, MAX_EXTRA_FDS};
 pub use spawn::{
     check_id, list_sandboxes, EgressSocket, Jail, PrepareConfig, SpawnError, Standby, StartConfig,

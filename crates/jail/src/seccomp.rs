@@ -310,6 +310,15 @@ pub fn install(filters: &[BpfProgram]) -> Result<(), SeccompError> {
     Ok(())
 }
 
+/// Installs `filters` on every thread of the process (a microVM guest's
+/// agent has threads by the time its setup is done).
+pub fn install_all_threads(filters: &[BpfProgram]) -> Result<(), SeccompError> {
+    for f in filters {
+        seccompiler::apply_filter_all_threads(f).map_err(SeccompError::Install)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

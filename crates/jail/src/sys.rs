@@ -250,3 +250,22 @@ pub fn micros(d: std::time::Duration) -> u64 {
     reason = "both flags are in the low 16 bits"
 )]
 const UP_AND_RUNNING: libc::c_short = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+
+/// Loads the kernel module in `file` (a microVM guest loads its virtio
+/// drivers this way before it can reach its devices).
+pub fn finit_module(file: &std::fs::File) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let params = c"";
+    // SAFETY: finit_module takes an open fd, a NUL-terminated parameter
+    // string that outlives the call, and a flags word; it reads nothing else.
+    let rc = unsafe { libc::syscall(libc::SYS_finit_module, file.as_raw_fd(), params.as_ptr(), 0) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        // Already loaded (built in, or loaded as a dependency): fine.
+        if e.raw_os_error() == Some(libc::EEXIST) {
+            return Ok(());
+        }
+        return Err(e);
+    }
+    Ok(())
+}

@@ -21,10 +21,11 @@
 //!
 //! The first backend is [`JailBackend`], the namespace jail of
 //! `runcell-jail`; [`GvisorBackend`] runs the same agent in a gVisor
-//! (`runsc`) container.
+//! (`runsc`) container, and [`MicrovmBackend`] in a QEMU microVM.
 
 mod gvisor;
 mod jail;
+pub mod microvm;
 
 use std::fmt;
 use std::os::unix::net::UnixListener;
@@ -36,6 +37,7 @@ pub use gvisor::{
     SENTRY_MEMORY,
 };
 pub use jail::JailBackend;
+pub use microvm::{MicrovmBackend, MicrovmConfig, MicrovmError, MicrovmInfo};
 pub use runcell_jail::cgroup::Counters;
 pub use runcell_jail::{EgressSocket, Limits, RootfsSpec, SandboxUser};
 
@@ -48,6 +50,9 @@ pub enum BackendError {
     /// The gVisor backend failed.
     #[error(transparent)]
     Gvisor(#[from] GvisorError),
+    /// The microVM backend failed.
+    #[error(transparent)]
+    Microvm(#[from] MicrovmError),
 }
 
 impl BackendError {
@@ -60,6 +65,7 @@ impl BackendError {
         match self {
             BackendError::Jail(e) => matches!(e, S::Setup(_) | S::AgentDied(_)),
             BackendError::Gvisor(e) => e.is_transient(),
+            BackendError::Microvm(e) => matches!(e, MicrovmError::AgentGone(_)),
         }
     }
 }

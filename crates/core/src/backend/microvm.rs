@@ -1,0 +1,840 @@
+//! MicroVMs as a [`Backend`]: every sandbox is a QEMU `microvm` machine
+//! with its own guest kernel (Debian's cloud kernel), whose init is
+//! `runcell-agent vm-init`.
+//!
+//! * Boot files: the kernel and its virtio modules come from
+//!   `scripts/microvm-assets.sh` (in [`MicrovmConfig::kernel_dir`]); the
+//!   initramfs (the agent, its shared libraries, the modules) is built here
+//!   at first use, per agent build, into [`MicrovmConfig::cache_dir`].
+//! * Root: the template's tree as a read-only ext4 image, built once per
+//!   template content and cached; the guest overlays it with a private
+//!   tmpfs of the disk limit (in guest memory), as the jail does.
+//! * Limits: memory is the guest's RAM (`-m`), CPU its number of vCPUs
+//!   (`-smp`, rounded up), processes a `pids.max` of a guest cgroup the
+//!   agent puts itself in (`runcell.pids=` on the kernel command line),
+//!   disk the size of the guest's writable tmpfs.
+//! * Channel: one virtio-serial port, multiplexed
+//!   ([`runcell_protocol::mux`]); the host end is a unix socket QEMU
+//!   listens on, and a forwarder in the host process serves
+//!   `<dir>/agent.sock` over it ([`forward`]), so the rest of runcell sees
+//!   the usual [`AgentChannel::Unix`]. Egress goes the other way over the
+//!   same port.
+//! * Lifetime: QEMU runs daemonized (its own session), so sandboxes outlive
+//!   the daemon; a restarted daemon re-attaches by id (`vm.json` and
+//!   `qemu.pid` in the sandbox's directory) and starts a new forwarder; the
+//!   guest's streams end when the old one goes and the agent serves the
+//!   new one's. A sandbox tied to its process stops when the process's end
+//!   of the channel closes (the agent exits; the guest kernel panics and
+//!   QEMU, told not to reboot, exits).
+//! * Acceleration: KVM when `/dev/kvm` can run a guest ([`probe`] tries),
+//!   else QEMU's emulation (TCG) if the operator allowed it.
+//!
+//! The prepare phase only makes the sandbox's directory: the guest boots in
+//! [`Prepared::start`], when the template (hence the image) is known.
+
+mod assets;
+mod forward;
+mod vmm;
+
+use std::fs;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use runcell_jail::InitSpec;
+
+pub use assets::Assets;
+pub use vmm::{Accel, GuestSpec, Qemu, Vmm};
+
+use super::{
+    AgentChannel, Backend, BackendError, Counters, EgressSocket, Instance, Limits, PrepareSpec,
+    Prepared, RootfsSpec, StartSpec,
+};
+
+/// The name of the guest's virtio-serial port for the agent's channel.
+pub const PORT_NAME: &str = "runcell.agent";
+
+/// How long a guest may take from launch to its agent being ready.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Guest memory below this cannot boot the kernel and agent.
+const MIN_MEMORY_MIB: u64 = 128;
+/// Where the guest mounts the template image (vm-init's `LOWER`).
+const GUEST_LOWER: &str = "/run/vm/lower";
+/// The guest's staging directory for the writable layer.
+const GUEST_STAGE: &str = "/run/vm/stage";
+/// The guest's egress socket (vm-init's `EGRESS_DIR/sock`).
+const GUEST_EGRESS: &str = "/run/vm/egress/sock";
+
+/// Errors of the microVM backend.
+#[derive(Debug, thiserror::Error)]
+pub enum MicrovmError {
+    /// The machine cannot run microVMs as configured.
+    #[error("MicroVMs are not available: {0}")]
+    Unavailable(String),
+    /// The guest kernel is missing.
+    #[error("The microVM kernel is missing at {0} (run scripts/microvm-assets.sh).")]
+    NoKernel(PathBuf),
+    /// A program could not be started.
+    #[error("Could not run {0}.")]
+    Spawn(PathBuf, #[source] std::io::Error),
+    /// The VMM refused to start the guest.
+    #[error("The VMM could not start the guest: {0}")]
+    VmmFailed(String),
+    /// Reading or writing a boot file failed.
+    #[error("Preparing the microVM's files failed while {0}.")]
+    Asset(String, #[source] std::io::Error),
+    /// Building a template image failed.
+    #[error("Building the template's image failed: {0}")]
+    ImageBuild(String),
+    /// The channel to the guest failed.
+    #[error("The channel to the guest failed.")]
+    Channel(#[source] std::io::Error),
+    /// The multiplexer failed.
+    #[error("The channel to the guest failed.")]
+    Mux(#[source] runcell_protocol::mux::MuxError),
+    /// The guest's agent went away while it started.
+    #[error("The guest's agent went away before it was ready; its console ended with: {0}")]
+    AgentGone(String),
+    /// The guest's agent could not build the sandbox.
+    #[error("The guest could not set up the sandbox: {0}")]
+    Guest(String),
+    /// The guest did not become ready in time.
+    #[error("The guest was not ready within {0:?}; its console ended with: {1}")]
+    Timeout(Duration, String),
+    /// The sandbox id is not a plain name.
+    #[error("{0:?} is not a valid sandbox id.")]
+    BadId(String),
+    /// No running guest has this id.
+    #[error("Sandbox {0} is not running.")]
+    NotRunning(String),
+    /// Its state file is unreadable.
+    #[error("The state of sandbox {0} is unreadable.")]
+    BadState(String, #[source] serde_json::Error),
+    /// What the sandbox asks for is not supported in a microVM.
+    #[error("MicroVM sandboxes do not support {0}.")]
+    Unsupported(&'static str),
+    /// Removing the sandbox's directory failed.
+    #[error("Could not remove {0}.")]
+    Remove(PathBuf, #[source] std::io::Error),
+}
+
+/// Settings of the microVM backend.
+#[derive(Debug, Clone)]
+pub struct MicrovmConfig {
+    /// The agent binary (becomes the initramfs's `/init`).
+    pub agent: PathBuf,
+    /// One directory per sandbox (this backend's own, never the jail's).
+    pub state_dir: PathBuf,
+    /// The kernel and modules from `scripts/microvm-assets.sh`.
+    pub kernel_dir: PathBuf,
+    /// Initramfs and template images.
+    pub cache_dir: PathBuf,
+    /// QEMU.
+    pub qemu: PathBuf,
+    /// Run guests under emulation (TCG) when KVM cannot run them.
+    pub allow_emulation: bool,
+    /// The agents' log filter (`RUST_LOG` syntax), on the guest console.
+    pub agent_log: Option<String>,
+}
+
+impl MicrovmConfig {
+    /// Defaults for `agent` and `state_dir`: assets in
+    /// `/var/cache/runcell/microvm`, `qemu-system-x86_64` on `PATH`.
+    pub fn new(agent: PathBuf, state_dir: PathBuf, allow_emulation: bool) -> Self {
+        Self {
+            agent,
+            state_dir,
+            kernel_dir: PathBuf::from(DEFAULT_ASSETS),
+            cache_dir: PathBuf::from(DEFAULT_ASSETS),
+            qemu: PathBuf::from("qemu-system-x86_64"),
+            allow_emulation,
+            agent_log: None,
+        }
+    }
+}
+
+/// Where `scripts/microvm-assets.sh` puts the kernel by default.
+pub const DEFAULT_ASSETS: &str = "/var/cache/runcell/microvm";
+
+/// What [`probe`] found.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MicrovmInfo {
+    /// `qemu-system-x86_64 --version`'s first line.
+    pub qemu_version: String,
+    /// How guests run.
+    pub accel: Accel,
+    /// The guest kernel.
+    pub kernel: PathBuf,
+    /// Why KVM is not used (when `accel` is TCG).
+    pub kvm_unusable: Option<String>,
+}
+
+/// Whether microVMs can run here, with the default assets and QEMU on
+/// `PATH`: for `runcell doctor` and `GET /v1/system`. `Err` says why not.
+pub fn probe(allow_emulation: bool) -> Result<MicrovmInfo, String> {
+    probe_with(
+        Path::new("qemu-system-x86_64"),
+        Path::new(DEFAULT_ASSETS),
+        allow_emulation,
+    )
+}
+
+/// [`probe`] with a given QEMU and kernel directory.
+pub fn probe_with(
+    qemu: &Path,
+    kernel_dir: &Path,
+    allow_emulation: bool,
+) -> Result<MicrovmInfo, String> {
+    let version = std::process::Command::new(qemu)
+        .arg("--version")
+        .output()
+        .map_err(|_| format!("{} is not installed", qemu.display()))?;
+    let qemu_version = String::from_utf8_lossy(&version.stdout)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_string();
+    let kernel = kernel_dir.join("vmlinuz");
+    if !kernel.is_file() || !kernel_dir.join("modules/order").is_file() {
+        return Err(format!(
+            "the guest kernel is missing in {} (run scripts/microvm-assets.sh)",
+            kernel_dir.display()
+        ));
+    }
+    match kvm_usable(qemu, &kernel) {
+        Ok(()) => Ok(MicrovmInfo {
+            qemu_version,
+            accel: Accel::Kvm,
+            kernel,
+            kvm_unusable: None,
+        }),
+        Err(why) if allow_emulation => Ok(MicrovmInfo {
+            qemu_version,
+            accel: Accel::Tcg,
+            kernel,
+            kvm_unusable: Some(why),
+        }),
+        Err(why) => Err(format!(
+            "/dev/kvm cannot run a guest: {why}; emulation not allowed (--allow-emulation)"
+        )),
+    }
+}
+
+/// Tries KVM for real: boots the kernel with no initramfs under KVM; it
+/// must get as far as printing its banner (then it panics with no root and
+/// QEMU exits). Cached per process.
+fn kvm_usable(qemu: &Path, kernel: &Path) -> Result<(), String> {
+    static RESULT: OnceLock<Result<(), String>> = OnceLock::new();
+    RESULT
+        .get_or_init(|| {
+            if let Err(e) = fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/kvm")
+            {
+                return Err(format!("/dev/kvm cannot be opened ({e})"));
+            }
+            let dir = tempfile_dir().map_err(|e| format!("no temporary directory ({e})"))?;
+            let log = dir.join("console.log");
+            let mut child = std::process::Command::new(qemu)
+                .args([
+                    "-M", "microvm", "-accel", "kvm", "-cpu", "host", "-m", "128M",
+                ])
+                .args(["-nodefaults", "-no-user-config", "-display", "none"])
+                .args(["-no-reboot", "-serial"])
+                .arg(format!("file:{}", log.display()))
+                .arg("-kernel")
+                .arg(kernel)
+                .args(["-append", "console=ttyS0 panic=-1 reboot=t"])
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("could not run {} ({e})", qemu.display()))?;
+            let t0 = Instant::now();
+            let status = loop {
+                match child.try_wait() {
+                    Ok(Some(s)) => break Some(s),
+                    Ok(None) if t0.elapsed() < Duration::from_secs(20) => {
+                        std::thread::sleep(Duration::from_millis(50))
+                    }
+                    _ => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break None;
+                    }
+                }
+            };
+            let mut stderr = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
+            }
+            let console = fs::read_to_string(&log).unwrap_or_default();
+            let _ = fs::remove_dir_all(&dir);
+            if console.contains("Linux version") {
+                return Ok(());
+            }
+            let why = stderr
+                .lines()
+                .find(|l| l.contains("error") || l.contains("failed"))
+                .or_else(|| stderr.lines().next())
+                .map(|l| l.trim().to_string());
+            Err(match (status, why) {
+                (_, Some(w)) if !w.is_empty() => format!("QEMU under KVM failed: {w}"),
+                (None, _) => "a test guest under KVM printed nothing in 20 s".into(),
+                (Some(s), _) => format!("a test guest under KVM exited ({s}) before booting"),
+            })
+        })
+        .clone()
+}
+
+fn tempfile_dir() -> std::io::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("runcell-kvm-probe-{}", std::process::id()));
+    fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// Sandboxes in QEMU microVMs.
+#[derive(Debug, Clone)]
+pub struct MicrovmBackend {
+    config: MicrovmConfig,
+    assets: Assets,
+    vmm: Arc<dyn Vmm>,
+    accel: Arc<Mutex<Option<Accel>>>,
+}
+
+impl MicrovmBackend {
+    /// A backend with `config`, running guests under QEMU.
+    pub fn new(config: MicrovmConfig) -> Self {
+        let vmm: Arc<dyn Vmm> = Arc::new(Qemu::new(config.qemu.clone()));
+        Self::with_vmm(config, vmm)
+    }
+
+    /// A backend with `config`, running guests under `vmm`.
+    pub fn with_vmm(config: MicrovmConfig, vmm: Arc<dyn Vmm>) -> Self {
+        let assets = Assets {
+            kernel_dir: config.kernel_dir.clone(),
+            cache_dir: config.cache_dir.clone(),
+        };
+        Self {
+            config,
+            assets,
+            vmm,
+            accel: Arc::default(),
+        }
+    }
+
+    /// The directory holding one subdirectory per sandbox.
+    pub fn state_dir(&self) -> &Path {
+        &self.config.state_dir
+    }
+
+    /// How guests run here (probed once), or why they cannot.
+    pub fn accel(&self) -> Result<Accel, MicrovmError> {
+        let mut slot = self.accel.lock().expect("accel lock");
+        if let Some(a) = *slot {
+            return Ok(a);
+        }
+        let info = probe_with(
+            &self.config.qemu,
+            &self.config.kernel_dir,
+            self.config.allow_emulation,
+        )
+        .map_err(MicrovmError::Unavailable)?;
+        if let Some(why) = &info.kvm_unusable {
+            tracing::warn!("microVMs run under emulation (TCG), slowly: {why}");
+        }
+        *slot = Some(info.accel);
+        Ok(info.accel)
+    }
+
+    /// Stops this process's forwarder for sandbox `id`, as this process's
+    /// death would: the guest's streams end (a sandbox tied to its process
+    /// stops; any other keeps running and can be attached again).
+    pub fn detach(&self, id: &str) -> Result<(), MicrovmError> {
+        forward::stop(&self.dir(id)?);
+        Ok(())
+    }
+
+    /// Builds (or finds) the image of a template, ahead of its first sandbox.
+    pub fn template_image(&self, rootfs: &RootfsSpec) -> Result<PathBuf, MicrovmError> {
+        self.assets.template_image(rootfs)
+    }
+
+    fn dir(&self, id: &str) -> Result<PathBuf, MicrovmError> {
+        runcell_jail::check_id(id).map_err(|_| MicrovmError::BadId(id.into()))?;
+        Ok(self.config.state_dir.join(id))
+    }
+
+    fn boot(
+        &self,
+        prepared: &MicrovmPrepared,
+        spec: &StartSpec,
+    ) -> Result<VmInstance, MicrovmError> {
+        let t0 = Instant::now();
+        let accel = self.accel()?;
+        let dir = prepared.dir.clone();
+        let id = prepared.id.clone();
+        let limits = spec.limits;
+        let image = self.assets.template_image(&spec.rootfs)?;
+        let initramfs = self.assets.initramfs(&self.config.agent)?;
+        let t_assets = t0.elapsed();
+
+        // The host proxy's end of egress: bound here, served by the runtime.
+        let egress = match spec.egress {
+            EgressSocket::Socket { enabled } if !prepared.host_network => {
+                let sockets = dir.join("egress");
+                fs::create_dir_all(&sockets).map_err(|e| {
+                    MicrovmError::Asset(format!("creating {}", sockets.display()), e)
+                })?;
+                Some((bind_egress(&sockets)?, enabled))
+            }
+            _ => None,
+        };
+        let init = InitSpec {
+            sandbox_id: id.clone(),
+            hostname: "sandbox".into(),
+            staging_dir: PathBuf::from(GUEST_STAGE),
+            rootfs: RootfsSpec::Directory {
+                path: PathBuf::from(GUEST_LOWER),
+            },
+            disk_bytes: limits.disk_bytes,
+            user: spec.user.clone(),
+            exit_on_host_close: spec.tied_to_process,
+            deadline_unix_ms: spec.deadline_unix_ms,
+            host_network: false,
+            env: spec.env.clone(),
+            workdir: spec.workdir.clone(),
+            egress_socket: egress.as_ref().map(|_| PathBuf::from(GUEST_EGRESS)),
+            egress_enabled: egress.as_ref().is_some_and(|(_, on)| *on),
+        };
+        let spec_json = serde_json::to_vec(&init).unwrap_or_default();
+
+        let memory_mib = (limits.memory_bytes.div_ceil(1 << 20)).max(MIN_MEMORY_MIB);
+        let host_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let vcpus = u32::try_from(limits.cpu_millis.div_ceil(1000).max(1))
+            .unwrap_or(1)
+            .min(u32::try_from(host_cpus).unwrap_or(1));
+        let mut cmdline = String::from(
+            "console=ttyS0 panic=-1 reboot=t quiet loglevel=3 random.trust_cpu=on \
+             tsc=reliable no_timer_check",
+        );
+        // microvm has no HPET, and under emulation calibrating the TSC
+        // against the PIT fails now and then, which hangs the boot: give
+        // the kernel the host's TSC rate (what QEMU's guests read).
+        // The process limit, applied by the guest's init (vm-init).
+        cmdline.push_str(&format!(" runcell.pids={}", limits.pids));
+        if let Some(khz) = host_tsc_khz() {
+            cmdline.push_str(&format!(" tsc_early_khz={khz}"));
+        }
+        if let Some(filter) = &self.config.agent_log {
+            if !filter.contains(char::is_whitespace) {
+                cmdline.push_str(&format!(" RUST_LOG={filter}"));
+            }
+        }
+        cmdline.push_str(" -- vm-init");
+        let channel = channel_path(&dir)?;
+        let pidfile = dir.join("qemu.pid");
+        let pid = self.vmm.launch(&GuestSpec {
+            kernel: &self.assets.kernel(),
+            initramfs: &initramfs,
+            cmdline: &cmdline,
+            root_image: &image,
+            memory_mib,
+            vcpus,
+            channel: &channel,
+            console_log: &dir.join("console.log"),
+            pidfile: &pidfile,
+            accel,
+        })?;
+        let state = StateFile {
+            id: id.clone(),
+            pid,
+            vmm: self.vmm.name().to_string(),
+            accel,
+            memory_mib,
+            vcpus,
+        };
+        fs::write(
+            dir.join("vm.json"),
+            serde_json::to_vec(&state).unwrap_or_default(),
+        )
+        .map_err(|e| MicrovmError::Asset("writing vm.json".into(), e))?;
+        let t_launch = t0.elapsed();
+        let forwarder = forward::start(forward::ForwardConfig {
+            dir: dir.clone(),
+            channel,
+            spec: Some(spec_json),
+            timeout: BOOT_TIMEOUT,
+        });
+        let forwarder = match forwarder {
+            Ok(f) => f,
+            Err(e) => {
+                kill_vm(&dir, pid);
+                return Err(e);
+            }
+        };
+        tracing::info!(
+            sandbox = %id,
+            accel = accel.as_str(),
+            assets_ms = runcell_protocol::units::millis(t_assets),
+            launch_ms = runcell_protocol::units::millis(t_launch - t_assets),
+            boot_ms = runcell_protocol::units::millis(t0.elapsed() - t_launch),
+            "microvm ready"
+        );
+        Ok(VmInstance {
+            id,
+            dir,
+            pid,
+            egress: egress.map(|(l, _)| l),
+            tied: spec.tied_to_process,
+            _forwarder: Some(forwarder),
+        })
+    }
+}
+
+/// The host CPU's clock rate in kHz, from `/proc/cpuinfo`.
+fn host_tsc_khz() -> Option<u64> {
+    let info = fs::read_to_string("/proc/cpuinfo").ok()?;
+    let mhz = info
+        .lines()
+        .find(|l| l.starts_with("cpu MHz"))?
+        .split(':')
+        .nth(1)?
+        .trim();
+    let (whole, frac) = mhz.split_once('.').unwrap_or((mhz, "0"));
+    let frac: String = frac.chars().chain("000".chars()).take(3).collect();
+    let khz = whole.parse::<u64>().ok()? * 1000 + frac.parse::<u64>().ok()?;
+    (khz > 0).then_some(khz)
+}
+
+/// What `vm.json` records.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct StateFile {
+    id: String,
+    pid: i32,
+    vmm: String,
+    accel: Accel,
+    memory_mib: u64,
+    vcpus: u32,
+}
+
+/// Whether `pid` is the VMM of the sandbox in `dir` (its command line
+/// names the sandbox's pidfile: immune to pid reuse).
+fn is_our_vmm(dir: &Path, pid: i32) -> bool {
+    let Ok(cmdline) = fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let needle = dir.join("qemu.pid");
+    let needle = needle.as_os_str().as_encoded_bytes();
+    let running = fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim().to_string()))
+        .is_some_and(|rest| !rest.starts_with('Z'));
+    running && cmdline.windows(needle.len()).any(|w| w == needle)
+}
+
+/// The VMM pid recorded in `dir`, if that process still runs it.
+fn running_pid(dir: &Path) -> Option<i32> {
+    vmm::read_pidfile(&dir.join("qemu.pid")).filter(|&pid| is_our_vmm(dir, pid))
+}
+
+/// Kills the VMM of `dir` and waits (up to 5 s) until it is gone.
+fn kill_vm(dir: &Path, pid: i32) {
+    forward::stop(dir);
+    if !is_our_vmm(dir, pid) {
+        return;
+    }
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+    let t0 = Instant::now();
+    while is_our_vmm(dir, pid) && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Where short links to sandbox directories live, for the VMM's socket.
+const SHORT_LINKS: &str = "/run/runcell/vm-links";
+
+/// The path the VMM binds its channel socket at: `<dir>/vm.sock`, or where
+/// that is longer than `sun_path` holds (a deep data directory), the same
+/// socket through a short link to `dir` (the VMM binds a path it is given;
+/// the socket itself lands in `dir`).
+fn channel_path(dir: &Path) -> Result<PathBuf, MicrovmError> {
+    let full = dir.join("vm.sock");
+    if full.as_os_str().len() <= runcell_jail::socket::MAX_SOCKET_PATH {
+        return Ok(full);
+    }
+    let name = dir.file_name().unwrap_or_default();
+    let links = Path::new(SHORT_LINKS);
+    let link = links.join(name);
+    fs::create_dir_all(links)
+        .and_then(|()| {
+            let _ = fs::remove_file(&link);
+            std::os::unix::fs::symlink(dir, &link)
+        })
+        .map_err(|e| MicrovmError::Asset(format!("linking {}", link.display()), e))?;
+    Ok(link.join("vm.sock"))
+}
+
+fn remove_dir(dir: &Path) -> Result<(), MicrovmError> {
+    if let Some(name) = dir.file_name() {
+        let _ = fs::remove_file(Path::new(SHORT_LINKS).join(name));
+    }
+    match fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(MicrovmError::Remove(dir.to_path_buf(), e)),
+    }
+}
+
+fn bind_egress(sockets: &Path) -> Result<UnixListener, MicrovmError> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = sockets.join("sock");
+    let _ = fs::remove_file(&path);
+    let listener = runcell_jail::socket::bind(&path)
+        .map_err(|e| MicrovmError::Asset(format!("binding {}", path.display()), e))?;
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600))
+        .map_err(|e| MicrovmError::Asset(format!("securing {}", path.display()), e))?;
+    Ok(listener)
+}
+
+impl Backend for MicrovmBackend {
+    fn isolation(&self) -> super::Isolation {
+        super::Isolation::Microvm
+    }
+
+    fn prepare(&self, spec: &PrepareSpec) -> Result<Box<dyn Prepared>, BackendError> {
+        self.accel()?;
+        let dir = self.dir(&spec.id)?;
+        fs::create_dir_all(&dir)
+            .map_err(|e| MicrovmError::Asset(format!("creating {}", dir.display()), e))?;
+        // Its sockets (the agent's, QEMU's end of the port, egress) are the
+        // host's alone.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
+                .map_err(|e| MicrovmError::Asset(format!("securing {}", dir.display()), e))?;
+        }
+        Ok(Box::new(MicrovmPrepared {
+            backend: self.clone(),
+            id: spec.id.clone(),
+            dir,
+            limits: Mutex::new(spec.limits),
+            prepared_limits: spec.limits,
+            host_network: spec.host_network,
+            started: false,
+        }))
+    }
+
+    fn attach(&self, id: &str) -> Result<Box<dyn Instance>, BackendError> {
+        let dir = self.dir(id)?;
+        let raw = fs::read(dir.join("vm.json")).map_err(|_| MicrovmError::NotRunning(id.into()))?;
+        let state: StateFile =
+            serde_json::from_slice(&raw).map_err(|e| MicrovmError::BadState(id.into(), e))?;
+        if !is_our_vmm(&dir, state.pid) {
+            return Err(MicrovmError::NotRunning(id.into()).into());
+        }
+        let forwarder = forward::start(forward::ForwardConfig {
+            dir: dir.clone(),
+            channel: channel_path(&dir)?,
+            spec: None,
+            timeout: Duration::from_secs(5),
+        })?;
+        Ok(Box::new(VmInstance {
+            id: id.into(),
+            dir,
+            pid: state.pid,
+            egress: None,
+            tied: false,
+            _forwarder: Some(forwarder),
+        }))
+    }
+
+    fn list(&self) -> Vec<String> {
+        let Ok(entries) = fs::read_dir(&self.config.state_dir) else {
+            return Vec::new();
+        };
+        let mut ids: Vec<String> = entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|id| runcell_jail::check_id(id).is_ok())
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    fn is_dead(&self, id: &str, grace: Duration) -> bool {
+        let Ok(dir) = self.dir(id) else {
+            return false;
+        };
+        if running_pid(&dir).is_some() {
+            return false;
+        }
+        if dir.join("vm.json").exists() {
+            return true;
+        }
+        fs::metadata(&dir)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > grace)
+    }
+
+    fn remove(&self, id: &str) -> Result<(), BackendError> {
+        let dir = self.dir(id)?;
+        if let Some(pid) = running_pid(&dir) {
+            kill_vm(&dir, pid);
+        } else {
+            forward::stop(&dir);
+        }
+        Ok(remove_dir(&dir)?)
+    }
+}
+
+/// A sandbox whose directory exists; its guest boots in `start`.
+#[derive(Debug)]
+struct MicrovmPrepared {
+    backend: MicrovmBackend,
+    id: String,
+    dir: PathBuf,
+    limits: Mutex<Limits>,
+    prepared_limits: Limits,
+    host_network: bool,
+    started: bool,
+}
+
+impl Prepared for MicrovmPrepared {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn set_limits(&self, limits: &Limits) -> Result<(), BackendError> {
+        *self.limits.lock().expect("limits lock") = *limits;
+        Ok(())
+    }
+
+    fn reset_limits(&self) -> Result<(), BackendError> {
+        *self.limits.lock().expect("limits lock") = self.prepared_limits;
+        Ok(())
+    }
+
+    fn is_alive(&self) -> bool {
+        self.dir.is_dir()
+    }
+
+    fn start(mut self: Box<Self>, spec: &StartSpec) -> Result<Box<dyn Instance>, BackendError> {
+        let backend = self.backend.clone();
+        match backend.boot(&self, spec) {
+            Ok(vm) => {
+                self.started = true;
+                Ok(Box::new(vm))
+            }
+            Err(MicrovmError::AgentGone(_)) => {
+                Err(MicrovmError::AgentGone(console_tail(&self.dir)).into())
+            }
+            Err(MicrovmError::Timeout(t, _)) => {
+                Err(MicrovmError::Timeout(t, console_tail(&self.dir)).into())
+            }
+            Err(e) => {
+                tracing::warn!(sandbox = %self.id, "microvm failed to start: {e}; console: {}",
+                    console_tail(&self.dir));
+                Err(e.into())
+            }
+        }
+    }
+}
+
+/// The last lines of a guest's console that are not kernel messages (the
+/// agent's), and the kernel's panic line, for error reports.
+fn console_tail(dir: &Path) -> String {
+    let text = fs::read_to_string(dir.join("console.log")).unwrap_or_default();
+    let mut lines: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('[') || l.contains("Kernel panic"))
+        .collect();
+    if lines.is_empty() {
+        lines = text.lines().collect();
+    }
+    lines[lines.len().saturating_sub(6)..].join(" | ")
+}
+
+impl Drop for MicrovmPrepared {
+    fn drop(&mut self) {
+        if !self.started {
+            if let Some(pid) = running_pid(&self.dir) {
+                kill_vm(&self.dir, pid);
+            }
+            let _ = remove_dir(&self.dir);
+        }
+    }
+}
+
+/// A running guest, host side.
+#[derive(Debug)]
+struct VmInstance {
+    id: String,
+    dir: PathBuf,
+    pid: i32,
+    egress: Option<UnixListener>,
+    tied: bool,
+    _forwarder: Option<Arc<forward::Forwarder>>,
+}
+
+impl Instance for VmInstance {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    fn agent_channel(&self) -> AgentChannel {
+        AgentChannel::Unix(self.dir.join("agent.sock"))
+    }
+
+    fn take_egress_listener(&mut self) -> Option<UnixListener> {
+        self.egress.take()
+    }
+
+    fn rebind_egress(&mut self) -> Result<Option<UnixListener>, BackendError> {
+        let sockets = self.dir.join("egress");
+        if !sockets.is_dir() {
+            return Ok(None);
+        }
+        Ok(Some(bind_egress(&sockets)?))
+    }
+
+    fn counters(&self) -> Counters {
+        Counters::default()
+    }
+
+    fn is_alive(&self) -> bool {
+        is_our_vmm(&self.dir, self.pid)
+    }
+
+    fn kill(&self) {
+        if is_our_vmm(&self.dir, self.pid) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.pid),
+                nix::sys::signal::SIGKILL,
+            );
+        }
+    }
+
+    fn destroy(mut self: Box<Self>) -> Result<(), BackendError> {
+        self.tied = false;
+        kill_vm(&self.dir, self.pid);
+        Ok(remove_dir(&self.dir)?)
+    }
+}
+
+impl Drop for VmInstance {
+    fn drop(&mut self) {
+        if self.tied {
+            kill_vm(&self.dir, self.pid);
+        }
+    }
+}
