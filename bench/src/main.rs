@@ -16,14 +16,12 @@
 //! Run with `sudo ./scripts/bench.sh` (builds in release mode first).
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use runcell_core::{RunOptions, Runtime, RuntimeConfig, SandboxOptions};
 use runcell_protocol::Language;
-
-const PYTHON: &str = "/usr/bin/python3";
+use runcell_testkit::bench::{bwrap_python, ms, percentile, strings, time_command, PYTHON};
 
 #[derive(Debug, Parser)]
 #[command(about = "Sandbox start-up benchmark (runs baselines side by side)")]
@@ -43,36 +41,6 @@ struct Args {
 struct Row {
     label: &'static str,
     samples: Vec<Duration>,
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let idx = runcell_testkit::percentile_index(sorted.len(), p);
-    sorted[idx]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-fn time_command(argv: &[String]) -> Duration {
-    let started = Instant::now();
-    let status = Command::new(&argv[0])
-        .args(&argv[1..])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .unwrap_or_else(|e| panic!("could not run {}: {e}", argv[0]));
-    let took = started.elapsed();
-    assert!(status.success(), "{argv:?} failed: {status}");
-    took
-}
-
-fn strings(v: &[&str]) -> Vec<String> {
-    v.iter().map(|s| s.to_string()).collect()
 }
 
 fn on_path(tool: &str) -> bool {
@@ -122,32 +90,7 @@ async fn main() {
     );
 
     let bare = strings(&[PYTHON, "-c", "pass"]);
-    let bwrap = strings(&[
-        "bwrap",
-        "--unshare-all",
-        "--die-with-parent",
-        "--ro-bind",
-        "/usr",
-        "/usr",
-        "--symlink",
-        "usr/bin",
-        "/bin",
-        "--symlink",
-        "usr/lib",
-        "/lib",
-        "--symlink",
-        "usr/lib64",
-        "/lib64",
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--tmpfs",
-        "/tmp",
-        PYTHON,
-        "-c",
-        "pass",
-    ]);
+    let bwrap = bwrap_python(&["-c", "pass"]);
     let runsc = strings(&["runsc", "--network=none", "do", PYTHON, "-c", "pass"]);
     let runcell_cli = vec![
         runcell.display().to_string(),

@@ -18,7 +18,6 @@
 //!
 //! Run with `sudo ./scripts/bench.sh --isolation` (release build first).
 
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,8 +26,8 @@ use runcell_core::backend::Isolation;
 use runcell_core::host::{equip, HostOptions};
 use runcell_core::{Runtime, RuntimeConfig, SandboxOptions};
 use runcell_protocol::Command as AgentCommand;
+use runcell_testkit::bench::{bwrap_python, ms, percentile, strings, time_command, PYTHON};
 
-const PYTHON: &str = "/usr/bin/python3";
 const PROGRAM: &str = "import hashlib, json; print(hashlib.sha256(json.dumps(list(range(20000))).encode()).hexdigest())";
 
 #[derive(Debug, Parser)]
@@ -52,35 +51,6 @@ struct Args {
     /// Let the microVM run under TCG emulation.
     #[arg(long)]
     allow_emulation: bool,
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[runcell_testkit::percentile_index(sorted.len(), p)]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-fn strings(v: &[&str]) -> Vec<String> {
-    v.iter().map(|s| s.to_string()).collect()
-}
-
-fn time_command(argv: &[String]) -> Duration {
-    let started = Instant::now();
-    let status = Command::new(&argv[0])
-        .args(&argv[1..])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .unwrap_or_else(|e| panic!("could not run {}: {e}", argv[0]));
-    let took = started.elapsed();
-    assert!(status.success(), "{argv:?} failed: {status}");
-    took
 }
 
 /// A fresh sandbox of `isolation` runs `code` with python3 and goes.
@@ -183,32 +153,7 @@ async fn main() {
     }
 
     let bare = strings(&[PYTHON, "-c", "pass"]);
-    let bwrap = strings(&[
-        "bwrap",
-        "--unshare-all",
-        "--die-with-parent",
-        "--ro-bind",
-        "/usr",
-        "/usr",
-        "--symlink",
-        "usr/bin",
-        "/bin",
-        "--symlink",
-        "usr/lib",
-        "/lib",
-        "--symlink",
-        "usr/lib64",
-        "/lib64",
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--tmpfs",
-        "/tmp",
-        PYTHON,
-        "-c",
-        "pass",
-    ]);
+    let bwrap = bwrap_python(&["-c", "pass"]);
     let runsc = strings(&["runsc", "--network=none", "do", PYTHON, "-c", "pass"]);
 
     let mut labels: Vec<String> = vec![

@@ -36,6 +36,7 @@ pub use sys::finit_module;
 
 pub use command::{SandboxCommand, MAX_EXTRA_FDS};
 pub use spawn::{
-    check_id, list_sandboxes, EgressSocket, Jail, PrepareConfig, SpawnError, Standby, StartConfig,
+    check_id, list_sandboxes, log_tail, read_setup_answer, EgressSocket, Jail, PrepareConfig,
+    SetupAnswer, SpawnError, Standby, StartConfig,
 };
 pub use spec::{IdMap, InitSpec, Limits, RootfsSpec, SandboxUser, EGRESS_SOCKET};

@@ -741,34 +741,52 @@ fn read_status(sock: &mut UnixStream, timeout: Duration, log: &Path) -> Result<(
         io::ErrorKind::UnexpectedEof => SpawnError::AgentDied(log_tail(log)),
         _ => SpawnError::Setup(e),
     };
-    let mut tag = [0u8; 1];
-    sock.read_exact(&mut tag).map_err(map_read)?;
-    match tag[0] {
-        b'R' => Ok(()),
-        b'X' => {
-            let mut errno = [0u8; 4];
-            sock.read_exact(&mut errno).map_err(map_read)?;
-            Err(SpawnError::AgentExec(io::Error::from_raw_os_error(
-                i32::from_ne_bytes(errno),
-            )))
+    match read_setup_answer(sock).map_err(map_read)? {
+        SetupAnswer::Ready => Ok(()),
+        SetupAnswer::ExecFailed(errno) => {
+            Err(SpawnError::AgentExec(io::Error::from_raw_os_error(errno)))
         }
-        b'E' => {
-            let mut len = [0u8; 4];
-            sock.read_exact(&mut len).map_err(map_read)?;
-            let mut msg = vec![0u8; (u32::from_be_bytes(len) as usize).min(64 << 10)];
-            sock.read_exact(&mut msg).map_err(map_read)?;
-            Err(SpawnError::SetupFailed(
-                String::from_utf8_lossy(&msg).into_owned(),
-            ))
-        }
-        other => Err(SpawnError::SetupFailed(format!(
-            "unexpected setup status byte {other:#x}"
-        ))),
+        SetupAnswer::Failed(msg) => Err(SpawnError::SetupFailed(msg)),
     }
 }
 
-/// The last lines of the agent's log, for error messages.
-fn log_tail(log: &Path) -> String {
+/// What a starting agent answered its host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SetupAnswer {
+    /// `R`: ready.
+    Ready,
+    /// `X` and an errno: the agent could not be executed.
+    ExecFailed(i32),
+    /// `E`, a big-endian length and a sentence (or an unknown status byte).
+    Failed(String),
+}
+
+/// Reads a starting agent's answer (the framing of
+/// [`crate::inside::report_error`]); every backend's host side uses it.
+pub fn read_setup_answer(sock: &mut impl Read) -> io::Result<SetupAnswer> {
+    let mut tag = [0u8; 1];
+    sock.read_exact(&mut tag)?;
+    Ok(match tag[0] {
+        b'R' => SetupAnswer::Ready,
+        b'X' => {
+            let mut errno = [0u8; 4];
+            sock.read_exact(&mut errno)?;
+            SetupAnswer::ExecFailed(i32::from_ne_bytes(errno))
+        }
+        b'E' => {
+            let mut len = [0u8; 4];
+            sock.read_exact(&mut len)?;
+            let len = usize::try_from(u32::from_be_bytes(len)).unwrap_or(usize::MAX);
+            let mut msg = vec![0u8; len.min(64 << 10)];
+            sock.read_exact(&mut msg)?;
+            SetupAnswer::Failed(String::from_utf8_lossy(&msg).into_owned())
+        }
+        other => SetupAnswer::Failed(format!("unexpected setup status byte {other:#x}")),
+    })
+}
+
+/// The last lines of an agent's log, for error messages.
+pub fn log_tail(log: &Path) -> String {
     let text = fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     let tail = lines[lines.len().saturating_sub(5)..].join(" | ");

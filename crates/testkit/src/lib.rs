@@ -388,3 +388,77 @@ pub fn percentile_index(len: usize, p: f64) -> usize {
     let last = len.saturating_sub(1);
     ((last as f64 * p.clamp(0.0, 1.0)).round() as usize).min(last)
 }
+
+/// What the benchmarks share: timing whole commands and the baselines'
+/// command lines.
+pub mod bench {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    /// Debian's interpreter, which every row of a start-up benchmark runs.
+    pub const PYTHON: &str = "/usr/bin/python3";
+
+    /// `argv` as owned strings.
+    pub fn strings(argv: &[&str]) -> Vec<String> {
+        argv.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// Runs `argv` (which must succeed) with no input or output; its wall time.
+    pub fn time_command(argv: &[String]) -> Duration {
+        let started = Instant::now();
+        let status = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap_or_else(|e| panic!("could not run {}: {e}", argv[0]));
+        let took = started.elapsed();
+        assert!(status.success(), "{argv:?} failed: {status}");
+        took
+    }
+
+    /// The `p` percentile of sorted samples (zero for none).
+    pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+        if sorted.is_empty() {
+            return Duration::ZERO;
+        }
+        sorted[super::percentile_index(sorted.len(), p)]
+    }
+
+    /// Milliseconds, for tables.
+    pub fn ms(d: Duration) -> f64 {
+        d.as_secs_f64() * 1000.0
+    }
+
+    /// `bwrap --unshare-all` around `python3 ARGS`: the host's /usr read-only,
+    /// fresh /proc, /dev and /tmp (the bubblewrap baseline).
+    pub fn bwrap_python(args: &[&str]) -> Vec<String> {
+        let mut v = strings(&[
+            "bwrap",
+            "--unshare-all",
+            "--die-with-parent",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+            "--symlink",
+            "usr/bin",
+            "/bin",
+            "--symlink",
+            "usr/lib",
+            "/lib",
+            "--symlink",
+            "usr/lib64",
+            "/lib64",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--tmpfs",
+            "/tmp",
+            PYTHON,
+        ]);
+        v.extend(strings(args));
+        v
+    }
+}

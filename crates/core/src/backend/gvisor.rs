@@ -50,6 +50,7 @@ use std::time::{Duration, Instant};
 
 use runcell_jail::cgroup::{Cgroup, CgroupError, Hierarchy};
 use runcell_jail::gvisor::{AGENT_PATH, HOST_DIR};
+use runcell_jail::log_tail;
 
 /// Where the preload library (`crates/jail/shim`) is mounted in the sandbox.
 const SHIM_PATH: &str = "/run/runcell/gvisor-shim.so";
@@ -1045,35 +1046,13 @@ fn read_status(sock: &mut UnixStream, log: &Path) -> Result<(), GvisorError> {
         io::ErrorKind::UnexpectedEof => GvisorError::AgentDied(log_tail(log)),
         _ => GvisorError::Setup(e),
     };
-    let mut tag = [0u8; 1];
-    sock.read_exact(&mut tag).map_err(map_read)?;
-    match tag[0] {
-        b'R' => Ok(()),
-        b'E' => {
-            let mut len = [0u8; 4];
-            sock.read_exact(&mut len).map_err(map_read)?;
-            let len = usize::try_from(u32::from_be_bytes(len)).unwrap_or(usize::MAX);
-            let mut msg = vec![0u8; len.min(64 << 10)];
-            sock.read_exact(&mut msg).map_err(map_read)?;
-            Err(GvisorError::SetupFailed(
-                String::from_utf8_lossy(&msg).into_owned(),
-            ))
-        }
-        other => Err(GvisorError::SetupFailed(format!(
-            "unexpected setup status byte {other:#x}"
+    match runcell_jail::read_setup_answer(sock).map_err(map_read)? {
+        runcell_jail::SetupAnswer::Ready => Ok(()),
+        runcell_jail::SetupAnswer::ExecFailed(errno) => Err(GvisorError::SetupFailed(format!(
+            "the agent could not be executed: {}",
+            io::Error::from_raw_os_error(errno)
         ))),
-    }
-}
-
-/// The last lines of a log, for error messages.
-fn log_tail(log: &Path) -> String {
-    let text = fs::read_to_string(log).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    let tail = lines[lines.len().saturating_sub(5)..].join(" | ");
-    if tail.is_empty() {
-        "(empty)".into()
-    } else {
-        tail
+        runcell_jail::SetupAnswer::Failed(msg) => Err(GvisorError::SetupFailed(msg)),
     }
 }
 
