@@ -178,7 +178,7 @@ async fn main() {
         record(1, time_command(&bwrap));
         record(2, time_command(&runsc));
         for (j, b) in backends.iter().enumerate() {
-            if *b == Isolation::Microvm && i >= args.warmup.min(1) + args.microvm_iterations {
+            if *b == Isolation::Microvm && i >= args.warmup + args.microvm_iterations {
                 continue;
             }
             record(3 + j, sandbox_run(&rt, *b, "pass").await);
