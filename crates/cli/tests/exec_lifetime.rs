@@ -4,9 +4,10 @@
 //!
 //! Also run with `RUNCELL_TEST_ISOLATION=gvisor` (scripts/test.sh). That
 //! gVisor release has no child subreaper, so a process that left the
-//! command's session (`setsid`) outlives its exec until the sandbox ends;
-//! those cases assert exactly that documented difference (docs/SECURITY.md),
-//! so neither side can change unnoticed.
+//! command's session (`setsid`) may outlive its exec until the sandbox ends
+//! (whether it does depends on whether it left before the exec's process
+//! group was killed); those cases allow exactly that documented difference
+//! (docs/SECURITY.md) and nothing more.
 
 mod common;
 use common::*;
@@ -65,7 +66,7 @@ async fn processes_an_exec_leaves_behind_are_killed_when_it_returns() {
             started.elapsed()
         );
         if gvisor() && leaves_session(cmd) {
-            assert_eq!(sleeps(&d, &id).await, 1, "`{cmd}` under gVisor");
+            assert!(sleeps(&d, &id).await <= 1, "`{cmd}` under gVisor");
             let (s, _) = d.exec(&id, "pkill -x sleep; true").await;
             assert_eq!(s, 200);
         }
@@ -106,9 +107,9 @@ async fn a_timeout_kills_detached_processes_too() {
             .unwrap();
         let v: Value = r.json().await.unwrap();
         assert_eq!(v["timed_out"], true, "{v}");
-        // Under gVisor the `setsid` one outlives its exec (see the top).
+        // Under gVisor the `setsid` one may outlive its exec (see the top).
         let left = i64::from(gvisor());
-        assert_eq!(sleeps(&d, &id).await, left, "background {background}");
+        assert!(sleeps(&d, &id).await <= left, "background {background}");
         let (s, _) = d.exec(&id, "pkill -x sleep; true").await;
         assert_eq!(s, 200);
     }
@@ -170,6 +171,16 @@ async fn a_fork_bomb_that_times_out_is_gone_too() {
         .await
         .unwrap();
     let v: Value = r.json().await.unwrap();
+    if gvisor() && v["oom_killed"] == true {
+        // 512 shells can exceed the memory limit before the timeout; under
+        // gVisor that ends the whole sandbox, and the answer says so.
+        assert!(
+            v["messages"].to_string().contains("ends the whole sandbox"),
+            "{v}"
+        );
+        d.delete_all().await;
+        return;
+    }
     assert_eq!(v["timed_out"], true, "{}", v["messages"]);
     assert!(
         started.elapsed() < Duration::from_secs(30),
@@ -189,9 +200,9 @@ async fn a_fork_bomb_that_times_out_is_gone_too() {
 async fn exec_stream_follows_the_same_rules() {
     let d = Daemon::start(&data_dir("lt-stream"), free_port(), &[]);
     let id = d.create(json!({})).await;
-    // Under gVisor the `setsid` one outlives its exec (see the top).
+    // Under gVisor the `setsid` one may outlive its exec (see the top).
     let escaped = i64::from(gvisor());
-    for (background, left) in [(false, escaped), (true, escaped + 1)] {
+    for (background, left) in [(false, 0), (true, 1)] {
         let r = d
             .req(Method::POST, &format!("/v1/sandboxes/{id}/exec/stream"))
             .json(&json!({"cmd": "(setsid sleep 1000 >/dev/null 2>&1 &); echo started", "background": background}))
@@ -201,7 +212,14 @@ async fn exec_stream_follows_the_same_rules() {
         assert_eq!(r.status(), 200);
         let body = r.text().await.unwrap();
         assert!(body.contains("started") && body.contains("exit"), "{body}");
-        assert_eq!(sleeps(&d, &id).await, left, "background {background}");
+        let n = sleeps(&d, &id).await;
+        if background {
+            assert_eq!(n, left, "background {background}");
+        } else {
+            assert!(n <= left + escaped, "background {background}: {n}");
+            let (s, _) = d.exec(&id, "pkill -x sleep; true").await;
+            assert_eq!(s, 200);
+        }
     }
     d.delete_all().await;
 }

@@ -946,9 +946,21 @@ fn supervise(main: libc::pid_t, set: &libc::sigset_t, keep_background: bool) -> 
             if no_children {
                 // Where orphans are not re-parented to us (gVisor has no
                 // child subreaper), what stayed in the command's process
-                // group is still reachable through it.
-                // SAFETY: kill(2) on a process group id; no memory is touched.
-                unsafe { libc::kill(-main, libc::SIGKILL) };
+                // group is still reachable through it: kill until the group
+                // is empty (a member may fork between two rounds), for at
+                // most a second.
+                for _ in 0..500 {
+                    // SAFETY: kill(2) on a process group id; no memory is touched.
+                    if unsafe { libc::kill(-main, libc::SIGKILL) } < 0 {
+                        break;
+                    }
+                    let pause = libc::timespec {
+                        tv_sec: 0,
+                        tv_nsec: 2_000_000,
+                    };
+                    // SAFETY: sleeps; writes nothing (null remainder).
+                    unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
+                }
                 return st;
             }
             killing = true;
