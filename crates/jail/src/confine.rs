@@ -138,7 +138,7 @@ mod tests {
     /// Runs the check `name` in a fresh process (this test binary again,
     /// running only [`child`]): a domain is irreversible and must not land
     /// on the test runner, and forking the multi-threaded runner is unsafe.
-    fn in_child(name: &str, args: &[&Path]) -> std::process::Output {
+    fn in_child(name: &str, args: &[&Path], envs: &[(&str, String)]) -> std::process::Output {
         let mut cmd = Command::new(std::env::current_exe().unwrap());
         cmd.args([
             "--exact",
@@ -150,6 +150,7 @@ mod tests {
         for (i, a) in args.iter().enumerate() {
             cmd.env(format!("RUNCELL_CONFINE_ARG{i}"), a);
         }
+        cmd.envs(envs.iter().map(|(k, v)| (*k, v)));
         cmd.output().unwrap()
     }
 
@@ -221,7 +222,7 @@ mod tests {
         let outside = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(outside.path(), "host secret").unwrap();
         std::os::unix::fs::symlink(outside.path(), root.path().join("link")).unwrap();
-        assert_passed(&in_child("files", &[root.path(), outside.path()]));
+        assert_passed(&in_child("files", &[root.path(), outside.path()], &[]));
     }
 
     #[test]
@@ -234,17 +235,11 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         // A process outside the domain (started before it exists).
         let mut victim = Command::new("/bin/sleep").arg("30").spawn().unwrap();
-        let mut cmd = Command::new(std::env::current_exe().unwrap());
-        cmd.args([
-            "--exact",
-            "confine::tests::child",
-            "--ignored",
-            "--nocapture",
-        ])
-        .env("RUNCELL_CONFINE_CHECK", "signal")
-        .env("RUNCELL_CONFINE_ARG0", root.path())
-        .env("RUNCELL_CONFINE_PID", victim.id().to_string());
-        let out = cmd.output().unwrap();
+        let out = in_child(
+            "signal",
+            &[root.path()],
+            &[("RUNCELL_CONFINE_PID", victim.id().to_string())],
+        );
         let alive = victim.try_wait().unwrap().is_none();
         let _ = victim.kill();
         let _ = victim.wait();

@@ -28,8 +28,8 @@ use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::unistd::{chown, Gid, Uid};
 
 use crate::inside::{
-    bind, host_etc_entry, host_path, inode_limit, inside, mkdir, mkdir_if_missing, overlay,
-    read_spec, report_error, step, synthesize_etc, Bootstrap, SetupError,
+    bind, inode_limit, inside, mkdir, mkdir_if_missing, overlay_template, read_spec, report_error,
+    step, synthesize_etc, Bootstrap, SetupError,
 };
 use crate::spec::{InitSpec, RootfsSpec};
 
@@ -86,32 +86,7 @@ pub fn compose_rootfs(spec: &InitSpec, stage: &Path) -> Result<PathBuf, SetupErr
     for d in ["root", "upper", "work"] {
         mkdir(&stage.join(d), 0o755)?;
     }
-    match &spec.rootfs {
-        RootfsSpec::Directory { path } => {
-            overlay(
-                path,
-                &root,
-                &stage.join("upper/root"),
-                &stage.join("work/root"),
-            )?;
-        }
-        RootfsSpec::Layers { lowers, persist } => {
-            let (upper, work) = match persist {
-                Some(dir) => (dir.join("diff"), dir.join("work")),
-                None => (stage.join("upper/root"), stage.join("work/root")),
-            };
-            overlay_layers_absolute(lowers, &root, &upper, &work)?;
-        }
-        RootfsSpec::Host { paths, etc } => {
-            for p in paths {
-                host_path(p, &root, stage)?;
-            }
-            mkdir(&root.join("etc"), 0o755)?;
-            for name in etc {
-                host_etc_entry(name, &root)?;
-            }
-        }
-    }
+    overlay_template(spec, stage, &root, overlay_layers_absolute, false)?;
     populate(spec, &root, stage)?;
     Ok(root)
 }

@@ -181,35 +181,7 @@ fn build_root(spec: &InitSpec, enter: Enter) -> Result<(), SetupError> {
     fs::set_permissions(stage.join("shm"), fs::Permissions::from_mode(0o1777))
         .map_err(step("preparing /dev/shm"))?;
 
-    match &spec.rootfs {
-        RootfsSpec::Directory { path } => {
-            overlay(
-                path,
-                &root,
-                &stage.join("upper/root"),
-                &stage.join("work/root"),
-            )?;
-        }
-        RootfsSpec::Layers { lowers, persist } => {
-            let (upper, work) = match persist {
-                Some(dir) => (dir.join("diff"), dir.join("work")),
-                None => (stage.join("upper/root"), stage.join("work/root")),
-            };
-            overlay_layers(lowers, &root, &upper, &work)?;
-        }
-        RootfsSpec::Host { paths, etc } => {
-            // The root directory lives on the tmpfs; bind it to itself so it is
-            // a mount point pivot_root accepts.
-            bind(&root, &root, false)?;
-            for p in paths {
-                host_path(p, &root, stage)?;
-            }
-            mkdir(&root.join("etc"), 0o755)?;
-            for name in etc {
-                host_etc_entry(name, &root)?;
-            }
-        }
-    }
+    overlay_template(spec, stage, &root, overlay_layers, true)?;
 
     let t_root = t0.elapsed();
     populate(spec, &root, stage)?;
@@ -264,6 +236,48 @@ pub(crate) fn mkdir(path: &Path, mode: u32) -> Result<(), SetupError> {
     }
     fs::set_permissions(path, fs::Permissions::from_mode(mode))
         .map_err(step(format!("setting the mode of {}", path.display())))
+}
+
+/// Overlays the template of `spec` at `root` (on the writable layer in
+/// `stage`): a directory, layers (with `layered`, which takes them topmost
+/// first), or the host's paths and named `/etc` entries. `bind_root` binds
+/// `root` to itself first for a host template, so it is a mount point
+/// `pivot_root` accepts. The jail and gVisor's host-side composition share it.
+pub(crate) fn overlay_template(
+    spec: &InitSpec,
+    stage: &Path,
+    root: &Path,
+    layered: fn(&[PathBuf], &Path, &Path, &Path) -> Result<(), SetupError>,
+    bind_root: bool,
+) -> Result<(), SetupError> {
+    match &spec.rootfs {
+        RootfsSpec::Directory { path } => overlay(
+            path,
+            root,
+            &stage.join("upper/root"),
+            &stage.join("work/root"),
+        ),
+        RootfsSpec::Layers { lowers, persist } => {
+            let (upper, work) = match persist {
+                Some(dir) => (dir.join("diff"), dir.join("work")),
+                None => (stage.join("upper/root"), stage.join("work/root")),
+            };
+            layered(lowers, root, &upper, &work)
+        }
+        RootfsSpec::Host { paths, etc } => {
+            if bind_root {
+                bind(root, root, false)?;
+            }
+            for p in paths {
+                host_path(p, root, stage)?;
+            }
+            mkdir(&root.join("etc"), 0o755)?;
+            for name in etc {
+                host_etc_entry(name, root)?;
+            }
+            Ok(())
+        }
+    }
 }
 
 /// Creates a directory that is missing, leaving an existing one alone: in a
