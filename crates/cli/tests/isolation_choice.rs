@@ -85,6 +85,31 @@ async fn isolation_is_chosen_per_sandbox_shown_and_kept_across_a_restart() {
         "isolation",
     )
     .await;
+    // Hostile values: a NUL, another type, and a huge name, which is not
+    // echoed back whole.
+    for bad in [json!("jail\u{0}"), json!(5), json!(["jail"])] {
+        expect_error(
+            d.req(Method::POST, "/v1/sandboxes")
+                .json(&json!({"template": "host", "isolation": bad})),
+            400,
+            "",
+        )
+        .await;
+    }
+    let huge = "g".repeat(1 << 20);
+    let r = d
+        .req(Method::POST, "/v1/sandboxes")
+        .json(&json!({"template": "host", "isolation": huge}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let body = r.text().await.unwrap();
+    assert!(
+        body.len() < 1024 && body.contains("isolation"),
+        "{}",
+        &body[..body.len().min(2000)]
+    );
     let r = d
         .req(Method::POST, "/v1/sandboxes")
         .json(&json!({"template": "host", "isolation": "microvm"}))

@@ -54,9 +54,10 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> AppResult<T> {
     }
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|e| {
-        let field = e.path().to_string();
+        let field = clip(e.path().to_string());
         let inner = e.into_inner();
         let data = inner.classify() == serde_json::error::Category::Data;
+        let inner = clip(inner.to_string());
         if !data || field.is_empty() || field == "." || field == "?" {
             ApiError::bad_request(format!(
                 "The request body is not valid JSON for this route: {inner}."
@@ -67,6 +68,23 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> AppResult<T> {
             ))
         }
     })
+}
+
+/// At most this much of a caller's own text is echoed in an error (serde
+/// quotes an unknown value whole: a 30 MB `isolation` must not come back).
+const ECHO_LIMIT: usize = 256;
+
+/// `s`, cut at [`ECHO_LIMIT`] bytes (on a character boundary) with the size
+/// said.
+fn clip(s: String) -> String {
+    if s.len() <= ECHO_LIMIT {
+        return s;
+    }
+    let mut end = ECHO_LIMIT;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes in all)", &s[..end], s.len())
 }
 
 /// Raw body bytes, limited to the configured size.
