@@ -352,6 +352,7 @@ impl<'a> Service<'a> {
                 max_lifetime: Some(self.0.config.max_lifetime),
                 network: Some(network),
                 isolation: Some(isolation),
+                ..SandboxOptions::default()
             })
             .await
             .map_err(|e| match e {
