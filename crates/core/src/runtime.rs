@@ -473,7 +473,21 @@ impl Runtime {
         })
         .await
         .map_err(Error::Task)??;
-        let agent = connect(jail.as_ref()).await?;
+        // A paused sandbox's agent cannot answer the handshake: thawed for
+        // it, then frozen again.
+        let paused = jail.is_frozen();
+        if paused {
+            jail.thaw()?;
+        }
+        let agent = match connect(jail.as_ref()).await {
+            Ok(a) => a,
+            Err(e) => {
+                if paused {
+                    let _ = jail.freeze();
+                }
+                return Err(e.into());
+            }
+        };
         let mut sandbox = Sandbox::new(jail, agent, template, limits, isolation);
         // Egress that cannot be served again leaves the sandbox running
         // without it (nothing leaves), which is said, not silent.
@@ -499,6 +513,9 @@ impl Runtime {
                 tracing::warn!(sandbox = %id, "could not bind its egress socket again: {e}")
             }
             _ => {}
+        }
+        if paused {
+            sandbox.pause()?;
         }
         Ok(sandbox)
     }

@@ -62,6 +62,8 @@ pub struct ServeConfig {
     /// Run microVMs under TCG emulation where KVM cannot run a guest (slow:
     /// for tests and hosts that accept it).
     pub allow_emulation: bool,
+    /// Disk the snapshots of one workspace may take, bytes.
+    pub snapshot_quota_bytes: u64,
 }
 
 impl Default for ServeConfig {
@@ -92,6 +94,7 @@ impl Default for ServeConfig {
             auto_build: true,
             default_isolation: runcell_core::backend::Isolation::Jail,
             allow_emulation: false,
+            snapshot_quota_bytes: 10 << 30,
         }
     }
 }

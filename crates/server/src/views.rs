@@ -55,7 +55,7 @@ pub struct SandboxView {
     pub cpu: u64,
     /// Memory, MiB.
     pub memory_mb: u64,
-    /// Always `running` for a listed sandbox.
+    /// `running`, or `paused` (frozen by `pause` until `resume`).
     pub status: String,
     /// Caller metadata (`workspace` is stamped by the server).
     pub metadata: BTreeMap<String, String>,

@@ -57,6 +57,7 @@ impl From<CreateReq> for CreateSpec {
             env: r.env,
             network: r.network,
             isolation: r.isolation,
+            ..CreateSpec::default()
         }
     }
 }
@@ -73,7 +74,12 @@ pub(crate) fn sandbox_view(e: &Entry) -> SandboxView {
         template: r.template.clone(),
         cpu: crate::limits::whole_cores(l),
         memory_mb: l.memory_bytes >> 20,
-        status: "running".into(),
+        status: if e.sandbox.is_paused() {
+            "paused"
+        } else {
+            "running"
+        }
+        .into(),
         metadata: r.metadata.clone(),
         created_at: runcell_core::rfc3339(r.created_at),
         persistent: r.persistent,
