@@ -164,3 +164,60 @@ test("bad fork and snapshot requests are clear 4xx answers", T, async (t) => {
   await assert.rejects(client.snapshots.delete("snap-nope"), NotFoundError);
   await assert.rejects(Sandbox.create({ from_snapshot: "x".repeat(100000) }), (e) => e.statusCode === 404 && e.message.length < 2000);
 });
+
+test("hibernate frees the sandbox and keeps its files; the next exec wakes it", T, async (t) => {
+  const sb = await track(t, await Sandbox.create({ template: "host", persistent: true }));
+  await out(sb, "mkdir -p ~/.local/lib && echo installed > ~/.local/lib/pkg.txt");
+  await sb.hibernate();
+  let info = (await client.sandboxes.get(sb.id)).info;
+  assert.equal(info.status, "hibernated");
+  assert.ok((await client.sandboxes.list()).some((s) => s.id === sb.id && s.info.status === "hibernated"));
+  // Hibernating twice is fine; GET did not wake it.
+  await sb.hibernate();
+  assert.equal((await client.sandboxes.get(sb.id)).info.status, "hibernated");
+  // Any exec wakes it, transparently, with its files.
+  assert.equal(await out(sb, "cat ~/.local/lib/pkg.txt"), "installed\n");
+  info = (await client.sandboxes.get(sb.id)).info;
+  assert.equal(info.status, "running");
+  assert.equal(info.state_lost, true, "a woken sandbox says its processes and contexts are gone");
+  // And again: the second hibernation keeps what was written after the first wake.
+  await out(sb, "echo more >> ~/.local/lib/pkg.txt && rm -f ~/gone");
+  await sb.hibernate();
+  await sb.wake();
+  assert.equal((await client.sandboxes.get(sb.id)).info.status, "running");
+  assert.equal(await out(sb, "cat ~/.local/lib/pkg.txt"), "installed\nmore\n");
+  // A hibernated sandbox can be deleted, and is gone.
+  await sb.hibernate();
+  await sb.kill();
+  await assert.rejects(client.sandboxes.get(sb.id), NotFoundError);
+  await assert.rejects(sb.exec("true"), NotFoundError);
+});
+
+test("on_idle: hibernate makes an idle sandbox hibernate instead of being deleted", T, async (t) => {
+  const res = await fetch(`${API.replace(/\/+$/, "").replace(/\/v1$/, "")}/v1/sandboxes`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${KEY}`, "content-type": "application/json" },
+    body: JSON.stringify({ template: "host", ttl_seconds: 1, on_idle: "hibernate" }),
+  });
+  assert.equal(res.status, 201);
+  const created = await res.json();
+  assert.equal(created.on_idle, "hibernate");
+  const sb = await track(t, await client.sandboxes.get(created.id));
+  await out(sb, "echo kept > ~/k");
+  let status;
+  for (let i = 0; i < 40; i++) {
+    await sleep(250);
+    status = (await client.sandboxes.get(sb.id)).info.status;
+    if (status === "hibernated") break;
+  }
+  assert.equal(status, "hibernated");
+  assert.equal(await out(sb, "cat ~/k"), "kept\n");
+  // A bad on_idle is a 400 that names the field.
+  const bad = await fetch(`${API.replace(/\/+$/, "").replace(/\/v1$/, "")}/v1/sandboxes`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${KEY}`, "content-type": "application/json" },
+    body: JSON.stringify({ template: "host", on_idle: "sleep" }),
+  });
+  assert.equal(bad.status, 400);
+  assert.match((await bad.json()).error, /on_idle/);
+});

@@ -104,6 +104,11 @@ pub struct ServeArgs {
     /// gets 507. [default: 10GiB]
     #[arg(long, env = "RUNCELL_SNAPSHOT_QUOTA", value_parser = parse_size)]
     snapshot_quota: Option<u64>,
+    /// Hibernate persistent sandboxes whose idle TTL ran out instead of
+    /// leaving them running (their files stay on disk, memory is freed;
+    /// the next call wakes them). A sandbox's own `on_idle` wins.
+    #[arg(long, env = "RUNCELL_IDLE_HIBERNATE", num_args = 0..=1, default_missing_value = "true")]
+    idle_hibernate: Option<bool>,
     /// How long why and when a sandbox ended is kept (a 404 for it says
     /// so); never less than the maximum lifetime. [default: 7d]
     #[arg(long, env = "RUNCELL_TOMBSTONE_RETENTION", value_parser = parse_duration)]
@@ -152,6 +157,7 @@ struct FileConfig {
     workspace_max_memory: Option<String>,
     workspace_max_disk: Option<String>,
     snapshot_quota: Option<String>,
+    idle_hibernate: Option<bool>,
     tombstone_retention: Option<String>,
     auto_build: Option<bool>,
     default_isolation: Option<runcell_core::backend::Isolation>,
@@ -343,6 +349,10 @@ fn settings(
             "snapshot_quota",
         )?
         .unwrap_or(d.snapshot_quota_bytes),
+        idle_hibernate: args
+            .idle_hibernate
+            .or(file.idle_hibernate)
+            .unwrap_or(d.idle_hibernate),
         tombstone_retention: dur(
             args.tombstone_retention,
             &file.tombstone_retention,

@@ -195,6 +195,7 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
         last_prune_ms: Default::default(),
         auto_builds: Default::default(),
         system: report,
+        transitions: Default::default(),
     });
     reconcile(&state).await;
     snapshots::collect_at_start(&state);

@@ -36,7 +36,18 @@ pub enum SnapshotError {
     Json(#[from] serde_json::Error),
 }
 
-/// Where a sandbox's files came from, recorded beside its record.
+/// What an idle sandbox becomes when its idle TTL runs out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OnIdle {
+    /// Deleted (everything it had is gone).
+    Delete,
+    /// Hibernated: its processes end, its files stay; the next call wakes it.
+    Hibernate,
+}
+
+/// Where a sandbox's files came from and how it idles, recorded beside
+/// its record.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lineage {
     /// Its state layers (keys), topmost first.
@@ -48,6 +59,13 @@ pub struct Lineage {
     /// The snapshot it started from.
     #[serde(default)]
     pub from_snapshot: Option<String>,
+    /// What it becomes when idle; the daemon's rule when absent.
+    #[serde(default)]
+    pub on_idle: Option<OnIdle>,
+    /// It was hibernated and woken since its code contexts were made:
+    /// their variables are gone.
+    #[serde(default)]
+    pub state_lost: bool,
 }
 
 /// A snapshot's record.
@@ -222,7 +240,8 @@ pub fn used_bytes(conn: &Connection, workspace: &str) -> Result<u64, SnapshotErr
 /// lineage of sandboxes that ended is forgotten here.
 fn in_use(conn: &Connection) -> Result<HashSet<String>, SnapshotError> {
     conn.execute(
-        "DELETE FROM lineage WHERE id NOT IN (SELECT id FROM sandboxes WHERE status = 'running')",
+        "DELETE FROM lineage WHERE id NOT IN
+             (SELECT id FROM sandboxes WHERE status IN ('running', 'hibernated'))",
         [],
     )?;
     let mut used = HashSet::new();
@@ -491,9 +510,8 @@ impl Service<'_> {
                 isolation: Some(r.isolation),
                 state_layers: chain.clone(),
                 lineage: Lineage {
-                    state_layers: Vec::new(),
                     forked_from: Some(r.id.clone()),
-                    from_snapshot: None,
+                    ..Lineage::default()
                 },
                 ..CreateSpec::default()
             };
@@ -560,6 +578,213 @@ impl Service<'_> {
             deleted,
             failures,
         })
+    }
+
+    /// What `r` becomes when idle: its own choice, else hibernation for a
+    /// persistent sandbox on a daemon that hibernates idle ones
+    /// (`--idle-hibernate`), else deletion.
+    pub(crate) fn on_idle(self, r: &crate::registry::Record, lineage: &Lineage) -> OnIdle {
+        lineage
+            .on_idle
+            .unwrap_or(if r.persistent && self.0.config.idle_hibernate {
+                OnIdle::Hibernate
+            } else {
+                OnIdle::Delete
+            })
+    }
+
+    /// Hibernates a live sandbox: its files are saved as a layer, its
+    /// processes end and its memory is freed; its record stays
+    /// (`hibernated`) and the next call on it wakes it.
+    pub(crate) async fn hibernate(self, e: Arc<Entry>) -> Result<(), ApiError> {
+        let state = self.0;
+        let id = e.sandbox.id().to_string();
+        // No wake of it starts before it is gone.
+        let one = state.sandbox_lock(&id);
+        let _one = one.lock().await;
+        if state.entry(&id).is_none() {
+            return Ok(());
+        }
+        // Frozen first, so nothing is written between the copy and the end.
+        if !e.sandbox.is_paused() {
+            let entry = e.clone();
+            tokio::task::spawn_blocking(move || entry.sandbox.pause())
+                .await
+                .map_err(|err| ApiError::internal(format!("Hibernating failed: {err}")))?
+                .map_err(|err| match err {
+                    runcell_core::Error::Jail(
+                        err @ runcell_core::backend::BackendError::Unsupported { .. },
+                    ) => ApiError::bad_request(err.to_string()),
+                    other => ApiError::from(other),
+                })?;
+        }
+        let saved = self.layers().save(&e).await;
+        let (key, bytes) = match saved {
+            Ok(k) => k,
+            Err(err) => {
+                let _ = e.sandbox.resume();
+                return Err(err);
+            }
+        };
+        let mut lineage = self.lineage_of(&id);
+        lineage.state_layers.insert(0, key);
+        let mut record = e
+            .record
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        record.status = "hibernated".into();
+        record.last_activity_ms = now_ms();
+        let recorded = state
+            .registry
+            .with_conn(|c| put_lineage(c, &id, &lineage))
+            .map_err(|err| err.to_string())
+            .and_then(|()| state.registry.put(&record).map_err(|err| err.to_string()));
+        if let Err(err) = recorded {
+            let _ = std::fs::remove_dir_all(self.layers().path(&lineage.state_layers[0]));
+            let _ = e.sandbox.resume();
+            return Err(ApiError::internal(format!(
+                "The hibernation could not be recorded: {err}"
+            )));
+        }
+        drop(e);
+        state.release(&id).await;
+        tracing::info!(sandbox = %id, bytes, "sandbox hibernated");
+        Ok(())
+    }
+
+    /// The record of a hibernated sandbox of `workspace`.
+    pub(crate) fn hibernated(self, workspace: &str, id: &str) -> Option<crate::registry::Record> {
+        self.0
+            .registry
+            .get(id)
+            .ok()
+            .flatten()
+            .filter(|r| r.status == "hibernated" && r.workspace == workspace)
+    }
+
+    /// Wakes a hibernated sandbox under its id: a new agent on its saved
+    /// files. Its code contexts are gone (`state_lost`). Concurrent wakes
+    /// of one sandbox make it once.
+    pub(crate) async fn wake(self, workspace: &str, id: &str) -> Result<Arc<Entry>, ApiError> {
+        let state = self.0;
+        let one = state.sandbox_lock(id);
+        let _one = one.lock().await;
+        if let Some(e) = state.entry(id) {
+            return Ok(e);
+        }
+        let mut record = self
+            .hibernated(workspace, id)
+            .ok_or_else(|| state.gone(workspace, id))?;
+        let mut lineage = self.lineage_of(id);
+        let template_name = self.resolve_alias(&record.template);
+        let template = state
+            .runtime
+            .template(&template_name)
+            .map_err(|e| ApiError::internal(format!("Its template is gone: {e}")))?;
+        let limits = record.limits.over(state.config.default_limits);
+        let network = state.registry.network(id).ok().flatten();
+        let started = std::time::Instant::now();
+        let sandbox = state
+            .runtime
+            .create(runcell_core::SandboxOptions {
+                template: template.name.clone(),
+                limits,
+                tied_to_process: false,
+                max_lifetime: Some(state.config.max_lifetime.saturating_sub(
+                    std::time::Duration::from_millis(
+                        u64::try_from(now_ms() - record.created_at * 1000).unwrap_or(0),
+                    ),
+                )),
+                network: Some(network.unwrap_or_default()),
+                isolation: Some(record.isolation),
+                id: Some(id.to_string()),
+                state_layers: self.layers().paths(&lineage.state_layers),
+                ..runcell_core::SandboxOptions::default()
+            })
+            .await
+            .map_err(|e| {
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("auto-wake: the sandbox could not be woken: {e}"),
+                )
+            })?;
+        record.status = "running".into();
+        record.last_activity_ms = now_ms();
+        lineage.state_lost = true;
+        let recorded = state
+            .registry
+            .put(&record)
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                state
+                    .registry
+                    .with_conn(|c| put_lineage(c, id, &lineage))
+                    .map_err(|e| e.to_string())
+            });
+        if let Err(e) = recorded {
+            let _ = sandbox.destroy().await;
+            return Err(ApiError::internal(format!(
+                "The wake could not be recorded: {e}"
+            )));
+        }
+        let entry = Arc::new(Entry {
+            sandbox,
+            record: std::sync::Mutex::new(record),
+            template,
+            log: crate::logs::SandboxLog::default(),
+            persisted: Default::default(),
+            warm_context: Default::default(),
+        });
+        state
+            .sandboxes
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(id.to_string(), entry.clone());
+        tracing::info!(sandbox = %id, ms = runcell_protocol::units::millis(started.elapsed()), "sandbox woken");
+        Ok(entry)
+    }
+
+    /// The hibernated sandboxes of `workspace` with every metadata pair.
+    pub(crate) fn list_hibernated(
+        self,
+        workspace: &str,
+        filters: &[(String, String)],
+    ) -> Vec<crate::registry::Record> {
+        self.0
+            .registry
+            .with_status("hibernated")
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| {
+                r.workspace == workspace
+                    && filters.iter().all(|(k, v)| r.metadata.get(k) == Some(v))
+            })
+            .collect()
+    }
+
+    /// Ids of hibernated sandboxes past the maximum lifetime `max_ms`.
+    pub(crate) fn expired_hibernated(self, now: i64, max_ms: i64) -> Vec<String> {
+        self.0
+            .registry
+            .with_status("hibernated")
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| now.saturating_sub(r.created_at.saturating_mul(1000)) > max_ms)
+            .map(|r| r.id)
+            .collect()
+    }
+
+    /// Deletes a hibernated sandbox (it has no processes; its files go).
+    pub(crate) fn delete_hibernated(self, id: &str, reason: &str) -> Result<(), ApiError> {
+        let state = self.0;
+        state
+            .registry
+            .end(id, "deleted", reason)
+            .map_err(|e| ApiError::internal(format!("The deletion could not be recorded: {e}")))?;
+        state.registry.with_conn(|c| self.layers().collect(c));
+        tracing::info!(sandbox = %id, reason, "hibernated sandbox deleted");
+        Ok(())
     }
 
     /// Pauses or resumes a sandbox.

@@ -140,6 +140,7 @@ impl FromRequestParts<Arc<AppState>> for OwnedSandbox {
         let ws = workspace(parts).map_err(IntoResponse::into_response)?;
         let id = sandbox_id(parts, state).await?;
         owned(state, &ws, &id, parts.uri.path())
+            .await
             .map(OwnedSandbox)
             .map_err(IntoResponse::into_response)
     }
@@ -164,7 +165,9 @@ where
         let body = B::from_request(Request::from_parts(parts, body), state)
             .await
             .map_err(IntoResponse::into_response)?;
-        let entry = owned(state, &ws, &id, &path).map_err(IntoResponse::into_response)?;
+        let entry = owned(state, &ws, &id, &path)
+            .await
+            .map_err(IntoResponse::into_response)?;
         Ok(Sandboxed(entry, body))
     }
 }
@@ -185,17 +188,57 @@ async fn sandbox_id(parts: &mut Parts, state: &Arc<AppState>) -> Result<String, 
         .ok_or_else(|| ApiError::internal("The route has no sandbox id.").into_response())
 }
 
-fn owned(state: &AppState, ws: &Workspace, id: &str, path: &str) -> AppResult<Arc<Entry>> {
-    let e = state
-        .entry(id)
-        .filter(|e| {
-            e.record
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .workspace
-                == ws.0
-        })
-        .ok_or_else(|| state.gone(&ws.0, id))?;
+/// A sandbox of the key's workspace, live or hibernated, for the routes
+/// that answer for a hibernated one without waking it (get, delete,
+/// hibernate, wake, lifecycle).
+pub(crate) enum Addressed {
+    /// Running or paused.
+    Live(Arc<Entry>),
+    /// Hibernated: its record.
+    Hibernated(crate::registry::Record),
+}
+
+impl FromRequestParts<Arc<AppState>> for Addressed {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<AppState>,
+    ) -> Result<Self, Self::Rejection> {
+        let ws = workspace(parts).map_err(IntoResponse::into_response)?;
+        let id = sandbox_id(parts, state).await?;
+        if let Some(e) = live(state, &ws, &id) {
+            return Ok(Addressed::Live(e));
+        }
+        crate::service::Service(state)
+            .hibernated(&ws.0, &id)
+            .map(Addressed::Hibernated)
+            .ok_or_else(|| state.gone(&ws.0, &id).into_response())
+    }
+}
+
+fn live(state: &AppState, ws: &Workspace, id: &str) -> Option<Arc<Entry>> {
+    state.entry(id).filter(|e| {
+        e.record
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .workspace
+            == ws.0
+    })
+}
+
+/// A live sandbox of the key's workspace; a hibernated one is woken first
+/// (transparently: any call on it is activity).
+async fn owned(
+    state: &Arc<AppState>,
+    ws: &Workspace,
+    id: &str,
+    path: &str,
+) -> AppResult<Arc<Entry>> {
+    let e = match live(state, ws, id) {
+        Some(e) => e,
+        None => crate::service::Service(state).wake(&ws.0, id).await?,
+    };
     if is_work(path) && e.sandbox.is_paused() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,

@@ -82,6 +82,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/sandboxes/{id}/pause", post(snapshots::pause))
         .route("/sandboxes/{id}/resume", post(snapshots::resume))
+        .route("/sandboxes/{id}/hibernate", post(snapshots::hibernate))
+        .route("/sandboxes/{id}/wake", post(snapshots::wake))
         .route("/sandboxes/{id}/snapshots", post(snapshots::create))
         .route("/sandboxes/{id}/fork", post(snapshots::fork))
         .route("/sandboxes/{id}/fork-tree", post(snapshots::fork_tree))

@@ -63,6 +63,8 @@ Every error is `{\"error\": \"...\"}` with `application/json`."
         repl::delete,
         snapshots::pause,
         snapshots::resume,
+        snapshots::hibernate,
+        snapshots::wake,
         snapshots::create,
         snapshots::list,
         snapshots::get_one,

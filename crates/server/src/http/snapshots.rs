@@ -8,11 +8,12 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use super::kit::{AppResult, OptionalJson, OwnedSandbox, Sandboxed, St, Workspace};
+use super::kit::{Addressed, AppResult, OptionalJson, OwnedSandbox, Sandboxed, St, Workspace};
 use super::sandboxes::sandbox_view;
 use crate::error::ApiError;
 use crate::service::Service;
 use crate::snapshots::{ForkSpec, Snapshot};
+use crate::state::AppState;
 use crate::views::{ErrorView, SandboxView};
 
 /// A snapshot: a sandbox's files at one instant.
@@ -60,6 +61,31 @@ pub(crate) async fn pause(
     OwnedSandbox(e): OwnedSandbox,
 ) -> AppResult<StatusCode> {
     Service(&state).set_paused(&e, true).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/hibernate", tag = "sandboxes", operation_id = "hibernateSandbox", params(("id" = String, Path, description = "The sandbox id")),
+    responses((status = 204, description = "Hibernated (or already): its processes ended and its memory is freed; its files are kept, and the next exec, file or code call wakes it. Code contexts do not survive (`state_lost`)."), (status = 400, description = "Its isolation cannot save its files", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView)))]
+pub(crate) async fn hibernate(
+    axum::extract::State(state): St,
+    sandbox: Addressed,
+) -> AppResult<StatusCode> {
+    if let Addressed::Live(e) = sandbox {
+        Service(&state).hibernate(e).await?;
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/wake", tag = "sandboxes", operation_id = "wakeSandbox", params(("id" = String, Path, description = "The sandbox id")),
+    responses((status = 204, description = "Running (woken if it was hibernated)"), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 503, description = "It could not be woken", body = ErrorView)))]
+pub(crate) async fn wake(
+    axum::extract::State(state): St,
+    Extension(ws): Extension<Workspace>,
+    sandbox: Addressed,
+) -> AppResult<StatusCode> {
+    if let Addressed::Hibernated(r) = sandbox {
+        Service(&state).wake(&ws.0, &r.id).await?;
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -167,8 +193,12 @@ pub(crate) struct ForkTreeView {
     children: Vec<ForkView>,
 }
 
-fn fork_view(c: &crate::service::Created, parent: &str) -> ForkView {
-    let mut sandbox = sandbox_view(&c.entry);
+fn fork_view(
+    state: &std::sync::Arc<AppState>,
+    c: &crate::service::Created,
+    parent: &str,
+) -> ForkView {
+    let mut sandbox = sandbox_view(state, &c.entry);
     sandbox.boot_ms = Some(runcell_protocol::units::millis(c.boot));
     ForkView {
         sandbox,
@@ -198,7 +228,10 @@ pub(crate) async fn fork(
         ttl_seconds: req.ttl_seconds,
     };
     let children = Service(&state).fork(&ws.0, &e, spec, 1, None).await?;
-    Ok((StatusCode::CREATED, Json(fork_view(&children[0], &parent))))
+    Ok((
+        StatusCode::CREATED,
+        Json(fork_view(&state, &children[0], &parent)),
+    ))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/fork-tree", tag = "snapshots", operation_id = "forkTree", params(("id" = String, Path, description = "The parent sandbox id")), request_body = ForkReq,
@@ -233,7 +266,10 @@ pub(crate) async fn fork_tree(
         StatusCode::CREATED,
         Json(ForkTreeView {
             tree_id: tree,
-            children: children.iter().map(|c| fork_view(c, &parent)).collect(),
+            children: children
+                .iter()
+                .map(|c| fork_view(&state, c, &parent))
+                .collect(),
         }),
     ))
 }
