@@ -195,7 +195,7 @@ pub(crate) enum Addressed {
     /// Running or paused.
     Live(Arc<Entry>),
     /// Hibernated: its record.
-    Hibernated(crate::registry::Record),
+    Hibernated(Box<crate::registry::Record>),
 }
 
 impl FromRequestParts<Arc<AppState>> for Addressed {
@@ -212,7 +212,7 @@ impl FromRequestParts<Arc<AppState>> for Addressed {
         }
         crate::service::Service(state)
             .hibernated(&ws.0, &id)
-            .map(Addressed::Hibernated)
+            .map(|r| Addressed::Hibernated(Box::new(r)))
             .ok_or_else(|| state.gone(&ws.0, &id).into_response())
     }
 }
