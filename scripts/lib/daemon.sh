@@ -93,6 +93,13 @@ daemon_stop() {
   fi
   [ -z "$DAEMON_PID" ] || wait "$DAEMON_PID" 2>/dev/null || true
   DAEMON_PID=
+  # Volumes are loop mounts the daemon keeps while it runs (and leaves on
+  # exit, for the next start): unmount them before the data dir goes.
+  if [ -n "$DATA_DIR" ] && [ -d "$DATA_DIR/volumes" ]; then
+    for m in "$DATA_DIR"/volumes/*.mnt; do
+      [ -d "$m" ] && umount "$m" 2>/dev/null || true
+    done
+  fi
   # A bind mount of a host directory left behind must never be deleted through.
   if [ -n "$DATA_DIR" ] && [ -d "$DATA_DIR" ]; then
     if awk -v d="$DATA_DIR/" '{ if (index($5 "/", d) == 1) found = 1 } END { exit !found }' /proc/self/mountinfo; then

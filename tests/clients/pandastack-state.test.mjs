@@ -221,3 +221,65 @@ test("on_idle: hibernate makes an idle sandbox hibernate instead of being delete
   assert.equal(bad.status, 400);
   assert.match((await bad.json()).error, /on_idle/);
 });
+
+test("a volume outlives its sandbox, has one writer, and is deleted only when detached", T, async (t) => {
+  const name = `data-${Date.now()}`;
+  const vol = await client.volumes.create({ name, size_mb: 64 });
+  t.after(async () => {
+    try {
+      await client.volumes.delete(name);
+    } catch (err) {
+      if (!(err instanceof NotFoundError)) throw err;
+    }
+  });
+  assert.equal(vol.name, name);
+  assert.equal(vol.size_mb, 64);
+  assert.ok((await client.volumes.list()).some((v) => v.name === name));
+
+  const writer = await track(t, await Sandbox.create({ template: "host", volumes: [{ name }] }));
+  assert.deepEqual(writer.info.volumes, [{ name, read_only: false, path: `/mnt/${name}` }]);
+  await out(writer, `echo persisted > /mnt/${name}/f && df -m /mnt/${name} | tail -1`);
+  // One writer at a time; readers are fine.
+  await assert.rejects(Sandbox.create({ template: "host", volumes: [{ name }] }), (e) => e.statusCode === 409);
+  const reader = await track(t, await Sandbox.create({ template: "host", volumes: [{ name, readOnly: true }] }));
+  assert.equal(await out(reader, `cat /mnt/${name}/f`), "persisted\n");
+  const ro = await reader.exec(`echo x > /mnt/${name}/g`);
+  assert.notEqual(ro.exitCode, 0);
+  // The size is the volume's: writing past it fails with "No space".
+  const full = await writer.exec(`head -c 80M /dev/zero > /mnt/${name}/big`);
+  assert.notEqual(full.exitCode, 0);
+  assert.match(full.stderr, /No space/);
+  await out(writer, `rm /mnt/${name}/big`);
+  // Attached: not deletable.
+  await assert.rejects(client.volumes.delete(name), (e) => e.statusCode === 409);
+  await writer.kill();
+  await reader.kill();
+  // A new sandbox sees what the first one wrote.
+  const again = await track(t, await Sandbox.create({ template: "host", volumes: [{ name }] }));
+  assert.equal(await out(again, `cat /mnt/${name}/f`), "persisted\n");
+  await again.kill();
+  await client.volumes.delete(name);
+  await assert.rejects(client.volumes.get(name), NotFoundError);
+  await assert.rejects(Sandbox.create({ template: "host", volumes: [{ name }] }), (e) => e.statusCode === 400 && /volumes\[0\]\.name/.test(e.message));
+});
+
+test("bad volume requests are clear 4xx answers", T, async () => {
+  for (const [body, field] of [
+    [{ name: "Bad Name", size_mb: 1 }, /name/],
+    [{ name: "x".repeat(64), size_mb: 1 }, /name/],
+    [{ name: "ok", size_mb: 0 }, /size_mb/],
+    [{ name: "ok", size_mb: 1e12 }, /size_mb/],
+    [{ name: "ok", size_mb: 1.5 }, /size_mb/],
+    [{ name: "ok", size_mb: "1" }, /size_mb/],
+  ]) {
+    await assert.rejects(client.volumes.create(body), (e) => e.statusCode === 400 && field.test(e.message), JSON.stringify(body).slice(0, 80));
+  }
+  for (const path of ["relative", "/proc/x", "/", "/a/../b", "/dev/shm"]) {
+    const res = await fetch(`${API.replace(/\/+$/, "").replace(/\/v1$/, "")}/v1/sandboxes`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${KEY}`, "content-type": "application/json" },
+      body: JSON.stringify({ template: "host", volumes: [{ name: "nope", path }] }),
+    });
+    assert.equal(res.status, 400, path);
+  }
+});

@@ -104,6 +104,10 @@ pub struct ServeArgs {
     /// gets 507. [default: 10GiB]
     #[arg(long, env = "RUNCELL_SNAPSHOT_QUOTA", value_parser = parse_size)]
     snapshot_quota: Option<u64>,
+    /// Disk the volumes of one workspace may take (the sum of their sizes);
+    /// a volume beyond it gets 429. [default: 10GiB]
+    #[arg(long, env = "RUNCELL_VOLUME_QUOTA", value_parser = parse_size)]
+    volume_quota: Option<u64>,
     /// Hibernate persistent sandboxes whose idle TTL ran out instead of
     /// leaving them running (their files stay on disk, memory is freed;
     /// the next call wakes them). A sandbox's own `on_idle` wins.
@@ -157,6 +161,7 @@ struct FileConfig {
     workspace_max_memory: Option<String>,
     workspace_max_disk: Option<String>,
     snapshot_quota: Option<String>,
+    volume_quota: Option<String>,
     idle_hibernate: Option<bool>,
     tombstone_retention: Option<String>,
     auto_build: Option<bool>,
@@ -349,6 +354,8 @@ fn settings(
             "snapshot_quota",
         )?
         .unwrap_or(d.snapshot_quota_bytes),
+        volume_quota_mb: opt_size(args.volume_quota, &file.volume_quota, "volume_quota")?
+            .map_or(d.volume_quota_mb, |b| b >> 20),
         idle_hibernate: args
             .idle_hibernate
             .or(file.idle_hibernate)

@@ -371,8 +371,14 @@ impl Runtime {
             return unsupported("start from saved files");
         }
         // Standbys already have their own network namespace, and are of the
-        // default backend. A sandbox with a given id is prepared for it.
-        let standby = if host_network || isolation != self.default_isolation || opts.id.is_some() {
+        // default backend. A sandbox with a given id is prepared for it,
+        // and so is one with bind mounts: a standby's mount namespace was
+        // copied before a volume mounted since was there to copy.
+        let standby = if host_network
+            || isolation != self.default_isolation
+            || opts.id.is_some()
+            || !opts.mounts.is_empty()
+        {
             None
         } else {
             self.pool

@@ -18,6 +18,7 @@ mod snapshots;
 mod state;
 mod validate;
 pub mod views;
+mod volumes;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -154,6 +155,9 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
     }
     let registry = Registry::open(&config.data_dir.join("registry.db"))?;
     registry
+        .with_conn(|c| volumes::init(c).map_err(std::io::Error::other))
+        .map_err(|e| ServeError::DataDir(config.data_dir.clone(), e))?;
+    registry
         .with_conn(snapshots::init)
         .map_err(|e| ServeError::DataDir(config.data_dir.clone(), std::io::Error::other(e)))?;
     let created = registry
@@ -196,8 +200,10 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
         auto_builds: Default::default(),
         system: report,
         transitions: Default::default(),
+        attaching: Default::default(),
     });
     reconcile(&state).await;
+    volumes::mount_all(&state);
     snapshots::collect_at_start(&state);
     if state.config.auto_build {
         let target = state

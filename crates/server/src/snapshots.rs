@@ -66,6 +66,9 @@ pub struct Lineage {
     /// their variables are gone.
     #[serde(default)]
     pub state_lost: bool,
+    /// The volumes it has.
+    #[serde(default)]
+    pub volumes: Vec<crate::volumes::VolumeAttach>,
 }
 
 /// A snapshot's record.
@@ -700,7 +703,7 @@ impl Service<'_> {
                 isolation: Some(record.isolation),
                 id: Some(id.to_string()),
                 state_layers: self.layers().paths(&lineage.state_layers),
-                ..runcell_core::SandboxOptions::default()
+                mounts: self.volume_binds(workspace, &lineage.volumes)?,
             })
             .await
             .map_err(|e| {

@@ -64,6 +64,8 @@ pub struct ServeConfig {
     pub allow_emulation: bool,
     /// Disk the snapshots of one workspace may take, bytes.
     pub snapshot_quota_bytes: u64,
+    /// Disk the volumes of one workspace may take, MiB.
+    pub volume_quota_mb: u64,
     /// Hibernate persistent sandboxes when their idle TTL runs out
     /// (instead of leaving them running); a sandbox's own `on_idle` wins.
     pub idle_hibernate: bool,
@@ -99,6 +101,7 @@ impl Default for ServeConfig {
             allow_emulation: false,
             snapshot_quota_bytes: 10 << 30,
             idle_hibernate: false,
+            volume_quota_mb: 10 << 10,
         }
     }
 }
@@ -150,6 +153,8 @@ pub struct AppState {
     /// What this host enforces and which backends it runs, probed at start
     /// (`GET /v1/system`).
     pub system: runcell_core::host::SystemReport,
+    /// Volumes creates in flight are attaching (workspace, name).
+    pub attaching: Mutex<std::collections::HashSet<(String, String)>>,
     /// One lock per sandbox that hibernates or wakes ([`AppState::sandbox_lock`]).
     pub transitions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }

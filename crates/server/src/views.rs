@@ -90,6 +90,8 @@ pub struct SandboxView {
     /// were, but processes and code contexts (their variables) are gone.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub state_lost: bool,
+    /// Its volumes: name, where mounted, read-only or not.
+    pub volumes: Vec<crate::volumes::VolumeAttach>,
 }
 
 /// The result of an exec. On a timeout the same fields come with a 500 and

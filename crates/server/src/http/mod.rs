@@ -19,6 +19,7 @@ mod snapshots;
 mod stream;
 mod system;
 mod templates;
+mod volumes;
 
 use std::sync::Arc;
 
@@ -92,6 +93,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(
             "/snapshots/{id}",
             get(snapshots::get_one).delete(snapshots::delete),
+        )
+        .route("/volumes", get(volumes::list).post(volumes::create))
+        .route(
+            "/volumes/{name}",
+            get(volumes::get_one).delete(volumes::delete),
         )
         .route("/templates", get(templates::templates))
         .route("/templates/{name}", get(templates::template))

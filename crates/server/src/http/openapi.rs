@@ -7,7 +7,7 @@ use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::openapi::OpenApi;
 use utoipa::Modify;
 
-use super::{exec, files, network, repl, sandboxes, snapshots, system, templates};
+use super::{exec, files, network, repl, sandboxes, snapshots, system, templates, volumes};
 use crate::views::*;
 
 /// The OpenAPI document, generated from the handlers and their types.
@@ -71,7 +71,11 @@ Every error is `{\"error\": \"...\"}` with `application/json`."
         snapshots::delete,
         snapshots::fork,
         snapshots::fork_tree,
-        snapshots::promote
+        snapshots::promote,
+        volumes::create,
+        volumes::list,
+        volumes::get_one,
+        volumes::delete
     ),
     components(schemas(
         SandboxView,
@@ -104,7 +108,12 @@ Every error is `{\"error\": \"...\"}` with `application/json`."
         snapshots::ForkView,
         snapshots::ForkTreeView,
         snapshots::PromoteReq,
-        snapshots::PromoteView
+        snapshots::PromoteView,
+        volumes::CreateVolumeReq,
+        volumes::VolumeList,
+        crate::volumes::VolumeView,
+        crate::volumes::VolumeAttach,
+        crate::snapshots::OnIdle
     ))
 )]
 pub(crate) struct ApiDoc;

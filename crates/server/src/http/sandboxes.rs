@@ -50,6 +50,11 @@ pub(crate) struct CreateReq {
     /// sandbox when the daemon runs with `--idle-hibernate`, else `delete`.
     #[serde(default)]
     on_idle: Option<crate::snapshots::OnIdle>,
+    /// Volumes to mount (`POST /v1/volumes` makes them): each at
+    /// `/mnt/<name>` unless `path` says where; read-write unless
+    /// `read_only`. A volume has one read-write sandbox at a time.
+    #[serde(default)]
+    volumes: Vec<crate::volumes::VolumeAttach>,
 }
 
 impl From<CreateReq> for CreateSpec {
@@ -68,6 +73,7 @@ impl From<CreateReq> for CreateSpec {
                 on_idle: r.on_idle,
                 ..Default::default()
             },
+            volumes: r.volumes,
             ..CreateSpec::default()
         }
     }
@@ -86,6 +92,7 @@ pub(crate) fn sandbox_view(state: &Arc<AppState>, e: &Entry) -> SandboxView {
         from_snapshot: lineage.from_snapshot,
         forked_from: lineage.forked_from,
         state_lost: lineage.state_lost,
+        volumes: crate::volumes::shown(&lineage.volumes),
         id: r.id.clone(),
         template: r.template.clone(),
         cpu: crate::limits::whole_cores(l),
@@ -145,6 +152,7 @@ pub(crate) fn record_view(state: &Arc<AppState>, r: &Record) -> SandboxView {
         from_snapshot: lineage.from_snapshot,
         forked_from: lineage.forked_from,
         state_lost: lineage.state_lost,
+        volumes: crate::volumes::shown(&lineage.volumes),
     }
 }
 

@@ -60,6 +60,12 @@ impl<'a> Service<'a> {
         self.resolve_snapshot(workspace, &mut spec)?;
         let mut lineage = std::mem::take(&mut spec.lineage);
         lineage.state_layers = std::mem::take(&mut spec.state_layers);
+        if spec.volumes.len() > 16 {
+            return Err(ApiError::bad_request("volumes: at most 16 per sandbox."));
+        }
+        let _attaching = self.reserve_volumes(workspace, &spec.volumes)?;
+        let mounts = self.volume_mounts(workspace, &spec.volumes)?;
+        lineage.volumes = std::mem::take(&mut spec.volumes);
         let asked = plan::admit(&state.config, workspace, spec)?;
         let resolved = self.resolve_alias(&asked.template);
         let served_from_alias = resolved != asked.template;
@@ -105,11 +111,12 @@ impl<'a> Service<'a> {
             .isolation
             .unwrap_or_else(|| state.runtime.default_isolation());
         // Warm sandboxes started without saved files.
-        let (warm, pool) = if isolation == pooled && lineage.state_layers.is_empty() {
-            state.pools.claim(&template.name, &limits)
-        } else {
-            (None, None)
-        };
+        let (warm, pool) =
+            if isolation == pooled && lineage.state_layers.is_empty() && mounts.is_empty() {
+                state.pools.claim(&template.name, &limits)
+            } else {
+                (None, None)
+            };
         if let Some(pool) = pool {
             // Top the pool up behind this request.
             let st = state.clone();
@@ -127,8 +134,15 @@ impl<'a> Service<'a> {
                 (w.sandbox, w.context)
             }
             None => (
-                self.start(&template, limits, network, isolation, &lineage.state_layers)
-                    .await?,
+                self.start(
+                    &template,
+                    limits,
+                    network,
+                    isolation,
+                    &lineage.state_layers,
+                    mounts,
+                )
+                .await?,
                 None,
             ),
         };
@@ -355,6 +369,7 @@ impl<'a> Service<'a> {
         network: NetworkPolicy,
         isolation: runcell_core::backend::Isolation,
         state_layers: &[String],
+        mounts: Vec<runcell_core::backend::BindMount>,
     ) -> Result<runcell_core::Sandbox, ApiError> {
         let state_layers =
             crate::snapshots::Layers::new(&self.0.config.data_dir).paths(state_layers);
@@ -368,6 +383,7 @@ impl<'a> Service<'a> {
                 network: Some(network),
                 isolation: Some(isolation),
                 state_layers,
+                mounts,
                 ..SandboxOptions::default()
             })
             .await

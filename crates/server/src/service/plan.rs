@@ -41,6 +41,8 @@ pub(crate) struct CreateSpec {
     pub(crate) state_layers: Vec<String>,
     /// Where those files came from, recorded with it.
     pub(crate) lineage: crate::snapshots::Lineage,
+    /// Volumes to mount.
+    pub(crate) volumes: Vec<crate::volumes::VolumeAttach>,
 }
 
 /// A create that passed the checks that need no template.
