@@ -226,7 +226,11 @@ test("a volume outlives its sandbox, has one writer, and is deleted only when de
   const name = `data-${Date.now()}`;
   const vol = await client.volumes.create({ name, size_mb: 64 });
   t.after(async () => {
+    // Whatever still has it goes first (a failed assertion may leave one).
     try {
+      for (const id of (await client.volumes.get(name)).attached_to ?? []) {
+        await client.sandboxes.delete(id).catch(() => {});
+      }
       await client.volumes.delete(name);
     } catch (err) {
       if (!(err instanceof NotFoundError)) throw err;
