@@ -201,6 +201,7 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
         system: report,
         transitions: Default::default(),
         attaching: Default::default(),
+        saving_layers: Default::default(),
     });
     reconcile(&state).await;
     volumes::mount_all(&state);

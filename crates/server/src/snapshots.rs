@@ -259,9 +259,6 @@ fn in_use(conn: &Connection) -> Result<HashSet<String>, SnapshotError> {
     Ok(used)
 }
 
-/// How long a new layer is left alone by [`Layers::collect`].
-const YOUNG: std::time::Duration = std::time::Duration::from_secs(120);
-
 /// The directory of state layers.
 #[derive(Debug, Clone)]
 pub struct Layers {
@@ -286,9 +283,10 @@ impl Layers {
         keys.iter().map(|k| self.path(k)).collect()
     }
 
-    /// Removes every layer no snapshot or live sandbox uses (and what an
-    /// interrupted copy left). Returns how many were removed.
-    pub fn collect(&self, conn: &Connection) -> usize {
+    /// Removes every layer no snapshot or sandbox uses (and what an
+    /// interrupted copy left), but those in `saving` (being saved, not
+    /// recorded yet). Returns how many were removed.
+    pub fn collect(&self, conn: &Connection, saving: &HashSet<String>) -> usize {
         let used = match in_use(conn) {
             Ok(u) => u,
             Err(e) => {
@@ -299,15 +297,7 @@ impl Layers {
         let mut removed = 0;
         for entry in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            // A layer being saved or not yet recorded by its snapshot or
-            // fork is young.
-            let young = entry
-                .metadata()
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.elapsed().ok())
-                .is_none_or(|age| age < YOUNG);
-            if used.contains(&name) || young {
+            if used.contains(&name) || saving.contains(&name) {
                 continue;
             }
             match std::fs::remove_dir_all(entry.path()) {
@@ -318,30 +308,6 @@ impl Layers {
             }
         }
         removed
-    }
-
-    /// Saves `e`'s files as a new layer; answers its key and size. Its
-    /// caller records it in use (a snapshot, a child's lineage);
-    /// [`Layers::collect`] leaves young layers alone meanwhile.
-    async fn save(&self, e: &Arc<Entry>) -> Result<(String, u64), ApiError> {
-        let key = format!("l-{}", uuid::Uuid::new_v4());
-        std::fs::create_dir_all(&self.dir).map_err(|err| {
-            ApiError::internal(format!("The state directory could not be made: {err}"))
-        })?;
-        let dest = self.path(&key);
-        let entry = e.clone();
-        let saved = tokio::task::spawn_blocking(move || entry.sandbox.save_layer(&dest))
-            .await
-            .map_err(|err| ApiError::internal(format!("Saving the files failed: {err}")))?;
-        match saved {
-            Ok(bytes) => Ok((key, bytes)),
-            Err(runcell_core::Error::Jail(
-                err @ runcell_core::backend::BackendError::Unsupported { .. },
-            )) => Err(ApiError::bad_request(err.to_string())),
-            Err(err) => Err(ApiError::internal(format!(
-                "The sandbox's files could not be saved: {err}"
-            ))),
-        }
     }
 }
 
@@ -364,9 +330,68 @@ fn registry_err(e: impl std::fmt::Display) -> ApiError {
     ApiError::internal(format!("The snapshot registry failed: {e}"))
 }
 
-impl Service<'_> {
+/// A layer just saved: its key stays out of [`Layers::collect`]'s reach
+/// until this is dropped (after its snapshot or sandbox recorded it).
+pub(crate) struct Saved<'a> {
+    pub(crate) key: String,
+    pub(crate) bytes: u64,
+    state: &'a AppState,
+}
+
+impl Drop for Saved<'_> {
+    fn drop(&mut self) {
+        self.state
+            .saving_layers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.key);
+    }
+}
+
+impl<'a> Service<'a> {
     fn layers(self) -> Layers {
         Layers::new(&self.0.config.data_dir)
+    }
+
+    /// Removes the layers nothing uses any more.
+    pub(crate) fn collect_layers(self) -> usize {
+        collect_unused(self.0)
+    }
+
+    /// Saves `e`'s files as a new layer.
+    async fn save(self, e: &Arc<Entry>) -> Result<Saved<'a>, ApiError> {
+        let key = format!("l-{}", uuid::Uuid::new_v4());
+        self.0
+            .saving_layers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key.clone());
+        let mut saved = Saved {
+            key,
+            bytes: 0,
+            state: self.0,
+        };
+        let layers = self.layers();
+        std::fs::create_dir_all(&layers.dir).map_err(|err| {
+            ApiError::internal(format!("The state directory could not be made: {err}"))
+        })?;
+        let dest = layers.path(&saved.key);
+        let entry = e.clone();
+        let done = tokio::task::spawn_blocking(move || entry.sandbox.save_layer(&dest))
+            .await
+            .map_err(|err| ApiError::internal(format!("Saving the files failed: {err}")))?;
+        match done {
+            Ok(bytes) => {
+                saved.bytes = bytes;
+                Ok(saved)
+            }
+            Err(runcell_core::Error::Jail(
+                err @ runcell_core::backend::BackendError::Unsupported { .. },
+            )) => Err(ApiError::bad_request(err.to_string())),
+            Err(err) => Err(ApiError::internal(format!(
+                "The sandbox's files could not be saved: {err}"
+            ))),
+        }
     }
 
     /// The lineage of a live sandbox.
@@ -399,8 +424,9 @@ impl Service<'_> {
         if used >= quota {
             return Err(full(used, quota));
         }
-        let (key, size) = self.layers().save(e).await?;
-        let mut layers = vec![key];
+        let saved = self.save(e).await?;
+        let size = saved.bytes;
+        let mut layers = vec![saved.key.clone()];
         layers.extend(self.lineage_of(&id).state_layers);
         let snap = Snapshot {
             id: format!("snap-{}", uuid::Uuid::new_v4()),
@@ -438,7 +464,7 @@ impl Service<'_> {
         if !deleted {
             return Err(ApiError::new(StatusCode::NOT_FOUND, "snapshot not found"));
         }
-        state.registry.with_conn(|c| self.layers().collect(c));
+        self.collect_layers();
         Ok(())
     }
 
@@ -484,7 +510,8 @@ impl Service<'_> {
         count: usize,
         tree: Option<&str>,
     ) -> Result<Vec<Created>, ApiError> {
-        let (key, _) = self.layers().save(parent).await?;
+        let saved = self.save(parent).await?;
+        let key = saved.key.clone();
         let r = parent
             .record
             .lock()
@@ -621,16 +648,16 @@ impl Service<'_> {
                     other => ApiError::from(other),
                 })?;
         }
-        let saved = self.layers().save(&e).await;
-        let (key, bytes) = match saved {
-            Ok(k) => k,
+        let saved = match self.save(&e).await {
+            Ok(s) => s,
             Err(err) => {
                 let _ = e.sandbox.resume();
                 return Err(err);
             }
         };
+        let bytes = saved.bytes;
         let mut lineage = self.lineage_of(&id);
-        lineage.state_layers.insert(0, key);
+        lineage.state_layers.insert(0, saved.key.clone());
         let mut record = e
             .record
             .lock()
@@ -785,7 +812,7 @@ impl Service<'_> {
             .registry
             .end(id, "deleted", reason)
             .map_err(|e| ApiError::internal(format!("The deletion could not be recorded: {e}")))?;
-        state.registry.with_conn(|c| self.layers().collect(c));
+        self.collect_layers();
         tracing::info!(sandbox = %id, reason, "hibernated sandbox deleted");
         Ok(())
     }
@@ -838,10 +865,24 @@ fn full(used: u64, quota: u64) -> ApiError {
     )
 }
 
+/// Removes the layers nothing uses any more (but those being saved).
+pub fn collect_unused(state: &AppState) -> usize {
+    let saving = state
+        .saving_layers
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    let layers = Layers::new(&state.config.data_dir);
+    state.registry.with_conn(|c| layers.collect(c, &saving))
+}
+
 /// Removes unused layers at start (what a killed daemon left half-made).
 pub fn collect_at_start(state: &AppState) {
     let layers = Layers::new(&state.config.data_dir);
-    let n = state.registry.with_conn(|c| layers.collect(c));
+    // Nothing is being saved yet: whatever no record names is a leftover.
+    let n = state
+        .registry
+        .with_conn(|c| layers.collect(c, &HashSet::new()));
     if n > 0 {
         tracing::info!(removed = n, "removed unused state layers");
     }

@@ -153,6 +153,8 @@ pub struct AppState {
     /// What this host enforces and which backends it runs, probed at start
     /// (`GET /v1/system`).
     pub system: runcell_core::host::SystemReport,
+    /// Layers being saved, not yet recorded (kept from collection).
+    pub saving_layers: Mutex<std::collections::HashSet<String>>,
     /// Volumes creates in flight are attaching (workspace, name).
     pub attaching: Mutex<std::collections::HashSet<(String, String)>>,
     /// One lock per sandbox that hibernates or wakes ([`AppState::sandbox_lock`]).
@@ -260,6 +262,8 @@ impl AppState {
         if let Err(e) = self.registry.end(id, "deleted", reason) {
             tracing::warn!(sandbox = %id, "could not record the removal: {e}");
         }
+        // Its saved files go once nothing else uses them.
+        crate::snapshots::collect_unused(self);
         true
     }
 

@@ -305,7 +305,25 @@ impl Drop for Daemon {
         if self.remove_data_on_drop {
             let sandboxes = self.data.join("sandboxes");
             if std::fs::read_dir(&sandboxes).map_or(true, |mut d| d.next().is_none()) {
-                let _ = std::fs::remove_dir_all(&self.data);
+                // Volumes stay mounted after the daemon (for its next
+                // start): unmount them, never delete through them.
+                let volumes = std::fs::read_dir(self.data.join("volumes"))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|x| x == "mnt"));
+                let mut mounted = false;
+                for mnt in volumes {
+                    let ok = Command::new("umount")
+                        .arg(&mnt)
+                        .status()
+                        .is_ok_and(|s| s.success());
+                    mounted |= !ok && std::fs::read_dir(&mnt).is_ok_and(|mut d| d.next().is_some());
+                }
+                if !mounted {
+                    let _ = std::fs::remove_dir_all(&self.data);
+                }
             }
         }
     }

@@ -1,0 +1,130 @@
+//! Sandboxes that outlive their processes, across a SIGKILL of the daemon:
+//! a snapshot, a paused, a hibernated sandbox and a volume are all there
+//! after a restart, and nothing a fork or snapshot was making is left
+//! half-made. Real daemon, real HTTP; needs root.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshots_paused_hibernated_sandboxes_and_volumes_survive_a_sigkill() {
+    let data = data_dir("persist");
+    let port = free_port();
+    let mut d = Daemon::start(&data, port, &[]);
+
+    let (s, vol) = d
+        .post("/v1/volumes", json!({"name": "keep", "size_mb": 16}))
+        .await;
+    assert_eq!(s, 201, "{vol}");
+    let with_vol = d
+        .create(json!({"volumes": [{"name": "keep"}], "ttl_seconds": 600}))
+        .await;
+    let (s, body) = d.exec(&with_vol, "echo on-volume > /mnt/keep/f").await;
+    assert_eq!(s, 200, "{body}");
+
+    let source = d.create(json!({"ttl_seconds": 600})).await;
+    assert_eq!(d.exec(&source, "echo snap > ~/s").await.0, 200);
+    let (s, snap) = d
+        .post(&format!("/v1/sandboxes/{source}/snapshots"), json!({}))
+        .await;
+    assert_eq!(s, 201, "{snap}");
+    let snap_id = snap["id"].as_str().unwrap().to_string();
+
+    let paused = d.create(json!({"ttl_seconds": 600})).await;
+    assert_eq!(d.exec(&paused, "echo p > ~/p").await.0, 200);
+    assert_eq!(
+        d.status(
+            reqwest::Method::POST,
+            &format!("/v1/sandboxes/{paused}/pause"),
+            Some(json!({}))
+        )
+        .await,
+        204
+    );
+
+    let sleeper = d
+        .create(json!({"ttl_seconds": 600, "persistent": true}))
+        .await;
+    assert_eq!(d.exec(&sleeper, "echo h > ~/h").await.0, 200);
+    assert_eq!(
+        d.status(
+            reqwest::Method::POST,
+            &format!("/v1/sandboxes/{sleeper}/hibernate"),
+            Some(json!({}))
+        )
+        .await,
+        204
+    );
+
+    // What a killed daemon was copying: a layer no record names.
+    let half = data.join("states/l-00000000-0000-0000-0000-00000000dead");
+    std::fs::create_dir_all(half.join("root/home")).unwrap();
+    d.kill9();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let d = Daemon::start(&data, port, &[]);
+    assert!(!half.exists(), "a half-made layer was left");
+    // The snapshot is listed and starts sandboxes.
+    let list: Value = d.get("/v1/snapshots").await;
+    assert_eq!(list["snapshots"][0]["id"], snap_id.as_str(), "{list}");
+    let restored = d.create(json!({"from_snapshot": snap_id})).await;
+    let (_, body) = d.exec(&restored, "cat ~/s").await;
+    assert_eq!(body["stdout"], "snap\n", "{body}");
+    // The paused one is still paused (work is refused), and resumes.
+    assert_eq!(d.sandbox(&paused).await["status"], "paused");
+    assert_eq!(d.exec(&paused, "true").await.0, 409);
+    assert_eq!(
+        d.status(
+            reqwest::Method::POST,
+            &format!("/v1/sandboxes/{paused}/resume"),
+            Some(json!({}))
+        )
+        .await,
+        204
+    );
+    let (_, body) = d.exec(&paused, "cat ~/p").await;
+    assert_eq!(body["stdout"], "p\n", "{body}");
+    // The hibernated one wakes with its files.
+    assert_eq!(d.sandbox(&sleeper).await["status"], "hibernated");
+    let (s, body) = d.exec(&sleeper, "cat ~/h").await;
+    assert_eq!((s, body["stdout"].as_str()), (200, Some("h\n")), "{body}");
+    // The volume kept its data, and the sandbox that had it still has it.
+    let (_, body) = d.exec(&with_vol, "cat /mnt/keep/f").await;
+    assert_eq!(body["stdout"], "on-volume\n", "{body}");
+    let v: Value = d.get("/v1/volumes/keep").await;
+    assert_eq!(v["attached_to"], json!([with_vol]), "{v}");
+
+    for id in [&with_vol, &source, &restored, &paused, &sleeper] {
+        d.delete(id).await;
+    }
+    assert_eq!(
+        d.status(reqwest::Method::DELETE, "/v1/volumes/keep", None)
+            .await,
+        204
+    );
+    assert_eq!(
+        d.status(
+            reqwest::Method::DELETE,
+            &format!("/v1/snapshots/{snap_id}"),
+            None
+        )
+        .await,
+        204
+    );
+    // Nothing is left on disk of any of it once the sandboxes are gone.
+    for id in [&with_vol, &source, &restored, &paused, &sleeper] {
+        wait_gone(&data.join("sandboxes").join(id)).await;
+    }
+    let layers: Vec<_> = std::fs::read_dir(data.join("states"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(layers.is_empty(), "layers left: {layers:?}");
+    let volumes: Vec<_> = std::fs::read_dir(data.join("volumes"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(volumes.is_empty(), "volume files left: {volumes:?}");
+}
