@@ -6,6 +6,8 @@
 #   sudo ./scripts/bench.sh --interp [--iterations N]
 # Isolation backends (jail, gVisor, microVM) beside python3, bwrap, runsc:
 #   sudo ./scripts/bench.sh --isolation [--allow-emulation] [--iterations N]
+# Pause, hibernate, snapshot and fork (small and ~200 MB layers):
+#   sudo ./scripts/bench.sh --persistence [--iterations N]
 # The egress proxy (10 MiB and small downloads, proxied vs direct):
 #   sudo ./scripts/bench.sh --egress [--iterations N]
 set -euo pipefail
@@ -23,6 +25,10 @@ fi
 if [ "${1:-}" = "--isolation" ]; then
   shift
   exec target/release/runcell-bench-isolation "$@"
+fi
+if [ "${1:-}" = "--persistence" ]; then
+  shift
+  exec target/release/runcell-bench-persistence "$@"
 fi
 if [ "${1:-}" = "--api" ]; then
   shift

@@ -421,6 +421,15 @@ pub struct BackendView {
     pub default: bool,
     /// What it enforces here, or why it is not available.
     pub detail: String,
+    /// Its sandboxes can be paused (frozen in place).
+    pub pause: bool,
+    /// Its sandboxes' files can be saved: snapshots, forks, hibernation.
+    pub save_files: bool,
+    /// Running processes and memory are saved too (a snapshot, fork or
+    /// hibernation restores them).
+    pub save_memory: bool,
+    /// What is saved, or why not.
+    pub state_detail: String,
 }
 
 /// What this host enforces and which isolation backends it runs.

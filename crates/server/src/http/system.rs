@@ -100,11 +100,25 @@ pub(crate) async fn system(State(state): St) -> Json<SystemView> {
             .iter()
             .map(|b| {
                 let isolation = b.name.parse().ok();
+                let jail = isolation == Some(runcell_core::backend::Isolation::Jail);
+                let freezer = h.cgroups.version.contains("v2")
+                    || h.cgroups.controllers.iter().any(|c| c == "freezer");
                 BackendView {
                     name: b.name.into(),
                     available: isolation.is_some_and(|i| runs.contains(&i)),
                     default: isolation == Some(default),
                     detail: b.detail.clone(),
+                    pause: jail && freezer,
+                    save_files: jail,
+                    save_memory: false,
+                    state_detail: if jail {
+                        format!(
+                            "files are saved (the writable layer, copied while frozen); processes and memory are not (no checkpointing){}",
+                            if freezer { "" } else { "; no cgroup freezer, so no pause" }
+                        )
+                    } else {
+                        "pause, snapshots, forks and hibernation are not implemented for this backend yet".into()
+                    },
                 }
             })
             .collect(),

@@ -1,0 +1,323 @@
+//! Sandboxes that outlive their processes, measured through `runcell
+//! serve` on loopback in one run: pause + resume, hibernate, wake to a
+//! usable exec, snapshot and fork of a sandbox holding a small and a
+//! ~200 MB writable layer (as installed packages: thousands of files), and
+//! the disk ten forks of the big one take beside ten full copies. The
+//! baseline in the same run is `cp -a` of the same tree on the host: what
+//! a full copy costs.
+//!
+//! Run with `sudo ./scripts/bench.sh --persistence [--iterations N]`.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use reqwest::Method;
+use runcell_testkit::{free_port, Daemon};
+use serde_json::{json, Value};
+
+#[derive(Debug, Parser)]
+#[command(about = "Pause, hibernate, snapshot and fork benchmark")]
+struct Args {
+    /// Iterations per row.
+    #[arg(long, default_value_t = 20)]
+    iterations: usize,
+    /// Megabytes of "installed packages" in the big sandbox.
+    #[arg(long, default_value_t = 200)]
+    layer_mb: u64,
+}
+
+fn pct(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[runcell_testkit::percentile_index(sorted.len(), p)].as_secs_f64() * 1000.0
+}
+
+fn row(name: &str, mut v: Vec<Duration>) {
+    v.sort();
+    println!(
+        "| {name} | {:.1} | {:.1} | {} |",
+        pct(&v, 50.0),
+        pct(&v, 95.0),
+        v.len()
+    );
+}
+
+struct Api {
+    daemon: Daemon,
+    http: reqwest::Client,
+}
+
+impl Api {
+    async fn call(&self, method: Method, path: &str, body: Value) -> (u16, Value) {
+        let r = self
+            .daemon
+            .request(&self.http, method, path)
+            .json(&body)
+            .send()
+            .await
+            .expect("request");
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap_or_default();
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    async fn ok(&self, method: Method, path: &str, body: Value, want: u16) -> Value {
+        let (s, v) = self.call(method, path, body).await;
+        assert_eq!(s, want, "{path}: {v}");
+        v
+    }
+
+    async fn create(&self) -> String {
+        let v = self
+            .ok(
+                Method::POST,
+                "/v1/sandboxes",
+                json!({"template": "host", "ttl_seconds": 3600,
+                       "limits": {"memory_mb": 2048, "disk_mb": 1024}}),
+                201,
+            )
+            .await;
+        v["id"].as_str().expect("id").to_string()
+    }
+
+    async fn exec(&self, id: &str, cmd: &str) {
+        let v = self
+            .ok(
+                Method::POST,
+                &format!("/v1/sandboxes/{id}/exec"),
+                json!({"cmd": cmd, "timeout_seconds": 600}),
+                200,
+            )
+            .await;
+        assert_eq!(v["exit_code"], 0, "{cmd}: {v}");
+    }
+
+    async fn timed(&self, method: Method, path: &str, want: u16) -> (Duration, Value) {
+        let t = Instant::now();
+        let v = self.ok(method, path, json!({}), want).await;
+        (t.elapsed(), v)
+    }
+
+    async fn delete(&self, id: &str) {
+        let _ = self
+            .call(Method::DELETE, &format!("/v1/sandboxes/{id}"), json!({}))
+            .await;
+    }
+}
+
+/// Python that writes `mb` MB as 50 KB files in 100 directories under
+/// `root` (like site-packages).
+fn fill_code(root: &str, mb: u64) -> String {
+    let files = mb * 1024 / 50;
+    format!(
+        "import os\nfor i in range({files}):\n    d = os.path.join(os.path.expanduser(\"{root}\"), \"pkg%d\" % (i % 100))\n    os.makedirs(d, exist_ok=True)\n    open(os.path.join(d, \"m%d.py\" % i), \"wb\").write(os.urandom(51200))"
+    )
+}
+
+/// The same, as a shell command for the sandbox.
+fn fill(mb: u64) -> String {
+    format!(
+        "/usr/bin/python3 -c '{}'",
+        fill_code("~/.local/lib/python3.11/site-packages", mb)
+    )
+}
+
+fn du(path: &std::path::Path) -> u64 {
+    let out = Command::new("du")
+        .args(["-sb", "--"])
+        .arg(path)
+        .output()
+        .expect("du");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let n = args.iterations.max(1);
+    let dir = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(PathBuf::from))
+        .expect("own directory");
+    let data = PathBuf::from(format!(
+        "/run/runcell-bench/persistence-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&data);
+    let daemon = Daemon::spawn(
+        &dir.join("runcell"),
+        &data,
+        free_port(),
+        [
+            "--standby",
+            "2",
+            "--max-sandboxes",
+            "64",
+            "--auto-build=false",
+        ],
+    );
+    let api = Api {
+        daemon,
+        http: reqwest::Client::new(),
+    };
+    println!("# runcell persistence benchmark ({n} iterations, jail, host template)\n");
+    println!("| operation | p50 ms | p95 ms | n |\n|---|---:|---:|---:|");
+
+    // Pause + resume of an idle sandbox.
+    let sb = api.create().await;
+    let mut pr = Vec::new();
+    for _ in 0..n {
+        let t = Instant::now();
+        api.timed(Method::POST, &format!("/v1/sandboxes/{sb}/pause"), 204)
+            .await;
+        api.timed(Method::POST, &format!("/v1/sandboxes/{sb}/resume"), 204)
+            .await;
+        pr.push(t.elapsed());
+    }
+    row("pause + resume", pr);
+
+    // Hibernate, then wake to a usable exec (the exec wakes it).
+    let mut hib = Vec::new();
+    let mut wake = Vec::new();
+    for _ in 0..n {
+        let (d, _) = api
+            .timed(Method::POST, &format!("/v1/sandboxes/{sb}/hibernate"), 204)
+            .await;
+        hib.push(d);
+        let t = Instant::now();
+        api.exec(&sb, "true").await;
+        wake.push(t.elapsed());
+    }
+    row("hibernate (small layer)", hib);
+    row("wake to first exec (small layer)", wake);
+
+    // Snapshot and fork, small layer.
+    api.exec(&sb, "echo hi > ~/small").await;
+    let (mut snap, mut fork) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let (d, v) = api
+            .timed(Method::POST, &format!("/v1/sandboxes/{sb}/snapshots"), 201)
+            .await;
+        snap.push(d);
+        let id = v["id"].as_str().unwrap_or_default().to_string();
+        api.call(Method::DELETE, &format!("/v1/snapshots/{id}"), json!({}))
+            .await;
+        let (d, v) = api
+            .timed(Method::POST, &format!("/v1/sandboxes/{sb}/fork"), 201)
+            .await;
+        fork.push(d);
+        api.delete(v["id"].as_str().unwrap_or_default()).await;
+    }
+    row("snapshot (small layer)", snap);
+    row("fork (small layer)", fork);
+    api.delete(&sb).await;
+
+    // The big layer: ~layer_mb MB of package-like files.
+    let big = api.create().await;
+    api.exec(&big, &fill(args.layer_mb)).await;
+    let m = n.min(10);
+    let (mut snap, mut fork, mut hib, mut wake) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..m {
+        let (d, v) = api
+            .timed(Method::POST, &format!("/v1/sandboxes/{big}/snapshots"), 201)
+            .await;
+        snap.push(d);
+        let id = v["id"].as_str().unwrap_or_default().to_string();
+        api.call(Method::DELETE, &format!("/v1/snapshots/{id}"), json!({}))
+            .await;
+        let (d, v) = api
+            .timed(Method::POST, &format!("/v1/sandboxes/{big}/fork"), 201)
+            .await;
+        fork.push(d);
+        api.delete(v["id"].as_str().unwrap_or_default()).await;
+    }
+    row(&format!("snapshot ({} MB layer)", args.layer_mb), snap);
+    row(&format!("fork ({} MB layer)", args.layer_mb), fork);
+    for _ in 0..m.min(5) {
+        let (d, _) = api
+            .timed(Method::POST, &format!("/v1/sandboxes/{big}/hibernate"), 204)
+            .await;
+        hib.push(d);
+        let t = Instant::now();
+        api.exec(&big, "true").await;
+        wake.push(t.elapsed());
+    }
+    row(&format!("hibernate ({} MB layer)", args.layer_mb), hib);
+    row(
+        &format!("wake to first exec ({} MB layer)", args.layer_mb),
+        wake,
+    );
+
+    // Baseline: a full host copy of the same tree.
+    let copy_src = data.join("bench-copy-src");
+    let copy_dst = data.join("bench-copy-dst");
+    let _ = std::fs::remove_dir_all(&copy_src);
+    let status = Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(fill_code(&copy_src.display().to_string(), args.layer_mb))
+        .status()
+        .expect("python3");
+    assert!(status.success());
+    let mut cp = Vec::new();
+    for _ in 0..m {
+        let _ = std::fs::remove_dir_all(&copy_dst);
+        let t = Instant::now();
+        assert!(Command::new("cp")
+            .args(["-a", "--"])
+            .arg(&copy_src)
+            .arg(&copy_dst)
+            .status()
+            .expect("cp")
+            .success());
+        cp.push(t.elapsed());
+    }
+    row(
+        &format!("baseline: host `cp -a` of the {} MB tree", args.layer_mb),
+        cp,
+    );
+    let _ = std::fs::remove_dir_all(&copy_src);
+    let _ = std::fs::remove_dir_all(&copy_dst);
+
+    // Disk: ten forks of the big sandbox (one fork-tree) vs ten copies.
+    let states = data.join("states");
+    let before = du(&states);
+    let t = Instant::now();
+    let v = api
+        .ok(
+            Method::POST,
+            &format!("/v1/sandboxes/{big}/fork-tree"),
+            json!({"count": 10}),
+            201,
+        )
+        .await;
+    let tree_ms = t.elapsed();
+    let kids: Vec<String> = v["children"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|c| c["id"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    let after = du(&states);
+    let one = after.saturating_sub(before);
+    println!(
+        "\n{} forks (one fork-tree, {:.0} ms): {:.1} MB of saved layers on disk; ten full copies would be {:.1} MB ({:.1}x).",
+        kids.len(),
+        tree_ms.as_secs_f64() * 1000.0,
+        one as f64 / 1e6,
+        one as f64 * 10.0 / 1e6,
+        10.0
+    );
+    for k in &kids {
+        api.delete(k).await;
+    }
+    api.delete(&big).await;
+}
