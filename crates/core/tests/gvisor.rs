@@ -323,7 +323,19 @@ async fn memory_and_process_limits_hold() {
         .parse()
         .unwrap();
     assert!(n <= 64, "forked {n} processes under a limit of 64");
+    // The limit is reported by name, as the jail reports it.
+    assert!(r.outcome.pids_limit, "{:?}", r.outcome);
+    assert!(
+        r.outcome
+            .messages()
+            .join("\n")
+            .contains("reached its process limit (64)"),
+        "{:?}",
+        r.outcome.messages()
+    );
     let r = sh(&sb, "echo still here").await;
+    // A run that stays under the limit does not report it.
+    assert!(!r.outcome.pids_limit, "{:?}", r.outcome);
     assert_eq!(text(&r.stdout), "still here\n");
     sb.destroy().await.unwrap();
 
