@@ -208,6 +208,26 @@ while True:
     let r = sh(&sb, "echo alive").await;
     assert_eq!(text(&r.stdout), "alive\n");
     assert!(!r.outcome.oom_killed, "{:?}", r.outcome);
+    // So is a code context's cell that blows the limit.
+    let ctx = sb
+        .create_context(runcell_core::ContextOptions::new(
+            runcell_protocol::Language::Python,
+        ))
+        .await
+        .expect("a Python context")
+        .id;
+    let cell = sb
+        .run_cell(
+            &ctx,
+            "a = []\nwhile True:\n    a.append(bytearray(16 << 20))\n",
+            None,
+        )
+        .await
+        .expect("the cell's report");
+    assert!(cell.report.oom_killed, "{:?}", cell.report);
+    let cell = sb.run_cell(&ctx, "print(6 * 7)", None).await.expect("cell");
+    assert_eq!(text(&cell.stdout), "42\n", "{:?}", cell.report);
+    assert!(!cell.report.oom_killed, "{:?}", cell.report);
 
     // Files: a round trip through the agent, and the writable layer's size.
     sb.write_file("/tmp/hello.txt", b"hello from the host")

@@ -279,6 +279,11 @@ pub struct CellOutcome {
     pub state_lost: bool,
     /// Results dropped because they exceeded the size limit.
     pub results_dropped: u32,
+    /// A process was killed for exceeding the memory limit during the
+    /// cell, as counted by a microVM guest's kernel (the host counts the
+    /// jail's and gVisor's).
+    #[serde(default)]
+    pub oom_killed: bool,
 }
 
 impl CellOutcome {
