@@ -80,9 +80,13 @@ fn main() -> ExitCode {
     // Under gVisor the process limit is gVisor's own pids cgroup, which the
     // agent joins before it starts anything; its count is sampled below.
     // This gVisor also shows /proc/1's environment and memory map to every
-    // process, non-dumpable or not: masked before anything of the sandbox runs.
+    // process, non-dumpable or not: masked before anything of the sandbox
+    // runs. Then CAP_SYS_ADMIN, needed only for those mounts, goes.
     let pids_current = if gvisor {
-        match runcell_jail::gvisor::hide_agent_proc().and_then(|()| gvisor_pids_limit()) {
+        let set_up = runcell_jail::gvisor::hide_agent_proc()
+            .and_then(|()| gvisor_pids_limit())
+            .and_then(|c| runcell_jail::gvisor::drop_sys_admin().map(|()| c));
+        match set_up {
             Ok(c) => c,
             Err(e) => {
                 tracing::error!("sandbox setup failed: {e}");

@@ -91,6 +91,56 @@ pub fn hide_agent_proc() -> Result<(), SetupError> {
     Ok(())
 }
 
+/// `CAP_SYS_ADMIN`'s number.
+const CAP_SYS_ADMIN: u32 = 21;
+
+/// Drops `CAP_SYS_ADMIN` from the calling thread's bounding, effective,
+/// permitted and inheritable sets, once the agent has mounted what it needs
+/// ([`limit_pids`], [`hide_agent_proc`]): nothing it starts afterwards, a
+/// template build's root steps included, can unmount the masks or touch
+/// the pids cgroup. Capabilities are per thread: call it while the agent
+/// has one thread (before its runtime starts). Needs `CAP_SETPCAP`.
+pub fn drop_sys_admin() -> Result<(), SetupError> {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Default, Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    let failed =
+        |what: &str| step(format!("dropping CAP_SYS_ADMIN ({what})"))(io::Error::last_os_error());
+    // SAFETY: prctl with scalar arguments.
+    if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0) } < 0 {
+        return Err(failed("bounding set"));
+    }
+    let mut header = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let mut data = [Data::default(); 2];
+    // SAFETY: capget writes one header and two data structs (version 3),
+    // both valid, properly laid out locals.
+    if unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) } < 0 {
+        return Err(failed("capget"));
+    }
+    let keep = !(1u32 << CAP_SYS_ADMIN);
+    data[0].effective &= keep;
+    data[0].permitted &= keep;
+    data[0].inheritable &= keep;
+    // SAFETY: capset reads the header and two data structs set up above.
+    if unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) } < 0 {
+        return Err(failed("capset"));
+    }
+    Ok(())
+}
+
 /// The empty file bound over the agent's `/proc` files.
 const PROC_MASK: &str = "/run/runcell/proc-mask";
 
@@ -102,10 +152,11 @@ pub const CGROUP_DIR: &str = "/run/runcell/cgroup";
 /// agent's side, before anything else runs): mounts gVisor's cgroupfs
 /// with the pids controller at [`CGROUP_DIR`], makes the cgroup
 /// `sandbox` with `pids.max` = `max`, moves the calling process (the
-/// agent, so everything it starts) into it, and returns its open
-/// `pids.current`. gVisor checks every fork and clone against that count
-/// (its cgroupfs keeps no `pids.events`, so the caller samples it). Needs
-/// `CAP_SYS_ADMIN` and `CAP_DAC_OVERRIDE` in the sandbox.
+/// agent, so everything it starts) into it, unmounts the hierarchy (which
+/// lives on with its tasks) and returns its open `pids.current`. gVisor
+/// checks every fork and clone against that count (its cgroupfs keeps no
+/// `pids.events`, so the caller samples it). Needs `CAP_SYS_ADMIN` and
+/// `CAP_DAC_OVERRIDE` in the sandbox.
 pub fn limit_pids(max: u64) -> Result<fs::File, SetupError> {
     let dir = Path::new(CGROUP_DIR);
     mkdir_if_missing(dir, 0o700)?;
@@ -129,7 +180,13 @@ pub fn limit_pids(max: u64) -> Result<fs::File, SetupError> {
     };
     write("pids.max", max.to_string())?;
     write("cgroup.procs", std::process::id().to_string())?;
-    fs::File::open(group.join("pids.current")).map_err(step("opening the sandbox's pids.current"))
+    let current = fs::File::open(group.join("pids.current"))
+        .map_err(step("opening the sandbox's pids.current"))?;
+    // Out of reach from here on: root of the sandbox (a template build's
+    // step) has CAP_DAC_OVERRIDE and could raise pids.max through the
+    // mount. The hierarchy lives on with its tasks and the open file.
+    umount2(dir, MntFlags::MNT_DETACH).map_err(step("unmounting gVisor's pids cgroup"))?;
+    Ok(current)
 }
 
 /// Builds the root filesystem of a gVisor sandbox on the host, at

@@ -849,8 +849,8 @@ impl GvisorPrepared {
             "CAP_SYS_CHROOT",
             "CAP_SYS_RESOURCE",
             "CAP_AUDIT_WRITE",
-            // Only for the agent to mount gVisor's pids cgroup; what it
-            // starts for the sandbox runs with an empty bounding set.
+            // Only for the agent to mount gVisor's pids cgroup and mask
+            // its /proc/1 files; it drops it before it serves anything.
             "CAP_SYS_ADMIN",
         ];
         // The agent's arguments carry its settings and its environment is
