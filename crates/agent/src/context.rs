@@ -635,6 +635,8 @@ pub async fn run(
         return;
     };
     let started = Instant::now();
+    // Limit hits the sandbox's own kernel counts (a microVM guest's).
+    let hits_before = crate::limits::hits();
     let frame = match cell_frame(language, &code) {
         Ok(f) => f,
         Err(e) => {
@@ -718,6 +720,7 @@ pub async fn run(
     outcome.stderr_bytes = err_report.total;
     outcome.stderr_truncated = err_report.truncated;
     outcome.results_dropped += kernel.events.dropped - dropped_before;
+    outcome.oom_killed = crate::limits::hits().since(hits_before).1;
     if let Some(exit) = dead {
         if !outcome.timed_out {
             outcome.crashed = Some(describe_exit(language, exit));

@@ -201,6 +201,9 @@ async fn run(agent: &Shared, running: &RunningExecs, conn: u64, id: u64, plan: P
         .stderr(Stdio::piped());
     // The child std forks becomes the exec's supervisor; it forks the command.
     cmd.supervise_as(user.uid, user.gid, plan.background);
+    // Limit hits the sandbox's own kernel counts (gVisor, microVM).
+    let hits_before = crate::limits::hits();
+    let watching = crate::limits::active();
     let started = Instant::now();
     // PATH lookup happens in the parent with the child's PATH.
     let mut child = match cmd.spawn() {
@@ -278,9 +281,13 @@ async fn run(agent: &Shared, running: &RunningExecs, conn: u64, id: u64, plan: P
         Ok(s) => (s.blocks_available() == 0, s.files_available() == 0),
         Err(_) => (false, false),
     };
+    let (pids_limit, oom_killed) = crate::limits::hits().since(hits_before);
+    drop(watching);
     let info = ExitInfo {
         disk_full,
         files_full,
+        pids_limit,
+        oom_killed,
         exit_code,
         signal,
         timed_out,

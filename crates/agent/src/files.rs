@@ -170,9 +170,11 @@ fn open_checked(
 
 /// `open(2)` for kernels without `openat2` (gVisor): a path naming a magic
 /// link under `/proc/<pid>` itself is refused with `ELOOP`, as
-/// `RESOLVE_NO_MAGICLINKS` would; one reached through a symbolic link is
-/// left to the kernel's ptrace-access check on magic links (the agent is
-/// not dumpable) and to [`refuse_private`].
+/// `RESOLVE_NO_MAGICLINKS` would. One reached through a symbolic link the
+/// sandbox made (`/tmp/agent` -> `/proc/1`, then `/tmp/agent/fd/3`) passes
+/// the kernel's ptrace-access check, since the opening thread is the
+/// agent's own: a file that is one the agent holds open is refused
+/// ([`held_by_the_agent`]), and the rest is [`refuse_private`]'s.
 fn open_without_openat2(path: &str, flags: OFlag, mode: Mode) -> nix::Result<OwnedFd> {
     let mut parts = Path::new(path).components().skip_while(|c| {
         matches!(
@@ -190,7 +192,32 @@ fn open_without_openat2(path: &str, flags: OFlag, mode: Mode) -> nix::Result<Own
     {
         return Err(nix::errno::Errno::ELOOP);
     }
-    nix::fcntl::open(path, flags | OFlag::O_CLOEXEC, mode)
+    let fd = nix::fcntl::open(path, flags | OFlag::O_CLOEXEC, mode)?;
+    if held_by_the_agent(&fd) {
+        return Err(nix::errno::Errno::ELOOP);
+    }
+    Ok(fd)
+}
+
+/// Whether `fd` is a regular file the agent also holds open under another
+/// descriptor (so it was most likely reached through one of the agent's
+/// `/proc/<pid>/fd` magic links; a file another request happens to have
+/// open at the same moment is refused too, which a retry fixes).
+fn held_by_the_agent(fd: &OwnedFd) -> bool {
+    let own = fd.as_raw_fd().to_string();
+    let Ok(me) = fs::metadata(format!("/proc/self/fd/{own}")) else {
+        return false;
+    };
+    if !me.is_file() {
+        return false;
+    }
+    fs::read_dir("/proc/self/fd")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name() != own.as_str())
+        .filter_map(|e| fs::metadata(e.path()).ok())
+        .any(|m| m.dev() == me.dev() && m.ino() == me.ino())
 }
 
 /// Refuses an open file that lies in the agent's `/proc/<pid>` or in that of

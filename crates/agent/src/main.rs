@@ -19,6 +19,7 @@ mod context;
 mod egress;
 mod exec;
 mod files;
+mod limits;
 mod procs;
 mod reaper;
 mod server;
@@ -54,11 +55,17 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Under gVisor the filter is an argument (the agent's environment is
+    // empty there); elsewhere RUST_LOG.
+    let filter = match gvisor
+        .then(|| arg_value(runcell_jail::gvisor::LOG_ARG))
+        .flatten()
+    {
+        Some(f) => tracing_subscriber::EnvFilter::try_new(f).ok(),
+        None => tracing_subscriber::EnvFilter::try_from_default_env().ok(),
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
+        .with_env_filter(filter.unwrap_or_else(|| tracing_subscriber::EnvFilter::new("warn")))
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();
@@ -70,6 +77,25 @@ fn main() -> ExitCode {
     if in_vm {
         return vm::main(started);
     }
+    // Under gVisor the process limit is gVisor's own pids cgroup, which the
+    // agent joins before it starts anything; its count is sampled below.
+    // This gVisor also shows /proc/1's environment and memory map to every
+    // process, non-dumpable or not: masked before anything of the sandbox
+    // runs. Then CAP_SYS_ADMIN, needed only for those mounts, goes.
+    let pids_current = if gvisor {
+        let set_up = runcell_jail::gvisor::hide_agent_proc()
+            .and_then(|()| gvisor_pids_limit())
+            .and_then(|c| runcell_jail::gvisor::drop_sys_admin().map(|()| c));
+        match set_up {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!("sandbox setup failed: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        None
+    };
     let boot = if gvisor {
         runcell_jail::gvisor::bootstrap()
     } else {
@@ -82,6 +108,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+
     // Landlock under the mount namespace: from here on the agent and all it
     // starts reach only files beneath the sandbox's root, whatever path
     // leads out of it. After the last mount (a confined process cannot
@@ -106,6 +133,12 @@ fn main() -> ExitCode {
     if let Err(e) = runcell_jail::seccomp::install(&filters) {
         tracing::error!("{e}");
         return ExitCode::FAILURE;
+    }
+    if let Some((current, max)) = pids_current {
+        if let Err(e) = limits::watch_sampled(current, max) {
+            tracing::error!("could not start the process-limit sampler: {e}");
+            return ExitCode::FAILURE;
+        }
     }
     // Sandboxed processes must not read the agent's memory or /proc/1 files.
     if let Err(e) = nix::sys::prctl::set_dumpable(false) {
@@ -137,4 +170,24 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The value of the agent's argument starting with `prefix` (gVisor passes
+/// its settings as arguments; its environment is empty).
+fn arg_value(prefix: &str) -> Option<String> {
+    std::env::args()
+        .skip(2)
+        .find_map(|a| a.strip_prefix(prefix).map(str::to_string))
+}
+
+/// Puts the agent in gVisor's pids cgroup limited to the process limit the
+/// host passed ([`runcell_jail::gvisor::PIDS_ARG`]; none without it), and
+/// gives that cgroup's open `pids.current` and the limit.
+fn gvisor_pids_limit() -> Result<Option<(std::fs::File, u64)>, runcell_jail::inside::SetupError> {
+    let Some(max) = arg_value(runcell_jail::gvisor::PIDS_ARG).and_then(|v| v.parse::<u64>().ok())
+    else {
+        return Ok(None);
+    };
+    let current = runcell_jail::gvisor::limit_pids(max)?;
+    Ok(Some((current, max)))
 }

@@ -153,19 +153,31 @@ fn mount_basics() -> Result<(), VmInitError> {
 
 /// The kernel command line parameter with the sandbox's process limit.
 const PIDS_PARAM: &str = "runcell.pids=";
+/// The kernel command line parameter with the sandbox's memory limit, in bytes.
+const MEMORY_PARAM: &str = "runcell.memory=";
+/// The guest cgroup the agent and everything it starts live in.
+const SANDBOX_CGROUP: &str = "/sys/fs/cgroup/sandbox";
 
-/// Puts the agent (and so everything it starts) in a guest cgroup whose
-/// `pids.max` is the `runcell.pids=` of the kernel command line, as the
-/// jail's cgroup does on the host. Without the parameter: no limit.
+/// Puts the agent (and so everything it starts) in a guest cgroup v2 whose
+/// `pids.max` and `memory.max` are the `runcell.pids=` and
+/// `runcell.memory=` of the kernel command line, as the jail's cgroup does
+/// on the host (without a parameter: no limit of that kind). The guest
+/// kernel's own counters of that cgroup (`pids.events`, `memory.events`)
+/// then report hits by name ([`crate::limits::watch_events`]); the guest
+/// has some memory beyond `memory.max` for its kernel and the agent, so the
+/// cgroup's OOM killer, not the guest's global one, meets a memory bomb.
 fn limit_pids() -> Result<(), VmInitError> {
     let cmdline = fs::read_to_string("/proc/cmdline").map_err(step("reading /proc/cmdline"))?;
-    let Some(max) = cmdline
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix(PIDS_PARAM))
-        .and_then(|n| n.parse::<u64>().ok())
-    else {
-        return Ok(());
+    let param = |name: &str| {
+        cmdline
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(name))
+            .and_then(|n| n.parse::<u64>().ok())
     };
+    let (pids, memory) = (param(PIDS_PARAM), param(MEMORY_PARAM));
+    if pids.is_none() && memory.is_none() {
+        return Ok(());
+    }
     let root = Path::new("/sys/fs/cgroup");
     mount(
         Some("cgroup2"),
@@ -175,14 +187,22 @@ fn limit_pids() -> Result<(), VmInitError> {
         None::<&str>,
     )
     .map_err(step("mounting the guest's cgroups"))?;
-    let group = root.join("sandbox");
+    let group = PathBuf::from(SANDBOX_CGROUP);
     let write = |path: PathBuf, value: String| {
         fs::write(&path, value).map_err(step(format!("writing {}", path.display())))
     };
-    write(root.join("cgroup.subtree_control"), "+pids".into())?;
+    write(root.join("cgroup.subtree_control"), "+pids +memory".into())?;
     fs::create_dir_all(&group).map_err(step("creating the guest's sandbox cgroup"))?;
-    write(group.join("pids.max"), max.to_string())?;
-    write(group.join("cgroup.procs"), std::process::id().to_string())
+    if let Some(max) = pids {
+        write(group.join("pids.max"), max.to_string())?;
+    }
+    if let Some(max) = memory {
+        write(group.join("memory.max"), max.to_string())?;
+        // No swap in the guest; say so should the kernel have some.
+        let _ = fs::write(group.join("memory.swap.max"), "0");
+    }
+    write(group.join("cgroup.procs"), std::process::id().to_string())?;
+    crate::limits::watch_events(&group).map_err(step("opening the sandbox cgroup's events"))
 }
 
 fn load_modules() -> Result<(), VmInitError> {

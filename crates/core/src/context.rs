@@ -161,10 +161,12 @@ impl Sandbox {
         .await
         .map_err(|_| ClientError::Closed)??;
         let after = self.counters();
+        // The host's counters, or a microVM guest's as the agent read them.
+        let oom_killed = after.oom_kills > before.oom_kills || outcome.oom_killed;
         Ok(CellReport {
             outcome,
             timeout,
-            oom_killed: after.oom_kills > before.oom_kills,
+            oom_killed,
         })
     }
 

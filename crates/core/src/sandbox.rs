@@ -597,11 +597,16 @@ impl ExecRun<'_> {
                 (Event::ExecExited(exit), _) => {
                     let after = self.sandbox.counters();
                     let limits = &self.sandbox.limits;
+                    let (guest_oom, guest_pids) = (exit.oom_killed, exit.pids_limit);
                     Ok(RunEvent::Done(ExecOutcome {
                         exit,
                         timeout: self.timeout,
-                        oom_killed: after.oom_kills > self.before.oom_kills,
-                        pids_limit: after.pids_limit_hits > self.before.pids_limit_hits,
+                        // The host's counters (the jail, gVisor's OOM), or
+                        // the sandbox's own kernel as the agent read it
+                        // (gVisor's pids, a microVM guest's).
+                        oom_killed: after.oom_kills > self.before.oom_kills || guest_oom,
+                        pids_limit: after.pids_limit_hits > self.before.pids_limit_hits
+                            || guest_pids,
                         sandbox_ended: false,
                         memory_limit: limits.memory_bytes,
                         pids_max: limits.pids,
@@ -631,6 +636,8 @@ impl ExecRun<'_> {
                 stderr_truncated: false,
                 disk_full: false,
                 files_full: false,
+                pids_limit: false,
+                oom_killed: true,
             },
             timeout: self.timeout,
             oom_killed: true,

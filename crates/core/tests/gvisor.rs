@@ -323,7 +323,19 @@ async fn memory_and_process_limits_hold() {
         .parse()
         .unwrap();
     assert!(n <= 64, "forked {n} processes under a limit of 64");
+    // The limit is reported by name, as the jail reports it.
+    assert!(r.outcome.pids_limit, "{:?}", r.outcome);
+    assert!(
+        r.outcome
+            .messages()
+            .join("\n")
+            .contains("reached its process limit (64)"),
+        "{:?}",
+        r.outcome.messages()
+    );
     let r = sh(&sb, "echo still here").await;
+    // A run that stays under the limit does not report it.
+    assert!(!r.outcome.pids_limit, "{:?}", r.outcome);
     assert_eq!(text(&r.stdout), "still here\n");
     sb.destroy().await.unwrap();
 
@@ -423,6 +435,48 @@ async fn escape_attempts_fail() {
     assert!(out.contains("No such file or directory"), "{out}");
     assert!(out.contains("Permission denied"), "{out}");
     assert!(!out.contains("\"pid\""), "the host state leaked: {out}");
+
+    // The agent needed CAP_SYS_ADMIN only to mount its pids cgroup and
+    // mask its /proc/1 files: even a root exec (a template build's step)
+    // has it no more, so the masks and the limit stay.
+    let root = runcell_protocol::ExecUser {
+        name: "root".into(),
+        uid: 0,
+        gid: 0,
+        home: "/root".into(),
+    };
+    let r = sb
+        .exec(
+            Command::Shell(
+                "grep -E '^Cap(Eff|Bnd)' /proc/self/status; \
+                 umount /proc/1/environ 2>&1; echo umount=$?; \
+                 echo 100000 > /run/runcell/cgroup/sandbox/pids.max 2>&1; echo max=$?; \
+                 mkdir -p /tmp/m && mount -t tmpfs none /tmp/m 2>&1; echo mount=$?; \
+                 wc -c < /proc/1/environ"
+                    .into(),
+            ),
+            &RunOptions {
+                user: Some(root),
+                ..RunOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    let out = text(&r.stdout);
+    for line in out.lines().filter(|l| l.starts_with("Cap")) {
+        let mask = u64::from_str_radix(line.split_whitespace().nth(1).unwrap(), 16).unwrap();
+        assert_eq!(mask & (1 << 21), 0, "CAP_SYS_ADMIN is left: {out}");
+    }
+    assert!(
+        out.contains("umount=1") || out.contains("umount=32"),
+        "{out}"
+    );
+    assert!(!out.contains("max=0"), "{out}");
+    assert!(!out.contains("mount=0"), "{out}");
+    assert!(
+        out.trim_end().ends_with("\n0") || out.trim_end().ends_with('0'),
+        "{out}"
+    );
     sb.destroy().await.unwrap();
     std::fs::remove_file(format!("/root/{name}")).unwrap();
 }

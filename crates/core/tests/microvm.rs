@@ -135,7 +135,9 @@ async fn a_guest_runs_commands_sees_its_limits_and_files_and_not_the_hosts() {
     .await;
     assert_eq!(text(&r.stdout), "(3, 11)\n", "stderr: {}", text(&r.stderr));
 
-    // Memory: the guest's RAM is the limit.
+    // Memory: the guest's RAM is the limit plus room for its kernel and
+    // agent (the sandbox's processes are held to the limit by the guest's
+    // cgroup, below).
     let r = sh(&sb, "grep MemTotal /proc/meminfo").await;
     let kb: u64 = text(&r.stdout)
         .split_whitespace()
@@ -144,8 +146,8 @@ async fn a_guest_runs_commands_sees_its_limits_and_files_and_not_the_hosts() {
         .expect("MemTotal in /proc/meminfo");
     let mib = kb / 1024;
     assert!(
-        (300..=384).contains(&mib),
-        "MemTotal {mib} MiB, limit 384 MiB"
+        (384..=512).contains(&mib),
+        "MemTotal {mib} MiB, limit 384 MiB + 128 MiB for the guest"
     );
 
     // Processes: the limit holds in the guest.
@@ -176,6 +178,56 @@ print(n)
         (10..64).contains(&forked),
         "{forked} processes forked with a limit of 64"
     );
+    // ...and is reported by name, from the guest kernel's own counter.
+    assert!(r.outcome.pids_limit, "{:?}", r.outcome);
+    let msgs = r.outcome.messages().join("\n");
+    assert!(msgs.contains("reached its process limit (64)"), "{msgs}");
+    let r = sh(&sb, "echo calm").await;
+    assert_eq!(text(&r.stdout), "calm\n");
+    assert!(!r.outcome.pids_limit, "{:?}", r.outcome);
+
+    // A memory bomb is killed by the guest cgroup's OOM killer, reported
+    // by name, and the sandbox lives on.
+    let r = sh(
+        &sb,
+        "/usr/bin/python3 -c '
+a = []
+while True:
+    a.append(bytearray(16 << 20))
+'",
+    )
+    .await;
+    assert!(r.outcome.oom_killed, "{:?} {}", r.outcome, text(&r.stderr));
+    assert_eq!(r.outcome.exit.signal, Some(9), "{:?}", r.outcome);
+    assert!(!r.outcome.sandbox_ended);
+    let msgs = r.outcome.messages().join("\n");
+    assert!(
+        msgs.contains("ran out of memory (limit 384 MiB) and a process was killed"),
+        "{msgs}"
+    );
+    let r = sh(&sb, "echo alive").await;
+    assert_eq!(text(&r.stdout), "alive\n");
+    assert!(!r.outcome.oom_killed, "{:?}", r.outcome);
+    // So is a code context's cell that blows the limit.
+    let ctx = sb
+        .create_context(runcell_core::ContextOptions::new(
+            runcell_protocol::Language::Python,
+        ))
+        .await
+        .expect("a Python context")
+        .id;
+    let cell = sb
+        .run_cell(
+            &ctx,
+            "a = []\nwhile True:\n    a.append(bytearray(16 << 20))\n",
+            None,
+        )
+        .await
+        .expect("the cell's report");
+    assert!(cell.report.oom_killed, "{:?}", cell.report);
+    let cell = sb.run_cell(&ctx, "print(6 * 7)", None).await.expect("cell");
+    assert_eq!(text(&cell.stdout), "42\n", "{:?}", cell.report);
+    assert!(!cell.report.oom_killed, "{:?}", cell.report);
 
     // Files: a round trip through the agent, and the writable layer's size.
     sb.write_file("/tmp/hello.txt", b"hello from the host")

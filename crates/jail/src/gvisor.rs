@@ -21,6 +21,7 @@
 use std::fs;
 use std::io::{self, Write};
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
@@ -46,6 +47,147 @@ pub const AGENT_SOCKET: &str = "/run/runcell/host/agent.sock";
 
 /// Where the agent binary is bind-mounted (read-only, root-owned).
 pub const AGENT_PATH: &str = "/run/runcell/agent";
+
+/// The agent's argument (after `gvisor-init`) that gives it the sandbox's
+/// process limit: `--pids=N`.
+pub const PIDS_ARG: &str = "--pids=";
+
+/// The agent's argument that gives it its log filter: `--log=FILTER`.
+pub const LOG_ARG: &str = "--log=";
+
+/// The files of a process's `/proc` directory that show its memory,
+/// arguments or environment.
+const AGENT_PROC_FILES: [&str; 5] = ["environ", "cmdline", "auxv", "maps", "smaps"];
+
+/// Hides the agent's `/proc/1` files that this gVisor lets every process
+/// read (it ignores that the agent is not dumpable, which is what hides
+/// them in the jail): `environ`, `cmdline`, `auxv`, `maps` and `smaps` of
+/// `/proc/1` and `/proc/1/task/1` become binds of an empty root-owned
+/// read-only file.
+/// (The agent's other threads, `/proc/<tid>`, still show the process's
+/// arguments and environment: the host starts the agent with an empty
+/// environment and nothing secret in its arguments.) Runs in the agent,
+/// which needs `CAP_SYS_ADMIN`, after runsc mounted `/proc`.
+pub fn hide_agent_proc() -> Result<(), SetupError> {
+    // An empty file only root may write (this gVisor refuses recursive and
+    // read-only binds, so permissions keep it unwritable).
+    let empty = Path::new(PROC_MASK);
+    fs::write(empty, b"").map_err(step(format!("creating {PROC_MASK}")))?;
+    fs::set_permissions(empty, fs::Permissions::from_mode(0o444))
+        .map_err(step(format!("making {PROC_MASK} read-only")))?;
+    for dir in ["/proc/1", "/proc/1/task/1"] {
+        for f in AGENT_PROC_FILES {
+            let target = Path::new(dir).join(f);
+            mount(
+                Some(empty),
+                &target,
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            )
+            .map_err(step(format!("masking {}", target.display())))?;
+        }
+    }
+    Ok(())
+}
+
+/// `CAP_SYS_ADMIN`'s number.
+const CAP_SYS_ADMIN: u32 = 21;
+
+/// Drops `CAP_SYS_ADMIN` from the calling thread's bounding, effective,
+/// permitted and inheritable sets, once the agent has mounted what it needs
+/// ([`limit_pids`], [`hide_agent_proc`]): nothing it starts afterwards, a
+/// template build's root steps included, can unmount the masks or touch
+/// the pids cgroup. Capabilities are per thread: call it while the agent
+/// has one thread (before its runtime starts). Needs `CAP_SETPCAP`.
+pub fn drop_sys_admin() -> Result<(), SetupError> {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Default, Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    let failed =
+        |what: &str| step(format!("dropping CAP_SYS_ADMIN ({what})"))(io::Error::last_os_error());
+    // SAFETY: prctl with scalar arguments.
+    if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0) } < 0 {
+        return Err(failed("bounding set"));
+    }
+    let mut header = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let mut data = [Data::default(); 2];
+    // SAFETY: capget writes one header and two data structs (version 3),
+    // both valid, properly laid out locals.
+    if unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) } < 0 {
+        return Err(failed("capget"));
+    }
+    let keep = !(1u32 << CAP_SYS_ADMIN);
+    data[0].effective &= keep;
+    data[0].permitted &= keep;
+    data[0].inheritable &= keep;
+    // SAFETY: capset reads the header and two data structs set up above.
+    if unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) } < 0 {
+        return Err(failed("capset"));
+    }
+    Ok(())
+}
+
+/// The empty file bound over the agent's `/proc` files.
+const PROC_MASK: &str = "/run/runcell/proc-mask";
+
+/// Where the agent mounts gVisor's cgroupfs (pids controller), in a
+/// directory only root of the sandbox may enter.
+pub const CGROUP_DIR: &str = "/run/runcell/cgroup";
+
+/// Enforces the sandbox's process limit with gVisor's own cgroups (the
+/// agent's side, before anything else runs): mounts gVisor's cgroupfs
+/// with the pids controller at [`CGROUP_DIR`], makes the cgroup
+/// `sandbox` with `pids.max` = `max`, moves the calling process (the
+/// agent, so everything it starts) into it, unmounts the hierarchy (which
+/// lives on with its tasks) and returns its open `pids.current`. gVisor
+/// checks every fork and clone against that count (its cgroupfs keeps no
+/// `pids.events`, so the caller samples it). Needs `CAP_SYS_ADMIN` and
+/// `CAP_DAC_OVERRIDE` in the sandbox.
+pub fn limit_pids(max: u64) -> Result<fs::File, SetupError> {
+    let dir = Path::new(CGROUP_DIR);
+    mkdir_if_missing(dir, 0o700)?;
+    mount(
+        Some("cgroup"),
+        dir,
+        Some("cgroup"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some("pids"),
+    )
+    .map_err(step("mounting gVisor's pids cgroup"))?;
+    let group = dir.join("sandbox");
+    match fs::create_dir(&group) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
+            return Err(step("creating the sandbox's pids cgroup")(e))
+        }
+        _ => {}
+    }
+    let write = |file: &str, value: String| {
+        fs::write(group.join(file), value).map_err(step(format!("writing the sandbox's {file}")))
+    };
+    write("pids.max", max.to_string())?;
+    write("cgroup.procs", std::process::id().to_string())?;
+    let current = fs::File::open(group.join("pids.current"))
+        .map_err(step("opening the sandbox's pids.current"))?;
+    // Out of reach from here on: root of the sandbox (a template build's
+    // step) has CAP_DAC_OVERRIDE and could raise pids.max through the
+    // mount. The hierarchy lives on with its tasks and the open file.
+    umount2(dir, MntFlags::MNT_DETACH).map_err(step("unmounting gVisor's pids cgroup"))?;
+    Ok(current)
+}
 
 /// Builds the root filesystem of a gVisor sandbox on the host, at
 /// `<stage>/root`, and returns that path.

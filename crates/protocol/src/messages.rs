@@ -279,6 +279,11 @@ pub struct CellOutcome {
     pub state_lost: bool,
     /// Results dropped because they exceeded the size limit.
     pub results_dropped: u32,
+    /// A process was killed for exceeding the memory limit during the
+    /// cell, as counted by a microVM guest's kernel (the host counts the
+    /// jail's and gVisor's).
+    #[serde(default)]
+    pub oom_killed: bool,
 }
 
 impl CellOutcome {
@@ -347,6 +352,16 @@ pub struct ExitInfo {
     /// allows (creating more fails with ENOSPC while `df` shows free space).
     #[serde(default)]
     pub files_full: bool,
+    /// A fork failed during the run because the sandbox's process limit was
+    /// reached, as counted by a kernel the host cannot read (gVisor's own
+    /// cgroups, a microVM guest's); the jail's hits are counted by the host.
+    #[serde(default)]
+    pub pids_limit: bool,
+    /// A process was killed for exceeding the memory limit during the run,
+    /// as counted by a microVM guest's kernel (the host counts the jail's
+    /// and gVisor's).
+    #[serde(default)]
+    pub oom_killed: bool,
 }
 
 impl ExitInfo {

@@ -34,9 +34,11 @@
 //! when the memory limit is hit: `counters().oom_kills` then counts it and
 //! the sandbox is dead. The host's pids controller sees the sentry's
 //! threads, not sandboxed processes, and a limit hit there crashes the
-//! sentry; the pids limit is therefore `RLIMIT_NPROC` of the agent
-//! (inherited by everything it starts, enforced by gVisor per uid), and
-//! the cgroup only gets a backstop of [`host_pids`]. The cgroup's memory
+//! sentry; the pids limit is therefore enforced inside gVisor, by its own
+//! pids cgroup, which the agent mounts and joins before it starts anything
+//! (`pids.max` from [`runcell_jail::gvisor::PIDS_ARG`]) and whose count it
+//! samples to report hits by name; `RLIMIT_NPROC` is a backstop above it,
+//! and the host cgroup only gets a backstop of [`host_pids`]. The cgroup's memory
 //! limit is the sandbox's plus [`SENTRY_MEMORY`] for gVisor itself.
 
 use std::fs::{self, OpenOptions};
@@ -504,6 +506,13 @@ pub fn host_pids(pids: u64) -> u64 {
     pids.saturating_mul(16).saturating_add(1024)
 }
 
+/// The `RLIMIT_NPROC` of a sandbox whose process limit is `pids`: a
+/// backstop above gVisor's pids cgroup (which enforces `pids` and is where
+/// hits are counted), so the cgroup always refuses first.
+fn nproc_backstop(pids: u64) -> u64 {
+    pids.saturating_mul(2).saturating_add(64)
+}
+
 /// The cgroup limits of a sandbox with `limits`.
 fn host_limits(limits: &Limits) -> Limits {
     Limits {
@@ -843,12 +852,23 @@ impl GvisorPrepared {
             "CAP_SYS_CHROOT",
             "CAP_SYS_RESOURCE",
             "CAP_AUDIT_WRITE",
+            // Only for the agent to mount gVisor's pids cgroup and mask
+            // its /proc/1 files; it drops it before it serves anything.
+            "CAP_SYS_ADMIN",
         ];
-        let mut env =
-            vec!["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string()];
+        // The agent's arguments carry its settings and its environment is
+        // empty: sandboxed code can read the environment of every agent
+        // thread under this gVisor (see `hide_agent_proc`), so nothing
+        // lives there.
+        let mut args = vec![
+            AGENT_PATH.to_string(),
+            "gvisor-init".to_string(),
+            format!("{}{}", runcell_jail::gvisor::PIDS_ARG, spec.limits.pids),
+        ];
         if let Some(l) = &self.backend.agent_log {
-            env.push(format!("RUST_LOG={l}"));
+            args.push(format!("{}{l}", runcell_jail::gvisor::LOG_ARG));
         }
+        let env: Vec<String> = Vec::new();
         let mut mounts = vec![
             json!({"destination": "/proc", "type": "proc", "source": "proc"}),
             json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
@@ -887,14 +907,15 @@ impl GvisorPrepared {
             "process": {
                 "terminal": false,
                 "user": {"uid": 0, "gid": 0},
-                "args": [AGENT_PATH, "gvisor-init"],
+                "args": args,
                 "env": env,
                 "cwd": "/",
                 "capabilities": {
                     "bounding": caps, "effective": caps, "permitted": caps,
                 },
                 "rlimits": [
-                    {"type": "RLIMIT_NPROC", "hard": spec.limits.pids, "soft": spec.limits.pids},
+                    {"type": "RLIMIT_NPROC", "hard": nproc_backstop(spec.limits.pids),
+                     "soft": nproc_backstop(spec.limits.pids)},
                     {"type": "RLIMIT_NOFILE", "hard": 1_048_576u64, "soft": 1_048_576u64},
                 ],
                 "noNewPrivileges": false,

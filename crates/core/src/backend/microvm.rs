@@ -9,10 +9,13 @@
 //! * Root: the template's tree as a read-only ext4 image, built once per
 //!   template content and cached; the guest overlays it with a private
 //!   tmpfs of the disk limit (in guest memory), as the jail does.
-//! * Limits: memory is the guest's RAM (`-m`), CPU its number of vCPUs
-//!   (`-smp`, rounded up), processes a `pids.max` of a guest cgroup the
-//!   agent puts itself in (`runcell.pids=` on the kernel command line),
-//!   disk the size of the guest's writable tmpfs.
+//! * Limits: memory and processes are the `memory.max` and `pids.max` of
+//!   a guest cgroup v2 the agent puts itself in (`runcell.memory=` and
+//!   `runcell.pids=` on the kernel command line), whose event counters the
+//!   agent reads to report hits by name in each run's exit; the guest's RAM
+//!   (`-m`) is the memory limit plus room for its kernel and agent. CPU is
+//!   its number of vCPUs (`-smp`, rounded up), disk the size of the guest's
+//!   writable tmpfs.
 //! * Channel: one virtio-serial port, multiplexed
 //!   ([`runcell_protocol::mux`]); the host end is a unix socket QEMU
 //!   listens on, and a forwarder in the host process serves
@@ -59,6 +62,11 @@ pub const PORT_NAME: &str = "runcell.agent";
 const BOOT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Guest memory below this cannot boot the kernel and agent.
 const MIN_MEMORY_MIB: u64 = 128;
+/// Guest memory beyond the sandbox's limit, for the guest's kernel, its
+/// initramfs (the agent, in memory) and the agent: the sandbox's processes
+/// are held to the limit by the guest's cgroup (`runcell.memory=`), so its
+/// OOM killer, not the guest's global one, meets a memory bomb.
+const GUEST_OVERHEAD_MIB: u64 = 128;
 /// Where the guest mounts the template image (vm-init's `LOWER`).
 const GUEST_LOWER: &str = "/run/vm/lower";
 /// The guest's staging directory for the writable layer.
@@ -414,7 +422,11 @@ impl MicrovmBackend {
         };
         let spec_json = serde_json::to_vec(&init).unwrap_or_default();
 
-        let memory_mib = (limits.memory_bytes.div_ceil(1 << 20)).max(MIN_MEMORY_MIB);
+        let memory_mib = limits
+            .memory_bytes
+            .div_ceil(1 << 20)
+            .saturating_add(GUEST_OVERHEAD_MIB)
+            .max(MIN_MEMORY_MIB);
         let host_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let vcpus = u32::try_from(limits.cpu_millis.div_ceil(1000).max(1))
             .unwrap_or(1)
@@ -426,8 +438,12 @@ impl MicrovmBackend {
         // microvm has no HPET, and under emulation calibrating the TSC
         // against the PIT fails now and then, which hangs the boot: give
         // the kernel the host's TSC rate (what QEMU's guests read).
-        // The process limit, applied by the guest's init (vm-init).
-        cmdline.push_str(&format!(" runcell.pids={}", limits.pids));
+        // The process and memory limits, applied by the guest's init
+        // (vm-init) to the guest cgroup it and the sandbox live in.
+        cmdline.push_str(&format!(
+            " runcell.pids={} runcell.memory={}",
+            limits.pids, limits.memory_bytes
+        ));
         if let Some(khz) = host_tsc_khz() {
             cmdline.push_str(&format!(" tsc_early_khz={khz}"));
         }
