@@ -226,7 +226,7 @@ fn sandbox_line(s: &SandboxInfo) -> String {
         })
         .unwrap_or_default();
     format!(
-        "{:<36}  {:<18} {:<9} {:<9} {:<25} {}",
+        "{:<36}  {:<18} {:<9} {:<10} {:<25} {}",
         s.id,
         field(s, "template"),
         field(s, "isolation"),
@@ -437,7 +437,7 @@ pub async fn sandbox(args: SandboxArgs) -> u8 {
                     println!("No sandboxes.");
                 } else {
                     println!(
-                        "{:<36}  {:<18} {:<9} {:<9} {:<25} METADATA",
+                        "{:<36}  {:<18} {:<9} {:<10} {:<25} METADATA",
                         "ID", "TEMPLATE", "ISOLATION", "STATUS", "CREATED"
                     );
                     for s in &list {
@@ -1081,6 +1081,34 @@ mod tests {
         assert!(e.contains("delete or hibernate"), "{e}");
         let e = parse(&["create", "--volume", "data:rw:x"]).unwrap_err();
         assert!(e.contains("NAME[:ro][:/PATH]"), "{e}");
+    }
+
+    #[test]
+    fn get_shows_the_idle_action_origin_volumes_and_lost_state() {
+        let s: SandboxInfo = serde_json::from_value(json!({
+            "id": "sb-1", "template": "host", "status": "hibernated", "on_idle": "hibernate",
+            "forked_from": "sb-0", "from_snapshot": null, "state_lost": true,
+            "volumes": [{"name": "data", "path": "/mnt/data", "read_only": false},
+                        {"name": "ref", "path": "/ref", "read_only": true}],
+            "metadata": {}
+        }))
+        .unwrap();
+        let view = sandbox_view(&s);
+        for row in [
+            "Status     hibernated\n",
+            "On idle    hibernate\n",
+            "Fork of    sb-0\n",
+            "State      lost (woken from hibernation: code contexts restarted)\n",
+            "Volumes    data at /mnt/data, ref at /ref (read-only)\n",
+        ] {
+            assert!(view.contains(row), "{row:?} not in\n{view}");
+        }
+        assert!(!view.contains("Snapshot"), "{view}");
+        assert!(
+            sandbox_line(&s).contains(" hibernated "),
+            "{}",
+            sandbox_line(&s)
+        );
     }
 
     #[test]
