@@ -113,7 +113,7 @@ run_suite() {
 export NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}" no_proxy="127.0.0.1,localhost${no_proxy:+,$no_proxy}"
 
 # --- tests -------------------------------------------------------------------
-run_suite "@pandastack/sdk@0.9.0" node --test tests/clients/pandastack-sdk.test.mjs tests/clients/.build/await-using.test.mjs
+run_suite "@pandastack/sdk@0.9.0" node --test tests/clients/pandastack-sdk.test.mjs tests/clients/.build/await-using.test.mjs tests/clients/pandastack-state.test.mjs
 run_suite "pandastack==0.10.0" "$VENV/bin/python" -m pytest -v -p no:cacheprovider "$CLIENTS/test_pandastack_py.py"
 run_suite "MCP (@modelcontextprotocol/sdk)" node --test tests/clients/mcp.test.mjs
 # The same published clients with gVisor as the daemon's default isolation:

@@ -170,6 +170,7 @@ pub async fn run(config: RuntimeConfig, args: RunArgs) -> u8 {
             .clone()
             .filter(runcell_egress::NetworkPolicy::has_egress),
         isolation: Some(args.isolation),
+        ..SandboxOptions::default()
     };
     let sandbox = match runtime.create(opts).await {
         Ok(s) => s,

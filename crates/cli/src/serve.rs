@@ -100,6 +100,15 @@ pub struct ServeArgs {
     /// at once. [default: no quota]
     #[arg(long, env = "RUNCELL_WORKSPACE_MAX_DISK", value_parser = parse_size)]
     workspace_max_disk: Option<u64>,
+    /// Disk the snapshots of one workspace may take; a snapshot beyond it
+    /// gets 507. [default: 10GiB]
+    #[arg(long, env = "RUNCELL_SNAPSHOT_QUOTA", value_parser = parse_size)]
+    snapshot_quota: Option<u64>,
+    /// Hibernate persistent sandboxes whose idle TTL ran out instead of
+    /// leaving them running (their files stay on disk, memory is freed;
+    /// the next call wakes them). A sandbox's own `on_idle` wins.
+    #[arg(long, env = "RUNCELL_IDLE_HIBERNATE", num_args = 0..=1, default_missing_value = "true")]
+    idle_hibernate: Option<bool>,
     /// How long why and when a sandbox ended is kept (a 404 for it says
     /// so); never less than the maximum lifetime. [default: 7d]
     #[arg(long, env = "RUNCELL_TOMBSTONE_RETENTION", value_parser = parse_duration)]
@@ -147,6 +156,8 @@ struct FileConfig {
     workspace_max_sandboxes: Option<usize>,
     workspace_max_memory: Option<String>,
     workspace_max_disk: Option<String>,
+    snapshot_quota: Option<String>,
+    idle_hibernate: Option<bool>,
     tombstone_retention: Option<String>,
     auto_build: Option<bool>,
     default_isolation: Option<runcell_core::backend::Isolation>,
@@ -332,6 +343,16 @@ fn settings(
                 "workspace_max_disk",
             )?,
         },
+        snapshot_quota_bytes: opt_size(
+            args.snapshot_quota,
+            &file.snapshot_quota,
+            "snapshot_quota",
+        )?
+        .unwrap_or(d.snapshot_quota_bytes),
+        idle_hibernate: args
+            .idle_hibernate
+            .or(file.idle_hibernate)
+            .unwrap_or(d.idle_hibernate),
         tombstone_retention: dur(
             args.tombstone_retention,
             &file.tombstone_retention,

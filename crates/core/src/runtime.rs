@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime};
 use runcell_jail::IdMap;
 
 use crate::backend::{
-    AgentChannel, Backend, EgressSocket, Instance, Isolation, JailBackend, PrepareSpec, Prepared,
-    StartSpec,
+    AgentChannel, Backend, BindMount, EgressSocket, Instance, Isolation, JailBackend, PrepareSpec,
+    Prepared, StartSpec,
 };
 use crate::limits::SandboxLimits;
 use crate::sandbox::Sandbox;
@@ -69,6 +69,15 @@ pub struct SandboxOptions {
     pub network: Option<NetworkPolicy>,
     /// The isolation backend; the runtime's default when absent.
     pub isolation: Option<Isolation>,
+    /// The sandbox's id; a new one when absent. Given (waking a hibernated
+    /// sandbox under its old id), the sandbox is prepared for it, not
+    /// taken from the standby pool.
+    pub id: Option<String>,
+    /// Saved sandbox files laid over the template, topmost first (see
+    /// [`Sandbox::save_layer`]).
+    pub state_layers: Vec<PathBuf>,
+    /// Host directories bound into the sandbox (volumes; the jail only).
+    pub mounts: Vec<BindMount>,
 }
 
 impl Default for SandboxOptions {
@@ -80,6 +89,9 @@ impl Default for SandboxOptions {
             max_lifetime: None,
             network: None,
             isolation: None,
+            id: None,
+            state_layers: Vec::new(),
+            mounts: Vec::new(),
         }
     }
 }
@@ -224,13 +236,19 @@ impl Runtime {
             env: template.env.clone(),
             workdir: template.workdir.clone(),
             egress,
+            state_layers: opts.state_layers.clone(),
+            mounts: opts.mounts.clone(),
         }
     }
 
     /// What a new sandbox is prepared with.
-    fn prepare_spec(limits: &SandboxLimits, host_network: bool) -> PrepareSpec {
+    fn prepare_spec(opts: &SandboxOptions, host_network: bool) -> PrepareSpec {
+        let limits = &opts.limits;
         PrepareSpec {
-            id: uuid::Uuid::new_v4().to_string(),
+            id: opts
+                .id
+                .clone()
+                .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
             limits: limits.jail(),
             host_network,
         }
@@ -267,7 +285,7 @@ impl Runtime {
     async fn refill_now(&self) {
         self.pool.refilling.store(true, Ordering::Release);
         while self.standby_ready() < self.config.standby {
-            let spec = Self::prepare_spec(&SandboxLimits::default(), false);
+            let spec = Self::prepare_spec(&SandboxOptions::default(), false);
             let backend = self.default_backend();
             match tokio::task::spawn_blocking(move || backend.prepare(&spec)).await {
                 Ok(Ok(standby)) => self
@@ -340,9 +358,21 @@ impl Runtime {
         let opts = opts.clone();
         let isolation = opts.isolation.unwrap_or(self.default_isolation);
         let backend = self.backend_for(isolation)?;
+        let unsupported = |what| {
+            Err(Error::Jail(crate::backend::BackendError::Unsupported {
+                isolation,
+                what,
+            }))
+        };
+        if !opts.mounts.is_empty() && isolation != Isolation::Jail {
+            return unsupported("mount volumes");
+        }
+        if !opts.state_layers.is_empty() && isolation == Isolation::Microvm {
+            return unsupported("start from saved files");
+        }
         // Standbys already have their own network namespace, and are of the
-        // default backend.
-        let standby = if host_network || isolation != self.default_isolation {
+        // default backend. A sandbox with a given id is prepared for it.
+        let standby = if host_network || isolation != self.default_isolation || opts.id.is_some() {
             None
         } else {
             self.pool
@@ -379,7 +409,7 @@ impl Runtime {
                 })
             }
             None => {
-                let prepare = Self::prepare_spec(&opts.limits, host_network);
+                let prepare = Self::prepare_spec(&opts, host_network);
                 tokio::task::spawn_blocking(move || backend.prepare(&prepare)?.start(&spec))
                     .await
                     .map_err(Error::Task)?
@@ -443,7 +473,21 @@ impl Runtime {
         })
         .await
         .map_err(Error::Task)??;
-        let agent = connect(jail.as_ref()).await?;
+        // A paused sandbox's agent cannot answer the handshake: thawed for
+        // it, then frozen again.
+        let paused = jail.is_frozen();
+        if paused {
+            jail.thaw()?;
+        }
+        let agent = match connect(jail.as_ref()).await {
+            Ok(a) => a,
+            Err(e) => {
+                if paused {
+                    let _ = jail.freeze();
+                }
+                return Err(e.into());
+            }
+        };
         let mut sandbox = Sandbox::new(jail, agent, template, limits, isolation);
         // Egress that cannot be served again leaves the sandbox running
         // without it (nothing leaves), which is said, not silent.
@@ -469,6 +513,9 @@ impl Runtime {
                 tracing::warn!(sandbox = %id, "could not bind its egress socket again: {e}")
             }
             _ => {}
+        }
+        if paused {
+            sandbox.pause()?;
         }
         Ok(sandbox)
     }

@@ -194,6 +194,47 @@ impl Sandbox {
         self.isolation
     }
 
+    /// Freezes every process in it (the cgroup freezer): they keep their
+    /// memory and use no CPU until [`Sandbox::resume`]. Blocks briefly.
+    pub fn pause(&self) -> Result<(), Error> {
+        Ok(self.jail().freeze()?)
+    }
+
+    /// Thaws it after [`Sandbox::pause`].
+    pub fn resume(&self) -> Result<(), Error> {
+        Ok(self.jail().thaw()?)
+    }
+
+    /// Whether it is paused.
+    pub fn is_paused(&self) -> bool {
+        self.jail().is_frozen()
+    }
+
+    /// Saves what it wrote (its writable layer: installed packages, files)
+    /// into the new directory `dest`, as a state layer another sandbox can
+    /// start from ([`SandboxOptions::state_layers`](crate::SandboxOptions)).
+    /// It is frozen for the copy, so the layer is one instant of it, and
+    /// runs again afterwards unless it was paused. Processes and memory are
+    /// not saved. Returns the bytes the layer takes; on failure nothing is
+    /// left at `dest`. Blocks for the copy.
+    pub fn save_layer(&self, dest: &std::path::Path) -> Result<u64, Error> {
+        let jail = self.jail();
+        let was_frozen = jail.is_frozen();
+        if !was_frozen {
+            jail.freeze()?;
+        }
+        let saved = jail.export_layer(dest);
+        if !was_frozen {
+            if let Err(e) = jail.thaw() {
+                tracing::warn!(sandbox = %jail.id(), "could not thaw it after saving its files: {e}");
+            }
+        }
+        if saved.is_err() {
+            let _ = std::fs::remove_dir_all(dest);
+        }
+        Ok(saved?)
+    }
+
     /// The network policy and egress counters; `None` for a sandbox made
     /// without egress (or re-attached after a restart, whose egress socket
     /// died with the previous process).

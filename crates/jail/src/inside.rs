@@ -26,7 +26,7 @@ use nix::sched::{unshare, CloneFlags};
 use nix::sys::statvfs::{statvfs, FsFlags};
 use nix::unistd::{chdir, chown, pivot_root, sethostname, Gid, Uid};
 
-use crate::spec::{InitSpec, RootfsSpec};
+use crate::spec::{InitSpec, RootfsSpec, STAGE_FD};
 
 /// Errors building the sandbox from inside.
 #[derive(Debug, thiserror::Error)]
@@ -174,6 +174,7 @@ fn build_root(spec: &InitSpec, enter: Enter) -> Result<(), SetupError> {
         ),
     )
     .map_err(step("mounting the writable layer"))?;
+    keep_stage_open(stage)?;
     let root = stage.join("root");
     for d in ["root", "upper", "work", "shm"] {
         mkdir(&stage.join(d), 0o755)?;
@@ -184,7 +185,27 @@ fn build_root(spec: &InitSpec, enter: Enter) -> Result<(), SetupError> {
     overlay_template(spec, stage, &root, overlay_layers, true)?;
 
     let t_root = t0.elapsed();
+    if !spec.state_layers.is_empty() {
+        // Setup writes and mounts at these paths; a sandbox saved them.
+        for d in [
+            "proc",
+            "dev",
+            "dev/shm",
+            "dev/pts",
+            "etc",
+            "tmp",
+            "var/tmp",
+            "run",
+            "run/runcell",
+            "root",
+            "sys",
+        ] {
+            refuse_symlinks(&root, Path::new("/").join(d).as_path())?;
+        }
+        refuse_symlinks(&root, Path::new(&spec.user.home))?;
+    }
     populate(spec, &root, stage)?;
+    bind_mounts(spec, &root)?;
     let t_populate = t0.elapsed();
 
     chdir(&root).map_err(step("entering the new root"))?;
@@ -250,26 +271,41 @@ pub(crate) fn overlay_template(
     layered: fn(&[PathBuf], &Path, &Path, &Path) -> Result<(), SetupError>,
     bind_root: bool,
 ) -> Result<(), SetupError> {
+    // A snapshot's (or a hibernated sandbox's) files lie between the
+    // template and the writable layer.
+    let state_roots: Vec<PathBuf> = spec
+        .state_layers
+        .iter()
+        .map(|l| l.join(STATE_ROOT))
+        .collect();
+    let upper = stage.join("upper").join(STATE_ROOT);
+    let work = stage.join("work").join(STATE_ROOT);
     match &spec.rootfs {
-        RootfsSpec::Directory { path } => overlay(
-            path,
-            root,
-            &stage.join("upper/root"),
-            &stage.join("work/root"),
-        ),
+        RootfsSpec::Directory { path } if state_roots.is_empty() => {
+            overlay(path, root, &upper, &work)
+        }
+        RootfsSpec::Directory { path } => {
+            let lowers: Vec<PathBuf> = state_roots.into_iter().chain([path.clone()]).collect();
+            layered(&lowers, root, &upper, &work)
+        }
         RootfsSpec::Layers { lowers, persist } => {
             let (upper, work) = match persist {
                 Some(dir) => (dir.join("diff"), dir.join("work")),
-                None => (stage.join("upper/root"), stage.join("work/root")),
+                None => (upper, work),
             };
-            layered(lowers, root, &upper, &work)
+            let lowers: Vec<PathBuf> = state_roots.into_iter().chain(lowers.clone()).collect();
+            layered(&lowers, root, &upper, &work)
         }
         RootfsSpec::Host { paths, etc } => {
-            if bind_root {
+            if !state_roots.is_empty() {
+                // The root directory itself becomes an overlay of the
+                // saved root over nothing, a mount point `pivot_root` accepts.
+                layered(&state_roots, root, &upper, &work)?;
+            } else if bind_root {
                 bind(root, root, false)?;
             }
             for p in paths {
-                host_path(p, root, stage)?;
+                host_path(p, root, stage, &spec.state_layers)?;
             }
             mkdir(&root.join("etc"), 0o755)?;
             for name in etc {
@@ -412,7 +448,12 @@ pub(crate) fn inside(root: &Path, abs: &Path) -> PathBuf {
 
 /// Mirrors one host path of the `host` template: a symlink is copied, a
 /// directory is overlaid (read-only lower, private upper).
-pub(crate) fn host_path(p: &Path, root: &Path, stage: &Path) -> Result<(), SetupError> {
+pub(crate) fn host_path(
+    p: &Path,
+    root: &Path,
+    stage: &Path,
+    state_layers: &[PathBuf],
+) -> Result<(), SetupError> {
     let meta = match fs::symlink_metadata(p) {
         Ok(m) => m,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
@@ -422,17 +463,118 @@ pub(crate) fn host_path(p: &Path, root: &Path, stage: &Path) -> Result<(), Setup
     if let Some(parent) = target.parent() {
         mkdir(parent, 0o755)?;
     }
+    if let Some(parent) = p.parent().filter(|_| !state_layers.is_empty()) {
+        refuse_symlinks(root, parent)?;
+    }
     if meta.file_type().is_symlink() {
         let link = fs::read_link(p).map_err(step(format!("reading {}", p.display())))?;
+        // A saved layer may hold the entry already (the link, or what a
+        // sandbox put there): the host's link wins.
+        clear(&target)?;
         return symlink(&link, &target).map_err(step(format!("linking {}", p.display())));
     }
-    let key = p.display().to_string().replace('/', "_");
-    overlay(
-        p,
-        &target,
-        &stage.join("upper").join(&key),
-        &stage.join("work").join(&key),
+    if !state_layers.is_empty() {
+        refuse_symlinks(root, p)?;
+    }
+    let key = host_path_key(p);
+    let upper = stage.join("upper").join(&key);
+    let work = stage.join("work").join(&key);
+    // What earlier sandboxes wrote over this host path, topmost first.
+    let saved: Vec<PathBuf> = state_layers
+        .iter()
+        .map(|l| l.join("upper").join(&key))
+        .filter(|d| d.is_dir())
+        .collect();
+    if saved.is_empty() {
+        overlay(p, &target, &upper, &work)
+    } else {
+        let lowers: Vec<PathBuf> = saved.into_iter().chain([p.to_path_buf()]).collect();
+        overlay_layers(&lowers, &target, &upper, &work)
+    }
+}
+
+/// The name of the writable layer of a host path of the `host` template
+/// (`/usr` → `_usr`), under the stage's `upper` (and a state layer's).
+pub fn host_path_key(p: &Path) -> String {
+    p.display().to_string().replace('/', "_")
+}
+
+/// The directory of a state layer (and of the stage's `upper`) that holds
+/// what was written to the root itself; a `host` template's host paths
+/// have their own, named by [`host_path_key`].
+pub const STATE_ROOT: &str = "root";
+
+/// Keeps the stage (the writable layer's tmpfs) open on [`STAGE_FD`] for
+/// the host to snapshot: after `pivot_root` no path leads to it.
+fn keep_stage_open(stage: &Path) -> Result<(), SetupError> {
+    use nix::fcntl::{fcntl, open, FcntlArg, OFlag};
+    let fd = open(
+        stage,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
     )
+    .map_err(step("opening the writable layer"))?;
+    if std::os::fd::AsRawFd::as_raw_fd(&fd) == STAGE_FD {
+        // The lowest free descriptor was the one we want: keep it open.
+        let _ = std::os::fd::IntoRawFd::into_raw_fd(fd);
+        return Ok(());
+    }
+    let kept = fcntl(&fd, FcntlArg::F_DUPFD_CLOEXEC(STAGE_FD))
+        .map_err(step("keeping the writable layer open"))?;
+    if kept != STAGE_FD {
+        // SAFETY: `fcntl` just returned this descriptor; we close our copy.
+        drop(unsafe { OwnedFd::from_raw_fd(kept) });
+        return Err(step("keeping the writable layer open")(io::Error::other(
+            format!("descriptor {STAGE_FD} is taken"),
+        )));
+    }
+    // The descriptor stays open for the agent's whole life.
+    Ok(())
+}
+
+/// Fails if a component of `abs` under `root` is a symlink. Before
+/// `pivot_root` an absolute symlink resolves against the host's root, so
+/// a root holding files a sandbox wrote (a state layer) must not steer
+/// where setup creates, writes or mounts.
+fn refuse_symlinks(root: &Path, abs: &Path) -> Result<(), SetupError> {
+    let mut at = root.to_path_buf();
+    for c in abs.components() {
+        if let std::path::Component::Normal(name) = c {
+            at.push(name);
+            if fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink()) {
+                return Err(step(format!("preparing {}", abs.display()))(
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "a saved layer made it a symlink",
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Binds the spec's host directories (volumes) into the new root.
+fn bind_mounts(spec: &InitSpec, root: &Path) -> Result<(), SetupError> {
+    for m in &spec.mounts {
+        let bad = m.target.components().any(|c| {
+            matches!(
+                c,
+                std::path::Component::ParentDir | std::path::Component::CurDir
+            )
+        });
+        if !m.target.is_absolute() || bad || m.target == Path::new("/") {
+            return Err(step("binding a volume")(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is not an absolute path below /", m.target.display()),
+            )));
+        }
+        refuse_symlinks(root, &m.target)?;
+        let target = inside(root, &m.target);
+        mkdir_if_missing(&target, 0o755)?;
+        bind(&m.source, &target, m.read_only)?;
+    }
+    Ok(())
 }
 
 pub(crate) fn host_etc_entry(name: &str, root: &Path) -> Result<(), SetupError> {
@@ -445,6 +587,9 @@ pub(crate) fn host_etc_entry(name: &str, root: &Path) -> Result<(), SetupError> 
         Err(_) => return Ok(()),
     };
     let dst = root.join("etc").join(name);
+    // A saved layer may hold the entry already, as anything (a symlink
+    // out of the root among them): the host's entry replaces it.
+    clear(&dst)?;
     if meta.file_type().is_symlink() {
         let link = fs::read_link(&src).map_err(step(format!("reading {}", src.display())))?;
         return symlink(&link, &dst).map_err(step(format!("linking {}", src.display())));
@@ -455,6 +600,17 @@ pub(crate) fn host_etc_entry(name: &str, root: &Path) -> Result<(), SetupError> 
         File::create(&dst).map_err(step(format!("creating {}", dst.display())))?;
     }
     bind(&src, &dst, true)
+}
+
+/// Removes whatever is at `path` (never following a symlink); nothing
+/// there is fine.
+fn clear(path: &Path) -> Result<(), SetupError> {
+    let removed = match fs::symlink_metadata(path) {
+        Err(_) => return Ok(()),
+        Ok(m) if m.is_dir() => fs::remove_dir_all(path),
+        Ok(_) => fs::remove_file(path),
+    };
+    removed.map_err(step(format!("replacing {}", path.display())))
 }
 
 fn write_file(path: &Path, content: &str) -> Result<(), SetupError> {

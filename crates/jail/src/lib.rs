@@ -25,6 +25,7 @@ mod command;
 pub mod confine;
 pub mod gvisor;
 pub mod inside;
+pub mod layer;
 pub mod probe;
 pub mod seccomp;
 pub mod socket;
@@ -39,4 +40,6 @@ pub use spawn::{
     check_id, list_sandboxes, log_tail, read_setup_answer, EgressSocket, Jail, PrepareConfig,
     SetupAnswer, SpawnError, Standby, StartConfig,
 };
-pub use spec::{IdMap, InitSpec, Limits, RootfsSpec, SandboxUser, EGRESS_SOCKET};
+pub use spec::{
+    BindMount, IdMap, InitSpec, Limits, RootfsSpec, SandboxUser, EGRESS_SOCKET, STAGE_FD,
+};

@@ -36,6 +36,9 @@ use crate::sys;
 /// Errors creating, attaching to or destroying a sandbox.
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnError {
+    /// Copying the sandbox's writable layer failed.
+    #[error(transparent)]
+    Export(#[from] crate::layer::LayerError),
     /// Not running as root.
     #[error(
         "runcell needs root to create sandboxes (it writes uid maps and cgroups); run it as root."
@@ -141,6 +144,11 @@ pub struct StartConfig {
     pub workdir: Option<String>,
     /// Whether the sandbox gets an egress socket.
     pub egress: EgressSocket,
+    /// Layers of saved sandbox files over the template, topmost first
+    /// ([`InitSpec::state_layers`]).
+    pub state_layers: Vec<PathBuf>,
+    /// Host directories bound into the sandbox (volumes).
+    pub mounts: Vec<crate::BindMount>,
 }
 
 /// A sandbox's egress socket.
@@ -488,6 +496,8 @@ impl Standby {
             workdir: cfg.workdir.clone(),
             egress_socket: egress.as_ref().map(|(_, p)| p.clone()),
             egress_enabled: egress_enabled.unwrap_or(false),
+            state_layers: cfg.state_layers.clone(),
+            mounts: cfg.mounts.clone(),
         };
         let spec = serde_json::to_vec(&spec).expect("spec serializes");
         let mut msg = Vec::with_capacity(4 + spec.len());
@@ -640,6 +650,42 @@ impl Jail {
     /// waits for the teardown and removes what is left.
     pub fn kill(&self) {
         let _ = sys::pidfd_send_signal(self.pidfd.as_raw_fd(), libc::SIGKILL);
+        self.thaw_if_frozen();
+    }
+
+    /// A frozen process dies of SIGKILL only once thawed.
+    fn thaw_if_frozen(&self) {
+        if self.cgroup.is_frozen() {
+            if let Err(e) = self.cgroup.thaw() {
+                tracing::warn!(sandbox = %self.id, "could not thaw a paused sandbox: {e}");
+            }
+        }
+    }
+
+    /// Freezes every process of the sandbox (cgroup freezer): they keep
+    /// their memory and run again on [`Jail::thaw`].
+    pub fn freeze(&self) -> Result<(), SpawnError> {
+        Ok(self.cgroup.freeze()?)
+    }
+
+    /// Thaws a frozen sandbox.
+    pub fn thaw(&self) -> Result<(), SpawnError> {
+        Ok(self.cgroup.thaw()?)
+    }
+
+    /// Whether the sandbox is frozen.
+    pub fn is_frozen(&self) -> bool {
+        self.cgroup.is_frozen()
+    }
+
+    /// Copies what the sandbox wrote (its writable layer) into `dest`, a
+    /// new directory, as a state layer ([`InitSpec::state_layers`]):
+    /// `root/` holds what was written to the root and, for the `host`
+    /// template, `upper/<key>/` what was written over each host path. The
+    /// sandbox must be frozen, so the copy is one instant of it. Returns
+    /// the bytes copied.
+    pub fn export_layer(&self, dest: &Path) -> Result<u64, SpawnError> {
+        crate::layer::export(self.pid, dest).map_err(SpawnError::Export)
     }
 
     /// The sandbox id.
@@ -682,6 +728,7 @@ impl Jail {
     pub fn destroy(self) -> Result<(), SpawnError> {
         let t0 = std::time::Instant::now();
         let _ = sys::pidfd_send_signal(self.pidfd.as_raw_fd(), libc::SIGKILL);
+        self.thaw_if_frozen();
         // Init of a pid namespace exits only after every process in it is gone.
         let _ = sys::pidfd_wait_exit(self.pidfd.as_raw_fd(), 5000);
         sys::reap(self.pid);

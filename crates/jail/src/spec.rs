@@ -155,7 +155,33 @@ pub struct InitSpec {
     /// gives processes the proxy environment (the policy is not `none`).
     #[serde(default)]
     pub egress_enabled: bool,
+    /// Layers of sandbox state (a snapshot's or a hibernated sandbox's
+    /// files: host directories, topmost first) laid read-only between the
+    /// template and the writable layer, so the sandbox starts with the files
+    /// they hold.
+    #[serde(default)]
+    pub state_layers: Vec<PathBuf>,
+    /// Host directories bound into the sandbox (volumes).
+    #[serde(default)]
+    pub mounts: Vec<BindMount>,
 }
+
+/// A host directory bound into the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BindMount {
+    /// The host directory.
+    pub source: PathBuf,
+    /// Where it appears inside the sandbox: an absolute path with no `..`.
+    pub target: PathBuf,
+    /// Mounted read-only.
+    pub read_only: bool,
+}
+
+/// The agent keeps its writable layer's directory open on this descriptor
+/// (`O_PATH`, close-on-exec), so the host can reach the layer through
+/// `/proc/<agent>/fd/5` (to snapshot it) after the sandbox has pivoted away
+/// from every path that leads there.
+pub const STAGE_FD: i32 = 5;
 
 /// Where the egress socket appears inside the sandbox. Its directory, not
 /// the socket file, is bind-mounted from the host, so a socket the host

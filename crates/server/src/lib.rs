@@ -14,6 +14,7 @@ mod pool;
 mod quota;
 mod registry;
 mod service;
+mod snapshots;
 mod state;
 mod validate;
 pub mod views;
@@ -152,6 +153,9 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
         )?;
     }
     let registry = Registry::open(&config.data_dir.join("registry.db"))?;
+    registry
+        .with_conn(snapshots::init)
+        .map_err(|e| ServeError::DataDir(config.data_dir.clone(), std::io::Error::other(e)))?;
     let created = registry
         .with_conn(|c| keys::bootstrap(c, &config.data_dir))
         .map_err(|e| ServeError::DataDir(config.data_dir.clone(), e))?;
@@ -191,8 +195,10 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
         last_prune_ms: Default::default(),
         auto_builds: Default::default(),
         system: report,
+        transitions: Default::default(),
     });
     reconcile(&state).await;
+    snapshots::collect_at_start(&state);
     if state.config.auto_build {
         let target = state
             .config

@@ -30,6 +30,20 @@ pub(crate) struct LimitsReq {
     pub(crate) output_bytes: Option<f64>,
 }
 
+impl From<&SandboxLimits> for LimitsReq {
+    /// The same limits again (a fork gets its parent's).
+    fn from(l: &SandboxLimits) -> Self {
+        LimitsReq {
+            memory_mb: Some((l.memory_bytes >> 20) as f64),
+            cpu: Some(l.cpu_millis as f64 / 1000.0),
+            pids: Some(l.pids as f64),
+            disk_mb: Some((l.disk_bytes >> 20) as f64),
+            timeout_seconds: Some(l.timeout.as_secs_f64()),
+            output_bytes: Some(l.output_bytes as f64),
+        }
+    }
+}
+
 impl From<LimitsReq> for LimitsRequest {
     fn from(r: LimitsReq) -> Self {
         LimitsRequest {

@@ -232,6 +232,7 @@ impl WarmPool {
                 // a create that does not ask gets, and so what a claim
                 // checks for.
                 isolation: self.template.defaults.isolation,
+                ..SandboxOptions::default()
             })
             .await?;
         let deadline = SystemTime::now()

@@ -62,6 +62,11 @@ pub struct ServeConfig {
     /// Run microVMs under TCG emulation where KVM cannot run a guest (slow:
     /// for tests and hosts that accept it).
     pub allow_emulation: bool,
+    /// Disk the snapshots of one workspace may take, bytes.
+    pub snapshot_quota_bytes: u64,
+    /// Hibernate persistent sandboxes when their idle TTL runs out
+    /// (instead of leaving them running); a sandbox's own `on_idle` wins.
+    pub idle_hibernate: bool,
 }
 
 impl Default for ServeConfig {
@@ -92,6 +97,8 @@ impl Default for ServeConfig {
             auto_build: true,
             default_isolation: runcell_core::backend::Isolation::Jail,
             allow_emulation: false,
+            snapshot_quota_bytes: 10 << 30,
+            idle_hibernate: false,
         }
     }
 }
@@ -143,6 +150,8 @@ pub struct AppState {
     /// What this host enforces and which backends it runs, probed at start
     /// (`GET /v1/system`).
     pub system: runcell_core::host::SystemReport,
+    /// One lock per sandbox that hibernates or wakes ([`AppState::sandbox_lock`]).
+    pub transitions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// Grace the agent's own deadline gives the daemon to reap first.
@@ -249,17 +258,51 @@ impl AppState {
         true
     }
 
+    /// Takes a live sandbox out of the daemon and destroys it, waiting for
+    /// the teardown (its id may be started again at once, by a wake); its
+    /// record is left as the caller set it.
+    pub async fn release(&self, id: &str) {
+        let entry = self
+            .sandboxes
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(id);
+        let Some(entry) = entry else { return };
+        match Arc::try_unwrap(entry) {
+            Ok(entry) => {
+                if let Err(e) = entry.sandbox.destroy().await {
+                    tracing::warn!(sandbox = %id, "destroy failed: {e}");
+                }
+            }
+            Err(shared) => {
+                let _ = self.runtime.remove_sandbox(shared.sandbox.id()).await;
+            }
+        }
+    }
+
+    /// The lock one sandbox's hibernation and wake take, so they never
+    /// overlap.
+    pub fn sandbox_lock(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.transitions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(id.to_string())
+            .or_default()
+            .clone()
+    }
+
     /// Reaps expired and dead sandboxes. Runs every half second.
     ///
     /// Work in progress (an exec, a stream, a code cell, a file transfer) is
     /// activity: a busy sandbox is touched instead of reaped, so its idle
     /// clock starts when its last piece of work ends. The maximum lifetime
     /// applies all the same.
-    pub async fn reap_once(&self) {
+    pub async fn reap_once(self: &Arc<Self>) {
         let now = now_ms();
         let max = self.max_lifetime_ms();
         let mut expired = Vec::new();
         let mut busy = Vec::new();
+        let mut idle = Vec::new();
         for (id, e) in self
             .sandboxes
             .read()
@@ -277,14 +320,33 @@ impl AppState {
                 expired.push((id.clone(), "sandbox stopped"));
             } else if working {
                 busy.push(e.clone());
-            } else if !r.persistent
-                && now.saturating_sub(r.last_activity_ms) > ttl_ms(r.ttl_seconds)
-            {
-                expired.push((id.clone(), "idle ttl expired"));
+            } else if e.sandbox.is_paused() {
+                // The idle clock stops while paused (the lifetime does not).
+            } else if now.saturating_sub(r.last_activity_ms) > ttl_ms(r.ttl_seconds) {
+                idle.push((e.clone(), r.clone()));
             }
         }
         for e in busy {
             self.touch(&e).await;
+        }
+        for (e, r) in idle {
+            let service = crate::service::Service(self);
+            let lineage = service.lineage_of(&r.id);
+            match service.on_idle(&r, &lineage) {
+                crate::snapshots::OnIdle::Hibernate => {
+                    if let Err(err) = service.hibernate(e).await {
+                        tracing::warn!(sandbox = %r.id, "could not hibernate an idle sandbox: {}", err.message);
+                    }
+                }
+                crate::snapshots::OnIdle::Delete if !r.persistent => {
+                    expired.push((r.id.clone(), "idle ttl expired"));
+                }
+                crate::snapshots::OnIdle::Delete => {}
+            }
+        }
+        // A hibernated sandbox lives no longer than a running one.
+        for r in crate::service::Service(self).expired_hibernated(now, max) {
+            let _ = crate::service::Service(self).delete_hibernated(&r, "maximum lifetime reached");
         }
         for (id, reason) in expired {
             self.remove(&id, reason).await;

@@ -55,7 +55,9 @@ pub struct SandboxView {
     pub cpu: u64,
     /// Memory, MiB.
     pub memory_mb: u64,
-    /// Always `running` for a listed sandbox.
+    /// `running`, `paused` (frozen by `pause` until `resume`), or
+    /// `hibernated` (its processes ended, its files kept; the next exec,
+    /// file or code call wakes it).
     pub status: String,
     /// Caller metadata (`workspace` is stamped by the server).
     pub metadata: BTreeMap<String, String>,
@@ -75,6 +77,19 @@ pub struct SandboxView {
     /// Milliseconds the create took (create responses only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub boot_ms: Option<u64>,
+    /// The snapshot it started from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<String>,
+    /// The sandbox it was forked from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<String>,
+    /// What it becomes when its idle TTL runs out: `delete` or `hibernate`.
+    #[schema(value_type = String)]
+    pub on_idle: crate::snapshots::OnIdle,
+    /// `true` once it was hibernated and woken: its files are as they
+    /// were, but processes and code contexts (their variables) are gone.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub state_lost: bool,
 }
 
 /// The result of an exec. On a timeout the same fields come with a 500 and

@@ -668,6 +668,9 @@ impl GvisorPrepared {
             // EGRESS_SOCKET, where the egress directory is mounted.
             egress_socket: egress_enabled.map(|_| PathBuf::from(EGRESS_SOCKET)),
             egress_enabled: egress_enabled.unwrap_or(false),
+            state_layers: spec.state_layers.clone(),
+            // Volumes are refused for gVisor sandboxes before they start.
+            mounts: Vec::new(),
         };
         let root = runcell_jail::gvisor::compose_rootfs(&init, &dir.join(ROOTFS_DIR))
             .map_err(GvisorError::Rootfs)?;
@@ -948,6 +951,10 @@ struct GvisorSandbox {
 }
 
 impl Instance for GvisorSandbox {
+    fn isolation(&self) -> super::Isolation {
+        super::Isolation::Gvisor
+    }
+
     fn id(&self) -> &str {
         &self.id
     }

@@ -117,6 +117,8 @@ impl Prepared for Standby {
             env: spec.env.clone(),
             workdir: spec.workdir.clone(),
             egress: spec.egress,
+            state_layers: spec.state_layers.clone(),
+            mounts: spec.mounts.clone(),
         };
         Ok(Box::new(Standby::start(*self, &cfg)?))
     }
@@ -157,6 +159,26 @@ impl Instance for Jail {
 
     fn destroy(self: Box<Self>) -> Result<(), BackendError> {
         Ok(Jail::destroy(*self)?)
+    }
+
+    fn isolation(&self) -> super::Isolation {
+        super::Isolation::Jail
+    }
+
+    fn freeze(&self) -> Result<(), BackendError> {
+        Ok(Jail::freeze(self)?)
+    }
+
+    fn thaw(&self) -> Result<(), BackendError> {
+        Ok(Jail::thaw(self)?)
+    }
+
+    fn is_frozen(&self) -> bool {
+        Jail::is_frozen(self)
+    }
+
+    fn export_layer(&self, dest: &Path) -> Result<u64, BackendError> {
+        Ok(Jail::export_layer(self, dest)?)
     }
 }
 

@@ -408,6 +408,9 @@ impl MicrovmBackend {
             workdir: spec.workdir.clone(),
             egress_socket: egress.as_ref().map(|_| PathBuf::from(GUEST_EGRESS)),
             egress_enabled: egress.as_ref().is_some_and(|(_, on)| *on),
+            // Saved files and volumes are refused for microVMs before they start.
+            state_layers: Vec::new(),
+            mounts: Vec::new(),
         };
         let spec_json = serde_json::to_vec(&init).unwrap_or_default();
 
@@ -783,6 +786,10 @@ struct VmInstance {
 }
 
 impl Instance for VmInstance {
+    fn isolation(&self) -> super::Isolation {
+        super::Isolation::Microvm
+    }
+
     fn id(&self) -> &str {
         &self.id
     }

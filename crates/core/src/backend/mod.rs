@@ -39,7 +39,7 @@ pub use gvisor::{
 pub use jail::JailBackend;
 pub use microvm::{MicrovmBackend, MicrovmConfig, MicrovmError, MicrovmInfo};
 pub use runcell_jail::cgroup::Counters;
-pub use runcell_jail::{EgressSocket, Limits, RootfsSpec, SandboxUser};
+pub use runcell_jail::{BindMount, EgressSocket, Limits, RootfsSpec, SandboxUser};
 
 /// Errors of a backend.
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +53,14 @@ pub enum BackendError {
     /// The microVM backend failed.
     #[error(transparent)]
     Microvm(#[from] MicrovmError),
+    /// The backend cannot do this.
+    #[error("A {isolation} sandbox cannot {what} (only the namespace jail can, for now).")]
+    Unsupported {
+        /// The sandbox's isolation.
+        isolation: Isolation,
+        /// What was asked, as a verb phrase.
+        what: &'static str,
+    },
 }
 
 impl BackendError {
@@ -66,6 +74,7 @@ impl BackendError {
             BackendError::Jail(e) => matches!(e, S::Setup(_) | S::AgentDied(_)),
             BackendError::Gvisor(e) => e.is_transient(),
             BackendError::Microvm(e) => matches!(e, MicrovmError::AgentGone(_)),
+            BackendError::Unsupported { .. } => false,
         }
     }
 }
@@ -151,6 +160,11 @@ pub struct StartSpec {
     pub workdir: Option<String>,
     /// The egress socket.
     pub egress: EgressSocket,
+    /// Saved sandbox files laid over the template, topmost first (a
+    /// snapshot's, a fork parent's, a hibernated sandbox's).
+    pub state_layers: Vec<PathBuf>,
+    /// Host directories bound into the sandbox (volumes).
+    pub mounts: Vec<BindMount>,
 }
 
 /// How the host reaches a sandbox's agent.
@@ -241,6 +255,41 @@ pub trait Instance: Send + Sync + fmt::Debug {
 
     /// Kills every process in it without waiting for the teardown.
     fn kill(&self);
+
+    /// The kind of isolation it runs under.
+    fn isolation(&self) -> Isolation;
+
+    /// Freezes every process in it; they keep their memory.
+    fn freeze(&self) -> Result<(), BackendError> {
+        Err(BackendError::Unsupported {
+            isolation: self.isolation(),
+            what: "be paused",
+        })
+    }
+
+    /// Thaws it after [`Instance::freeze`].
+    fn thaw(&self) -> Result<(), BackendError> {
+        Err(BackendError::Unsupported {
+            isolation: self.isolation(),
+            what: "be resumed",
+        })
+    }
+
+    /// Whether it is frozen.
+    fn is_frozen(&self) -> bool {
+        false
+    }
+
+    /// Copies what it wrote (its writable layer) into the new directory
+    /// `dest`, as a state layer ([`StartSpec::state_layers`]); it must be
+    /// frozen. Returns the bytes the copy takes.
+    fn export_layer(&self, dest: &std::path::Path) -> Result<u64, BackendError> {
+        let _ = dest;
+        Err(BackendError::Unsupported {
+            isolation: self.isolation(),
+            what: "save its files",
+        })
+    }
 
     /// Kills every process in it, waits, and removes everything it had.
     fn destroy(self: Box<Self>) -> Result<(), BackendError>;

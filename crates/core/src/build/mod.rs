@@ -680,6 +680,7 @@ async fn run_in_sandbox(
         network: None,
         // A build step needs the host's network, which only the jail keeps.
         isolation: Some(crate::backend::Isolation::Jail),
+        ..SandboxOptions::default()
     };
     let sandbox = runtime
         .create_from(template, opts, true)

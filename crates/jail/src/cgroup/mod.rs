@@ -34,6 +34,12 @@ pub enum CgroupError {
         #[source]
         source: io::Error,
     },
+    /// The host has no freezer controller (cgroup v1 without `freezer`).
+    #[error("This host has no cgroup freezer, so sandboxes cannot be paused.")]
+    NoFreezer,
+    /// Freezing did not finish in time.
+    #[error("The cgroup {0} did not finish freezing in time.")]
+    NotFrozen(PathBuf),
     /// The cgroup still had processes after the grace period.
     #[error("The cgroup {0} still has processes and could not be removed.")]
     Busy(PathBuf),
@@ -264,11 +270,42 @@ impl Cgroup {
         pids
     }
 
+    /// Freezes every process in the cgroup (they keep their memory).
+    pub fn freeze(&self) -> Result<(), CgroupError> {
+        match &self.inner {
+            Inner::V1(g) => g.freeze(|| self.procs()),
+            Inner::V2(g) => g.freeze(),
+        }
+    }
+
+    /// Thaws a frozen cgroup.
+    pub fn thaw(&self) -> Result<(), CgroupError> {
+        match &self.inner {
+            Inner::V1(g) => g.thaw(),
+            Inner::V2(g) => g.thaw(),
+        }
+    }
+
+    /// Whether the cgroup is frozen (or freezing).
+    pub fn is_frozen(&self) -> bool {
+        match &self.inner {
+            Inner::V1(g) => g.is_frozen(),
+            Inner::V2(g) => g.is_frozen(),
+        }
+    }
+
     /// Kills every process in the cgroup and removes it, waiting up to `grace`
     /// for the processes to go away.
     pub fn destroy(&self, grace: Duration) -> Result<(), CgroupError> {
         let deadline = Instant::now() + grace;
-        let dirs = self.dirs();
+        // A frozen process does not die until it is thawed (cgroup v1).
+        if let Err(e) = self.thaw() {
+            tracing::warn!("could not thaw a cgroup before removing it: {e}");
+        }
+        let mut dirs = self.dirs();
+        if let Inner::V1(g) = &self.inner {
+            dirs.extend(g.freezer().map(Path::to_path_buf));
+        }
         loop {
             if let Inner::V2(g) = &self.inner {
                 g.kill();

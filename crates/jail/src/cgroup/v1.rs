@@ -12,6 +12,7 @@ pub struct Mounts {
     pids: Option<PathBuf>,
     cpu: Option<PathBuf>,
     cpuacct: Option<PathBuf>,
+    freezer: Option<PathBuf>,
 }
 
 impl Mounts {
@@ -22,6 +23,7 @@ impl Mounts {
                 "pids" => &mut self.pids,
                 "cpu" => &mut self.cpu,
                 "cpuacct" => &mut self.cpuacct,
+                "freezer" => &mut self.freezer,
                 _ => continue,
             };
             if slot.is_none() {
@@ -56,6 +58,9 @@ pub(super) struct Group {
     pids: PathBuf,
     cpu: Option<PathBuf>,
     cpuacct: Option<PathBuf>,
+    /// Made only when the sandbox is first paused: joining one more v1
+    /// hierarchy at every create would cost another migration.
+    freezer: Option<PathBuf>,
 }
 
 impl Group {
@@ -70,6 +75,7 @@ impl Group {
             pids: m.pids.as_ref().expect("checked by has_required").join(&rel),
             cpu: m.cpu.as_ref().map(|c| c.join(&rel)),
             cpuacct: m.cpuacct.as_ref().map(|c| c.join(&rel)),
+            freezer: m.freezer.as_ref().map(|c| c.join(&rel)),
         }
     }
 
@@ -131,6 +137,55 @@ impl Group {
         out
     }
 
+    /// The freezer cgroup, where the host has the controller.
+    pub(super) fn freezer(&self) -> Option<&Path> {
+        self.freezer.as_deref()
+    }
+
+    /// Moves every process of the sandbox into its freezer cgroup and
+    /// freezes it, until no process is left outside (one may fork while
+    /// the others are moved; a frozen one cannot).
+    pub(super) fn freeze(&self, procs: impl Fn() -> Vec<i32>) -> Result<(), CgroupError> {
+        let dir = self.freezer.as_ref().ok_or(CgroupError::NoFreezer)?;
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let state = dir.join("freezer.state");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let inside = read_procs(dir);
+            let outside: Vec<i32> = procs()
+                .into_iter()
+                .filter(|p| !inside.contains(p))
+                .collect();
+            if outside.is_empty() && read_state(&state) == "FROZEN" {
+                return Ok(());
+            }
+            for pid in outside {
+                // A process that exited meanwhile cannot be moved: fine.
+                let _ = std::fs::write(dir.join("cgroup.procs"), pid.to_string());
+            }
+            write(&state, "FROZEN")?;
+            if std::time::Instant::now() >= deadline {
+                return Err(CgroupError::NotFrozen(dir.clone()));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    /// Thaws the freezer cgroup (its processes stay in it, harmlessly).
+    pub(super) fn thaw(&self) -> Result<(), CgroupError> {
+        match &self.freezer {
+            Some(dir) if dir.exists() => write(&dir.join("freezer.state"), "THAWED"),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the sandbox is frozen.
+    pub(super) fn is_frozen(&self) -> bool {
+        self.freezer
+            .as_ref()
+            .is_some_and(|d| read_state(&d.join("freezer.state")) != "THAWED")
+    }
+
     pub(super) fn counters(&self) -> Counters {
         Counters {
             oom_kills: read_keyed(&self.memory.join("memory.oom_control"), "oom_kill"),
@@ -145,4 +200,16 @@ impl Group {
             pids: read_u64(&self.pids.join("pids.current")),
         }
     }
+}
+
+fn read_state(path: &Path) -> String {
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "THAWED".into())
+}
+
+fn read_procs(dir: &Path) -> Vec<i32> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
 }

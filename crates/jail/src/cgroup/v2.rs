@@ -79,6 +79,29 @@ impl Group {
     }
 
     /// Kills every process in the group at once (kernel 5.14+).
+    /// Freezes the cgroup and waits until the kernel says it is frozen.
+    pub(super) fn freeze(&self) -> Result<(), CgroupError> {
+        write(&self.dir.join("cgroup.freeze"), "1")?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !self.is_frozen() {
+            if std::time::Instant::now() >= deadline {
+                return Err(CgroupError::NotFrozen(self.dir.clone()));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
+    /// Thaws the cgroup.
+    pub(super) fn thaw(&self) -> Result<(), CgroupError> {
+        write(&self.dir.join("cgroup.freeze"), "0")
+    }
+
+    /// Whether the cgroup is frozen.
+    pub(super) fn is_frozen(&self) -> bool {
+        super::read_keyed(&self.dir.join("cgroup.events"), "frozen") == 1
+    }
+
     pub(super) fn kill(&self) {
         let _ = fs::write(self.dir.join("cgroup.kill"), "1");
     }

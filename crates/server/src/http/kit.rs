@@ -42,6 +42,22 @@ impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
     }
 }
 
+/// A JSON body that may be absent (PandaStack's clients send none for a
+/// bodiless POST): empty is `T::default()`.
+pub(crate) struct OptionalJson<T>(pub(crate) T);
+
+impl<T: DeserializeOwned + Default> FromRequest<Arc<AppState>> for OptionalJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, Self::Rejection> {
+        let bytes = RawBody::from_request(req, state).await?.0;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(OptionalJson(T::default()));
+        }
+        parse_json(&bytes).map(OptionalJson)
+    }
+}
+
 /// Parses a JSON body; the error names the field that is wrong
 /// (`limits.cpu: invalid type ...`).
 pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> AppResult<T> {
@@ -76,7 +92,7 @@ const ECHO_LIMIT: usize = 256;
 
 /// `s`, cut at [`ECHO_LIMIT`] bytes (on a character boundary) with the size
 /// said.
-fn clip(s: String) -> String {
+pub(crate) fn clip(s: String) -> String {
     if s.len() <= ECHO_LIMIT {
         return s;
     }
@@ -123,7 +139,8 @@ impl FromRequestParts<Arc<AppState>> for OwnedSandbox {
     ) -> Result<Self, Self::Rejection> {
         let ws = workspace(parts).map_err(IntoResponse::into_response)?;
         let id = sandbox_id(parts, state).await?;
-        owned(state, &ws, &id)
+        owned(state, &ws, &id, parts.uri.path())
+            .await
             .map(OwnedSandbox)
             .map_err(IntoResponse::into_response)
     }
@@ -144,10 +161,13 @@ where
         let (mut parts, body) = req.into_parts();
         let ws = workspace(&parts).map_err(IntoResponse::into_response)?;
         let id = sandbox_id(&mut parts, state).await?;
+        let path = parts.uri.path().to_string();
         let body = B::from_request(Request::from_parts(parts, body), state)
             .await
             .map_err(IntoResponse::into_response)?;
-        let entry = owned(state, &ws, &id).map_err(IntoResponse::into_response)?;
+        let entry = owned(state, &ws, &id, &path)
+            .await
+            .map_err(IntoResponse::into_response)?;
         Ok(Sandboxed(entry, body))
     }
 }
@@ -168,17 +188,98 @@ async fn sandbox_id(parts: &mut Parts, state: &Arc<AppState>) -> Result<String, 
         .ok_or_else(|| ApiError::internal("The route has no sandbox id.").into_response())
 }
 
-fn owned(state: &AppState, ws: &Workspace, id: &str) -> AppResult<Arc<Entry>> {
-    state
-        .entry(id)
-        .filter(|e| {
-            e.record
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .workspace
-                == ws.0
-        })
-        .ok_or_else(|| state.gone(&ws.0, id))
+/// A sandbox of the key's workspace, live or hibernated, for the routes
+/// that answer for a hibernated one without waking it (get, delete,
+/// hibernate, wake, lifecycle).
+pub(crate) enum Addressed {
+    /// Running or paused.
+    Live(Arc<Entry>),
+    /// Hibernated: its record.
+    Hibernated(Box<crate::registry::Record>),
+}
+
+impl FromRequestParts<Arc<AppState>> for Addressed {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<AppState>,
+    ) -> Result<Self, Self::Rejection> {
+        let ws = workspace(parts).map_err(IntoResponse::into_response)?;
+        let id = sandbox_id(parts, state).await?;
+        if let Some(e) = live(state, &ws, &id) {
+            return Ok(Addressed::Live(e));
+        }
+        crate::service::Service(state)
+            .hibernated(&ws.0, &id)
+            .map(|r| Addressed::Hibernated(Box::new(r)))
+            .ok_or_else(|| state.gone(&ws.0, &id).into_response())
+    }
+}
+
+fn live(state: &AppState, ws: &Workspace, id: &str) -> Option<Arc<Entry>> {
+    state.entry(id).filter(|e| {
+        e.record
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .workspace
+            == ws.0
+    })
+}
+
+/// A live sandbox of the key's workspace; a hibernated one is woken first
+/// (transparently: any call on it is activity).
+async fn owned(
+    state: &Arc<AppState>,
+    ws: &Workspace,
+    id: &str,
+    path: &str,
+) -> AppResult<Arc<Entry>> {
+    let e = match live(state, ws, id) {
+        Some(e) => e,
+        None => crate::service::Service(state).wake(&ws.0, id).await?,
+    };
+    if is_work(path) && e.sandbox.is_paused() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("Sandbox {id} is paused; resume it first."),
+        ));
+    }
+    Ok(e)
+}
+
+/// Whether a sandbox route runs something in the sandbox (exec, files,
+/// code): a paused sandbox answers those with 409 instead of hanging.
+fn is_work(path: &str) -> bool {
+    // [v1 /] sandboxes / {id} / what... (the nested router strips `/v1`)
+    let mut parts = path.split('/').skip_while(|p| *p != "sandboxes").skip(2);
+    matches!(parts.next(), Some("exec" | "fs" | "repl"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn work_routes_are_the_ones_that_run_something_in_the_sandbox() {
+        for p in [
+            "/sandboxes/x/exec",
+            "/v1/sandboxes/x/exec/stream",
+            "/sandboxes/x/fs",
+            "/sandboxes/x/fs/dir",
+            "/sandboxes/x/repl/sessions/s/run",
+        ] {
+            assert!(super::is_work(p), "{p}");
+        }
+        for p in [
+            "/sandboxes/x",
+            "/sandboxes/x/resume",
+            "/sandboxes/x/lifecycle",
+            "/sandboxes/x/snapshots",
+            "/sandboxes/fs",
+            "/sandboxes",
+        ] {
+            assert!(!super::is_work(p), "{p}");
+        }
+    }
 }
 
 /// Output text with the truncation marker line when it was cut.

@@ -8,13 +8,14 @@
 
 mod exec;
 mod files;
-mod kit;
+pub(crate) mod kit;
 mod network;
 mod openapi;
 mod panics;
 mod rejection;
 mod repl;
 mod sandboxes;
+mod snapshots;
 mod stream;
 mod system;
 mod templates;
@@ -78,6 +79,19 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(
             "/sandboxes/{id}/repl/sessions/{sid}/restart",
             post(repl::restart),
+        )
+        .route("/sandboxes/{id}/pause", post(snapshots::pause))
+        .route("/sandboxes/{id}/resume", post(snapshots::resume))
+        .route("/sandboxes/{id}/hibernate", post(snapshots::hibernate))
+        .route("/sandboxes/{id}/wake", post(snapshots::wake))
+        .route("/sandboxes/{id}/snapshots", post(snapshots::create))
+        .route("/sandboxes/{id}/fork", post(snapshots::fork))
+        .route("/sandboxes/{id}/fork-tree", post(snapshots::fork_tree))
+        .route("/sandboxes/{id}/promote", post(snapshots::promote))
+        .route("/snapshots", get(snapshots::list))
+        .route(
+            "/snapshots/{id}",
+            get(snapshots::get_one).delete(snapshots::delete),
         )
         .route("/templates", get(templates::templates))
         .route("/templates/{name}", get(templates::template))

@@ -7,7 +7,7 @@ use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::openapi::OpenApi;
 use utoipa::Modify;
 
-use super::{exec, files, network, repl, sandboxes, system, templates};
+use super::{exec, files, network, repl, sandboxes, snapshots, system, templates};
 use crate::views::*;
 
 /// The OpenAPI document, generated from the handlers and their types.
@@ -60,7 +60,18 @@ Every error is `{\"error\": \"...\"}` with `application/json`."
         repl::run,
         repl::run_stream,
         repl::restart,
-        repl::delete
+        repl::delete,
+        snapshots::pause,
+        snapshots::resume,
+        snapshots::hibernate,
+        snapshots::wake,
+        snapshots::create,
+        snapshots::list,
+        snapshots::get_one,
+        snapshots::delete,
+        snapshots::fork,
+        snapshots::fork_tree,
+        snapshots::promote
     ),
     components(schemas(
         SandboxView,
@@ -86,7 +97,14 @@ Every error is `{\"error\": \"...\"}` with `application/json`."
         LogEvent,
         SessionView,
         CellView,
-        ExceptionView
+        ExceptionView,
+        snapshots::SnapshotView,
+        snapshots::SnapshotList,
+        snapshots::ForkReq,
+        snapshots::ForkView,
+        snapshots::ForkTreeView,
+        snapshots::PromoteReq,
+        snapshots::PromoteView
     ))
 )]
 pub(crate) struct ApiDoc;

@@ -1,6 +1,7 @@
 //! `/v1/sandboxes`: create, list, inspect, delete, lifecycle.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use axum::extract::{Extension, Query};
 use axum::http::StatusCode;
@@ -8,12 +9,12 @@ use axum::Json;
 use runcell_egress::NetworkPolicy;
 use serde::{Deserialize, Serialize};
 
-use super::kit::{AppResult, JsonBody, OwnedSandbox, Sandboxed, St, Workspace};
+use super::kit::{Addressed, AppResult, JsonBody, Sandboxed, St, Workspace};
 use super::network::network_view;
 use crate::limits::LimitsReq;
 use crate::registry::Record;
 use crate::service::{CreateSpec, LifecycleChange, Service};
-use crate::state::{now_ms, Entry};
+use crate::state::{now_ms, AppState, Entry};
 use crate::views::{ErrorView, LifecycleView, NetworkPolicyReq, SandboxView};
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -43,6 +44,12 @@ pub(crate) struct CreateReq {
     #[serde(default)]
     #[schema(value_type = Option<crate::views::IsolationName>)]
     isolation: Option<runcell_core::backend::Isolation>,
+    /// What the sandbox becomes when its idle TTL runs out (runcell
+    /// extension): `delete`, or `hibernate` (its processes end, its files
+    /// stay, the next call wakes it). Default: `hibernate` for a persistent
+    /// sandbox when the daemon runs with `--idle-hibernate`, else `delete`.
+    #[serde(default)]
+    on_idle: Option<crate::snapshots::OnIdle>,
 }
 
 impl From<CreateReq> for CreateSpec {
@@ -57,23 +64,38 @@ impl From<CreateReq> for CreateSpec {
             env: r.env,
             network: r.network,
             isolation: r.isolation,
+            lineage: crate::snapshots::Lineage {
+                on_idle: r.on_idle,
+                ..Default::default()
+            },
+            ..CreateSpec::default()
         }
     }
 }
 
 /// A live sandbox's view.
-pub(crate) fn sandbox_view(e: &Entry) -> SandboxView {
+pub(crate) fn sandbox_view(state: &Arc<AppState>, e: &Entry) -> SandboxView {
     let r = e
         .record
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let l = e.sandbox.limits();
+    let lineage = Service(state).lineage_of(&r.id);
     SandboxView {
+        on_idle: Service(state).on_idle(&r, &lineage),
+        from_snapshot: lineage.from_snapshot,
+        forked_from: lineage.forked_from,
+        state_lost: lineage.state_lost,
         id: r.id.clone(),
         template: r.template.clone(),
         cpu: crate::limits::whole_cores(l),
         memory_mb: l.memory_bytes >> 20,
-        status: "running".into(),
+        status: if e.sandbox.is_paused() {
+            "paused"
+        } else {
+            "running"
+        }
+        .into(),
         metadata: r.metadata.clone(),
         created_at: runcell_core::rfc3339(r.created_at),
         persistent: r.persistent,
@@ -82,6 +104,47 @@ pub(crate) fn sandbox_view(e: &Entry) -> SandboxView {
         network: network_view(&e.sandbox),
         isolation: r.isolation.as_str().into(),
         boot_ms: None,
+    }
+}
+
+/// A hibernated sandbox's view, from its record.
+pub(crate) fn record_view(state: &Arc<AppState>, r: &Record) -> SandboxView {
+    let l = r.limits.over(state.config.default_limits);
+    let lineage = Service(state).lineage_of(&r.id);
+    let policy = state.registry.network(&r.id).ok().flatten();
+    SandboxView {
+        id: r.id.clone(),
+        template: r.template.clone(),
+        cpu: crate::limits::whole_cores(&l),
+        memory_mb: l.memory_bytes >> 20,
+        status: r.status.clone(),
+        metadata: r.metadata.clone(),
+        created_at: runcell_core::rfc3339(r.created_at),
+        persistent: r.persistent,
+        ttl_seconds: r.ttl_seconds,
+        limits: crate::limits::view(&l),
+        network: crate::views::NetworkView {
+            mode: policy
+                .as_ref()
+                .map(|p| p.mode.to_string())
+                .unwrap_or_else(|| "none".into()),
+            allow: policy
+                .as_ref()
+                .map(|p| p.allow.iter().map(ToString::to_string).collect())
+                .unwrap_or_default(),
+            presets: policy.map(|p| p.presets).unwrap_or_default(),
+            bytes_in: 0,
+            bytes_out: 0,
+            connections_allowed: 0,
+            connections_refused: 0,
+            refused_hosts: Vec::new(),
+        },
+        isolation: r.isolation.as_str().into(),
+        boot_ms: None,
+        on_idle: Service(state).on_idle(r, &lineage),
+        from_snapshot: lineage.from_snapshot,
+        forked_from: lineage.forked_from,
+        state_lost: lineage.state_lost,
     }
 }
 
@@ -108,7 +171,7 @@ pub(crate) async fn create(
     JsonBody(req): JsonBody<CreateReq>,
 ) -> AppResult<(StatusCode, Json<CreatedView>)> {
     let created = Service(&state).create_sandbox(&ws.0, req.into()).await?;
-    let mut sandbox = sandbox_view(&created.entry);
+    let mut sandbox = sandbox_view(&state, &created.entry);
     sandbox.boot_ms = Some(runcell_protocol::units::millis(created.boot));
     // Served from the alias's target (while the template is being built,
     // or because no template of that name is installed).
@@ -134,21 +197,41 @@ pub(crate) async fn list(
         .filter_map(|(k, v)| k.strip_prefix("metadata.").map(|k| (k.to_string(), v)))
         .collect();
     let entries = Service(&state).list(&ws.0, &filters);
-    Json(entries.iter().map(|e| sandbox_view(e)).collect())
+    let mut views: Vec<SandboxView> = entries.iter().map(|e| sandbox_view(&state, e)).collect();
+    views.extend(
+        Service(&state)
+            .list_hibernated(&ws.0, &filters)
+            .iter()
+            .map(|r| record_view(&state, r)),
+    );
+    Json(views)
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes", operation_id = "getSandbox", params(("id" = String, Path, description = "The sandbox id")),
     responses((status = 200, body = SandboxView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView)))]
-pub(crate) async fn get_one(OwnedSandbox(e): OwnedSandbox) -> Json<SandboxView> {
-    Json(sandbox_view(&e))
+pub(crate) async fn get_one(
+    axum::extract::State(state): St,
+    sandbox: Addressed,
+) -> Json<SandboxView> {
+    Json(match sandbox {
+        Addressed::Live(e) => sandbox_view(&state, &e),
+        Addressed::Hibernated(r) => record_view(&state, &r),
+    })
 }
 
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes", operation_id = "deleteSandbox", params(("id" = String, Path, description = "The sandbox id")),
     responses((status = 204, description = "Deleted: every process is killed"), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView)))]
 pub(crate) async fn delete(
     axum::extract::State(state): St,
-    OwnedSandbox(e): OwnedSandbox,
+    sandbox: Addressed,
 ) -> AppResult<StatusCode> {
+    let e = match sandbox {
+        Addressed::Live(e) => e,
+        Addressed::Hibernated(r) => {
+            Service(&state).delete_hibernated(&r.id, "deleted by the API")?;
+            return Ok(StatusCode::NO_CONTENT);
+        }
+    };
     let id = e.sandbox.id().to_string();
     // Not held while it is removed (its teardown then runs in the background).
     drop(e);
@@ -166,12 +249,17 @@ fn lifecycle_view(r: &Record) -> LifecycleView {
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/lifecycle", tag = "sandboxes", operation_id = "getLifecycle", params(("id" = String, Path, description = "The sandbox id")),
     responses((status = 200, body = LifecycleView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView)))]
-pub(crate) async fn lifecycle(OwnedSandbox(e): OwnedSandbox) -> Json<LifecycleView> {
-    let r = e
-        .record
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    Json(lifecycle_view(&r))
+pub(crate) async fn lifecycle(sandbox: Addressed) -> Json<LifecycleView> {
+    match sandbox {
+        Addressed::Live(e) => {
+            let r = e
+                .record
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            Json(lifecycle_view(&r))
+        }
+        Addressed::Hibernated(r) => Json(lifecycle_view(&r)),
+    }
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]

@@ -54,9 +54,12 @@ impl<'a> Service<'a> {
     pub(crate) async fn create_sandbox(
         self,
         workspace: &str,
-        spec: CreateSpec,
+        mut spec: CreateSpec,
     ) -> Result<Created, ApiError> {
         let state = self.0;
+        self.resolve_snapshot(workspace, &mut spec)?;
+        let mut lineage = std::mem::take(&mut spec.lineage);
+        lineage.state_layers = std::mem::take(&mut spec.state_layers);
         let asked = plan::admit(&state.config, workspace, spec)?;
         let resolved = self.resolve_alias(&asked.template);
         let served_from_alias = resolved != asked.template;
@@ -101,7 +104,8 @@ impl<'a> Service<'a> {
             .defaults
             .isolation
             .unwrap_or_else(|| state.runtime.default_isolation());
-        let (warm, pool) = if isolation == pooled {
+        // Warm sandboxes started without saved files.
+        let (warm, pool) = if isolation == pooled && lineage.state_layers.is_empty() {
             state.pools.claim(&template.name, &limits)
         } else {
             (None, None)
@@ -123,7 +127,8 @@ impl<'a> Service<'a> {
                 (w.sandbox, w.context)
             }
             None => (
-                self.start(&template, limits, network, isolation).await?,
+                self.start(&template, limits, network, isolation, &lineage.state_layers)
+                    .await?,
                 None,
             ),
         };
@@ -150,6 +155,13 @@ impl<'a> Service<'a> {
             .and_then(|()| match sandbox.network() {
                 Some(n) => state.registry.set_network(&record.id, &n.policy),
                 None => Ok(()),
+            })
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                state
+                    .registry
+                    .with_conn(|c| crate::snapshots::put_lineage(c, &record.id, &lineage))
+                    .map_err(|e| e.to_string())
             });
         if let Err(e) = recorded {
             let _ = sandbox.destroy().await;
@@ -342,7 +354,10 @@ impl<'a> Service<'a> {
         limits: SandboxLimits,
         network: NetworkPolicy,
         isolation: runcell_core::backend::Isolation,
+        state_layers: &[String],
     ) -> Result<runcell_core::Sandbox, ApiError> {
+        let state_layers =
+            crate::snapshots::Layers::new(&self.0.config.data_dir).paths(state_layers);
         self.0
             .runtime
             .create(SandboxOptions {
@@ -352,9 +367,14 @@ impl<'a> Service<'a> {
                 max_lifetime: Some(self.0.config.max_lifetime),
                 network: Some(network),
                 isolation: Some(isolation),
+                state_layers,
+                ..SandboxOptions::default()
             })
             .await
             .map_err(|e| match e {
+                runcell_core::Error::Jail(
+                    err @ runcell_core::backend::BackendError::Unsupported { .. },
+                ) => ApiError::bad_request(err.to_string()),
                 // Nothing is left of a failed start (the jail cleans up), so a
                 // retry cannot duplicate anything.
                 runcell_core::Error::Jail(_) => plan::retry_later(

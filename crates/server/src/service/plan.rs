@@ -26,7 +26,7 @@ pub(crate) struct CreateSpec {
     pub(crate) persistent: Option<bool>,
     /// Caller metadata (`workspace`, `kind` and `app.id` are the server's).
     pub(crate) metadata: BTreeMap<String, String>,
-    /// Refused: snapshots are not supported.
+    /// A snapshot id to start from (resolved by the service).
     pub(crate) from_snapshot: Option<String>,
     /// Limits over the template's defaults.
     pub(crate) limits: Option<LimitsReq>,
@@ -36,6 +36,11 @@ pub(crate) struct CreateSpec {
     pub(crate) network: Option<NetworkPolicy>,
     /// Isolation backend; the template's, else the daemon's default.
     pub(crate) isolation: Option<runcell_core::backend::Isolation>,
+    /// Saved files it starts with (state layer keys, topmost first): a
+    /// snapshot's or a fork parent's. Never from a request.
+    pub(crate) state_layers: Vec<String>,
+    /// Where those files came from, recorded with it.
+    pub(crate) lineage: crate::snapshots::Lineage,
 }
 
 /// A create that passed the checks that need no template.
@@ -69,11 +74,6 @@ pub(crate) fn admit(
     }
     spec.metadata
         .insert("workspace".into(), workspace.to_string());
-    if spec.from_snapshot.is_some() {
-        return Err(ApiError::bad_request(
-            "Snapshots are not supported by this runcell version.",
-        ));
-    }
     let ttl_seconds = match spec.ttl_seconds {
         Some(t) => validate::ttl(config, t)?,
         None => config.default_ttl_seconds,
@@ -237,15 +237,7 @@ mod tests {
     }
 
     #[test]
-    fn admit_refuses_snapshots_and_bad_environments() {
-        let snap = CreateSpec {
-            from_snapshot: Some("s".into()),
-            ..CreateSpec::default()
-        };
-        assert!(admit(&config(), "w", snap)
-            .unwrap_err()
-            .message
-            .contains("Snapshots are not supported"));
+    fn admit_refuses_bad_environments() {
         let env = CreateSpec {
             env: [("A=B".to_string(), "x".to_string())].into(),
             ..CreateSpec::default()

@@ -1,0 +1,845 @@
+//! Snapshots, forks and the state layers they share.
+//!
+//! A state layer is what one sandbox wrote, copied out while it was frozen
+//! (`Sandbox::save_layer`), kept under `<data>/states/<key>`. A sandbox
+//! started from saved files lays a chain of them (topmost first) between
+//! its template and its own writable layer; its chain is its *lineage*,
+//! recorded beside its record. A snapshot names a chain; a fork is a new
+//! sandbox on the parent's chain plus one new layer, and every child of a
+//! fork tree shares that one layer (copy-on-write through overlayfs: ten
+//! forks cost one copy of what the parent wrote, not ten). Layers no
+//! snapshot or live sandbox uses are removed ([`Layers::collect`]).
+//!
+//! Processes and memory are not saved (the jail cannot checkpoint them):
+//! answers say `memory: false`.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::{Deserialize, Serialize};
+
+use crate::error::ApiError;
+use crate::service::{CreateSpec, Created, Service};
+use crate::state::{now_ms, AppState, Entry};
+
+/// Errors of the snapshot tables.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// SQLite failed.
+    #[error("The snapshot registry failed.")]
+    Sql(#[from] rusqlite::Error),
+    /// A stored row is not valid JSON.
+    #[error("A stored snapshot record is damaged.")]
+    Json(#[from] serde_json::Error),
+}
+
+/// What an idle sandbox becomes when its idle TTL runs out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OnIdle {
+    /// Deleted (everything it had is gone).
+    Delete,
+    /// Hibernated: its processes end, its files stay; the next call wakes it.
+    Hibernate,
+}
+
+/// Where a sandbox's files came from and how it idles, recorded beside
+/// its record.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lineage {
+    /// Its state layers (keys), topmost first.
+    #[serde(default)]
+    pub state_layers: Vec<String>,
+    /// The sandbox it was forked from.
+    #[serde(default)]
+    pub forked_from: Option<String>,
+    /// The snapshot it started from.
+    #[serde(default)]
+    pub from_snapshot: Option<String>,
+    /// What it becomes when idle; the daemon's rule when absent.
+    #[serde(default)]
+    pub on_idle: Option<OnIdle>,
+    /// It was hibernated and woken since its code contexts were made:
+    /// their variables are gone.
+    #[serde(default)]
+    pub state_lost: bool,
+}
+
+/// A snapshot's record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Its id.
+    pub id: String,
+    /// The owning workspace.
+    pub workspace: String,
+    /// The sandbox it was taken of.
+    pub sandbox_id: String,
+    /// That sandbox's template.
+    pub template: String,
+    /// That sandbox's isolation.
+    pub isolation: runcell_core::backend::Isolation,
+    /// When it was taken, unix ms.
+    pub created_ms: i64,
+    /// Bytes its own layer takes.
+    pub size_bytes: u64,
+    /// Its chain of state layers, topmost first.
+    pub layers: Vec<String>,
+}
+
+/// Makes the tables (idempotent).
+pub fn init(conn: &Connection) -> Result<(), SnapshotError> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS snapshots (
+             id TEXT PRIMARY KEY,
+             workspace TEXT NOT NULL,
+             sandbox_id TEXT NOT NULL,
+             template TEXT NOT NULL,
+             isolation TEXT NOT NULL,
+             created_ms INTEGER NOT NULL,
+             size_bytes INTEGER NOT NULL,
+             layers TEXT NOT NULL
+         );
+         CREATE INDEX IF NOT EXISTS snapshots_ws ON snapshots(workspace, created_ms);
+         CREATE TABLE IF NOT EXISTS lineage (
+             id TEXT PRIMARY KEY,
+             data TEXT NOT NULL
+         );",
+    )?;
+    Ok(())
+}
+
+/// Records a sandbox's lineage (nothing for a sandbox with none).
+pub fn put_lineage(conn: &Connection, id: &str, l: &Lineage) -> Result<(), SnapshotError> {
+    if *l == Lineage::default() {
+        return Ok(());
+    }
+    conn.execute(
+        "INSERT OR REPLACE INTO lineage (id, data) VALUES (?1, ?2)",
+        params![id, serde_json::to_string(l)?],
+    )?;
+    Ok(())
+}
+
+/// A sandbox's lineage (empty when it has none).
+pub fn lineage(conn: &Connection, id: &str) -> Result<Lineage, SnapshotError> {
+    let data: Option<String> = conn
+        .query_row("SELECT data FROM lineage WHERE id = ?1", params![id], |r| {
+            r.get(0)
+        })
+        .optional()?;
+    Ok(match data {
+        Some(d) => serde_json::from_str(&d)?,
+        None => Lineage::default(),
+    })
+}
+
+fn put(conn: &Connection, s: &Snapshot) -> Result<(), SnapshotError> {
+    conn.execute(
+        "INSERT INTO snapshots (id, workspace, sandbox_id, template, isolation, created_ms, size_bytes, layers)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        params![
+            s.id,
+            s.workspace,
+            s.sandbox_id,
+            s.template,
+            s.isolation.as_str(),
+            s.created_ms,
+            i64::try_from(s.size_bytes).unwrap_or(i64::MAX),
+            serde_json::to_string(&s.layers)?,
+        ],
+    )?;
+    Ok(())
+}
+
+type Row = (String, String, String, String, String, i64, i64, String);
+
+fn decode(r: Row) -> Result<Snapshot, SnapshotError> {
+    Ok(Snapshot {
+        id: r.0,
+        workspace: r.1,
+        sandbox_id: r.2,
+        template: r.3,
+        isolation: r
+            .4
+            .parse()
+            .unwrap_or(runcell_core::backend::Isolation::Jail),
+        created_ms: r.5,
+        size_bytes: u64::try_from(r.6).unwrap_or(0),
+        layers: serde_json::from_str(&r.7)?,
+    })
+}
+
+const COLUMNS: &str =
+    "id, workspace, sandbox_id, template, isolation, created_ms, size_bytes, layers";
+
+fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
+    Ok((
+        r.get(0)?,
+        r.get(1)?,
+        r.get(2)?,
+        r.get(3)?,
+        r.get(4)?,
+        r.get(5)?,
+        r.get(6)?,
+        r.get(7)?,
+    ))
+}
+
+/// One snapshot of `workspace`.
+pub fn get(
+    conn: &Connection,
+    workspace: &str,
+    id: &str,
+) -> Result<Option<Snapshot>, SnapshotError> {
+    let r = conn
+        .query_row(
+            &format!("SELECT {COLUMNS} FROM snapshots WHERE id = ?1 AND workspace = ?2"),
+            params![id, workspace],
+            row,
+        )
+        .optional()?;
+    r.map(decode).transpose()
+}
+
+/// The snapshots of `workspace`, newest first, of one sandbox if asked.
+pub fn list(
+    conn: &Connection,
+    workspace: &str,
+    sandbox: Option<&str>,
+) -> Result<Vec<Snapshot>, SnapshotError> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLUMNS} FROM snapshots WHERE workspace = ?1 AND (?2 IS NULL OR sandbox_id = ?2)
+         ORDER BY created_ms DESC, rowid DESC"
+    ))?;
+    let rows = stmt.query_map(params![workspace, sandbox], row)?;
+    rows.map(|r| decode(r?)).collect()
+}
+
+/// Deletes a snapshot of `workspace`; whether there was one.
+pub fn delete(conn: &Connection, workspace: &str, id: &str) -> Result<bool, SnapshotError> {
+    Ok(conn.execute(
+        "DELETE FROM snapshots WHERE id = ?1 AND workspace = ?2",
+        params![id, workspace],
+    )? > 0)
+}
+
+/// Bytes the snapshots of `workspace` take.
+pub fn used_bytes(conn: &Connection, workspace: &str) -> Result<u64, SnapshotError> {
+    let n: i64 = conn.query_row(
+        "SELECT COALESCE(SUM(size_bytes), 0) FROM snapshots WHERE workspace = ?1",
+        params![workspace],
+        |r| r.get(0),
+    )?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
+/// Layer keys in use: every snapshot's, and every live sandbox's. The
+/// lineage of sandboxes that ended is forgotten here.
+fn in_use(conn: &Connection) -> Result<HashSet<String>, SnapshotError> {
+    conn.execute(
+        "DELETE FROM lineage WHERE id NOT IN
+             (SELECT id FROM sandboxes WHERE status IN ('running', 'hibernated'))",
+        [],
+    )?;
+    let mut used = HashSet::new();
+    let mut stmt = conn.prepare("SELECT layers FROM snapshots")?;
+    for layers in stmt.query_map([], |r| r.get::<_, String>(0))? {
+        used.extend(serde_json::from_str::<Vec<String>>(&layers?)?);
+    }
+    let mut stmt = conn.prepare("SELECT data FROM lineage")?;
+    for data in stmt.query_map([], |r| r.get::<_, String>(0))? {
+        used.extend(serde_json::from_str::<Lineage>(&data?)?.state_layers);
+    }
+    Ok(used)
+}
+
+/// How long a new layer is left alone by [`Layers::collect`].
+const YOUNG: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// The directory of state layers.
+#[derive(Debug, Clone)]
+pub struct Layers {
+    dir: PathBuf,
+}
+
+impl Layers {
+    /// Layers under `<data_dir>/states`.
+    pub fn new(data_dir: &Path) -> Self {
+        Self {
+            dir: data_dir.join("states"),
+        }
+    }
+
+    /// The directory of layer `key`.
+    pub fn path(&self, key: &str) -> PathBuf {
+        self.dir.join(key)
+    }
+
+    /// The directories of a chain of keys.
+    pub fn paths(&self, keys: &[String]) -> Vec<PathBuf> {
+        keys.iter().map(|k| self.path(k)).collect()
+    }
+
+    /// Removes every layer no snapshot or live sandbox uses (and what an
+    /// interrupted copy left). Returns how many were removed.
+    pub fn collect(&self, conn: &Connection) -> usize {
+        let used = match in_use(conn) {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::warn!("could not tell which state layers are in use: {e}");
+                return 0;
+            }
+        };
+        let mut removed = 0;
+        for entry in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            // A layer being saved or not yet recorded by its snapshot or
+            // fork is young.
+            let young = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_none_or(|age| age < YOUNG);
+            if used.contains(&name) || young {
+                continue;
+            }
+            match std::fs::remove_dir_all(entry.path()) {
+                Ok(()) => removed += 1,
+                Err(e) => {
+                    tracing::warn!(layer = %name, "could not remove an unused state layer: {e}")
+                }
+            }
+        }
+        removed
+    }
+
+    /// Saves `e`'s files as a new layer; answers its key and size. Its
+    /// caller records it in use (a snapshot, a child's lineage);
+    /// [`Layers::collect`] leaves young layers alone meanwhile.
+    async fn save(&self, e: &Arc<Entry>) -> Result<(String, u64), ApiError> {
+        let key = format!("l-{}", uuid::Uuid::new_v4());
+        std::fs::create_dir_all(&self.dir).map_err(|err| {
+            ApiError::internal(format!("The state directory could not be made: {err}"))
+        })?;
+        let dest = self.path(&key);
+        let entry = e.clone();
+        let saved = tokio::task::spawn_blocking(move || entry.sandbox.save_layer(&dest))
+            .await
+            .map_err(|err| ApiError::internal(format!("Saving the files failed: {err}")))?;
+        match saved {
+            Ok(bytes) => Ok((key, bytes)),
+            Err(runcell_core::Error::Jail(
+                err @ runcell_core::backend::BackendError::Unsupported { .. },
+            )) => Err(ApiError::bad_request(err.to_string())),
+            Err(err) => Err(ApiError::internal(format!(
+                "The sandbox's files could not be saved: {err}"
+            ))),
+        }
+    }
+}
+
+/// What a fork asks for.
+#[derive(Debug, Default)]
+pub(crate) struct ForkSpec {
+    pub(crate) metadata: BTreeMap<String, String>,
+    pub(crate) ttl_seconds: Option<f64>,
+}
+
+/// The outcome of a promote.
+#[derive(Debug)]
+pub(crate) struct Promoted {
+    pub(crate) tree_id: Option<String>,
+    pub(crate) deleted: Vec<String>,
+    pub(crate) failures: BTreeMap<String, String>,
+}
+
+fn registry_err(e: impl std::fmt::Display) -> ApiError {
+    ApiError::internal(format!("The snapshot registry failed: {e}"))
+}
+
+impl Service<'_> {
+    fn layers(self) -> Layers {
+        Layers::new(&self.0.config.data_dir)
+    }
+
+    /// The lineage of a live sandbox.
+    pub(crate) fn lineage_of(self, id: &str) -> Lineage {
+        self.0
+            .registry
+            .with_conn(|c| lineage(c, id))
+            .unwrap_or_default()
+    }
+
+    /// Saves `e`'s files as a snapshot of `workspace`.
+    pub(crate) async fn snapshot(
+        self,
+        workspace: &str,
+        e: &Arc<Entry>,
+    ) -> Result<Snapshot, ApiError> {
+        let state = self.0;
+        let (id, template, isolation) = {
+            let r = e
+                .record
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            (r.id.clone(), r.template.clone(), r.isolation)
+        };
+        let quota = state.config.snapshot_quota_bytes;
+        let used = state
+            .registry
+            .with_conn(|c| used_bytes(c, workspace))
+            .map_err(registry_err)?;
+        if used >= quota {
+            return Err(full(used, quota));
+        }
+        let (key, size) = self.layers().save(e).await?;
+        let mut layers = vec![key];
+        layers.extend(self.lineage_of(&id).state_layers);
+        let snap = Snapshot {
+            id: format!("snap-{}", uuid::Uuid::new_v4()),
+            workspace: workspace.to_string(),
+            sandbox_id: id,
+            template,
+            isolation,
+            created_ms: now_ms(),
+            size_bytes: size,
+            layers,
+        };
+        let recorded = if used.saturating_add(size) > quota {
+            Err(full(used.saturating_add(size), quota))
+        } else {
+            state
+                .registry
+                .with_conn(|c| put(c, &snap))
+                .map_err(registry_err)
+        };
+        if let Err(err) = recorded {
+            let _ = std::fs::remove_dir_all(self.layers().path(&snap.layers[0]));
+            return Err(err);
+        }
+        tracing::info!(snapshot = %snap.id, sandbox = %snap.sandbox_id, bytes = size, "snapshot taken");
+        Ok(snap)
+    }
+
+    /// Deletes a snapshot; its layers go once nothing uses them.
+    pub(crate) fn delete_snapshot(self, workspace: &str, id: &str) -> Result<(), ApiError> {
+        let state = self.0;
+        let deleted = state
+            .registry
+            .with_conn(|c| delete(c, workspace, id))
+            .map_err(registry_err)?;
+        if !deleted {
+            return Err(ApiError::new(StatusCode::NOT_FOUND, "snapshot not found"));
+        }
+        state.registry.with_conn(|c| self.layers().collect(c));
+        Ok(())
+    }
+
+    /// What a create from snapshot `id` starts with: the template (unless
+    /// the request names one) and the chain of layers.
+    pub(crate) fn resolve_snapshot(
+        self,
+        workspace: &str,
+        spec: &mut CreateSpec,
+    ) -> Result<(), ApiError> {
+        let Some(id) = spec.from_snapshot.clone() else {
+            return Ok(());
+        };
+        let snap = self
+            .0
+            .registry
+            .with_conn(|c| get(c, workspace, &id))
+            .map_err(registry_err)?
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    format!(
+                        "from_snapshot: snapshot {:?} not found",
+                        crate::http::kit::clip(id.clone())
+                    ),
+                )
+            })?;
+        spec.template.get_or_insert(snap.template);
+        spec.isolation.get_or_insert(snap.isolation);
+        spec.state_layers = snap.layers;
+        spec.lineage.from_snapshot = Some(id);
+        Ok(())
+    }
+
+    /// A new sandbox whose files start as `parent`'s now, `count` times
+    /// over one shared layer. Children that could not be made after the
+    /// first are left out (the answer has fewer); none made is an error.
+    pub(crate) async fn fork(
+        self,
+        workspace: &str,
+        parent: &Arc<Entry>,
+        spec: ForkSpec,
+        count: usize,
+        tree: Option<&str>,
+    ) -> Result<Vec<Created>, ApiError> {
+        let (key, _) = self.layers().save(parent).await?;
+        let r = parent
+            .record
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let mut chain = vec![key.clone()];
+        chain.extend(self.lineage_of(&r.id).state_layers);
+        let mut metadata = r.metadata.clone();
+        metadata.extend(spec.metadata);
+        if let Some(tree) = tree {
+            metadata.insert("fork_tree_id".into(), tree.to_string());
+            metadata.insert("fork_parent".into(), r.id.clone());
+        }
+        let network = parent.sandbox.network().map(|n| n.policy);
+        let mut children = Vec::new();
+        let mut last_err = None;
+        for _ in 0..count {
+            let child = CreateSpec {
+                template: Some(r.template.clone()),
+                ttl_seconds: spec.ttl_seconds.or(Some(r.ttl_seconds as f64)),
+                persistent: Some(r.persistent),
+                metadata: metadata.clone(),
+                limits: Some(crate::limits::LimitsReq::from(parent.sandbox.limits())),
+                env: r.env.clone(),
+                network: network.clone(),
+                isolation: Some(r.isolation),
+                state_layers: chain.clone(),
+                lineage: Lineage {
+                    forked_from: Some(r.id.clone()),
+                    ..Lineage::default()
+                },
+                ..CreateSpec::default()
+            };
+            match self.create_sandbox(workspace, child).await {
+                Ok(c) => children.push(c),
+                Err(e) => {
+                    last_err = Some(e);
+                    break;
+                }
+            }
+        }
+        if children.is_empty() {
+            // Nothing uses the new layer.
+            let _ = std::fs::remove_dir_all(self.layers().path(&key));
+            return Err(last_err.unwrap_or_else(|| ApiError::internal("No fork was made.")));
+        }
+        Ok(children)
+    }
+
+    /// Makes `winner` independent of its fork tree and, if asked, deletes
+    /// the tree's other sandboxes.
+    pub(crate) async fn promote(
+        self,
+        workspace: &str,
+        winner: &Arc<Entry>,
+        tree_id: Option<String>,
+        cleanup_siblings: bool,
+    ) -> Result<Promoted, ApiError> {
+        let state = self.0;
+        let record = {
+            let mut r = winner
+                .record
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let tree = tree_id.or_else(|| r.metadata.get("fork_tree_id").cloned());
+            r.metadata.remove("fork_tree_id");
+            (r.clone(), tree)
+        };
+        let (record, tree) = record;
+        state
+            .registry
+            .put(&record)
+            .map_err(|e| ApiError::internal(format!("The change could not be recorded: {e}")))?;
+        let mut deleted = Vec::new();
+        let mut failures = BTreeMap::new();
+        if let (true, Some(tree)) = (cleanup_siblings, tree.as_deref()) {
+            let siblings = self.list(workspace, &[("fork_tree_id".to_string(), tree.to_string())]);
+            for s in siblings {
+                let id = s.sandbox.id().to_string();
+                if id == record.id {
+                    continue;
+                }
+                drop(s);
+                match self.kill(&id).await {
+                    Ok(()) => deleted.push(id),
+                    Err(e) => {
+                        failures.insert(id, e.message);
+                    }
+                }
+            }
+        }
+        Ok(Promoted {
+            tree_id: tree,
+            deleted,
+            failures,
+        })
+    }
+
+    /// What `r` becomes when idle: its own choice, else hibernation for a
+    /// persistent sandbox on a daemon that hibernates idle ones
+    /// (`--idle-hibernate`), else deletion.
+    pub(crate) fn on_idle(self, r: &crate::registry::Record, lineage: &Lineage) -> OnIdle {
+        lineage
+            .on_idle
+            .unwrap_or(if r.persistent && self.0.config.idle_hibernate {
+                OnIdle::Hibernate
+            } else {
+                OnIdle::Delete
+            })
+    }
+
+    /// Hibernates a live sandbox: its files are saved as a layer, its
+    /// processes end and its memory is freed; its record stays
+    /// (`hibernated`) and the next call on it wakes it.
+    pub(crate) async fn hibernate(self, e: Arc<Entry>) -> Result<(), ApiError> {
+        let state = self.0;
+        let id = e.sandbox.id().to_string();
+        // No wake of it starts before it is gone.
+        let one = state.sandbox_lock(&id);
+        let _one = one.lock().await;
+        if state.entry(&id).is_none() {
+            return Ok(());
+        }
+        // Frozen first, so nothing is written between the copy and the end.
+        if !e.sandbox.is_paused() {
+            let entry = e.clone();
+            tokio::task::spawn_blocking(move || entry.sandbox.pause())
+                .await
+                .map_err(|err| ApiError::internal(format!("Hibernating failed: {err}")))?
+                .map_err(|err| match err {
+                    runcell_core::Error::Jail(
+                        err @ runcell_core::backend::BackendError::Unsupported { .. },
+                    ) => ApiError::bad_request(err.to_string()),
+                    other => ApiError::from(other),
+                })?;
+        }
+        let saved = self.layers().save(&e).await;
+        let (key, bytes) = match saved {
+            Ok(k) => k,
+            Err(err) => {
+                let _ = e.sandbox.resume();
+                return Err(err);
+            }
+        };
+        let mut lineage = self.lineage_of(&id);
+        lineage.state_layers.insert(0, key);
+        let mut record = e
+            .record
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        record.status = "hibernated".into();
+        record.last_activity_ms = now_ms();
+        let recorded = state
+            .registry
+            .with_conn(|c| put_lineage(c, &id, &lineage))
+            .map_err(|err| err.to_string())
+            .and_then(|()| state.registry.put(&record).map_err(|err| err.to_string()));
+        if let Err(err) = recorded {
+            let _ = std::fs::remove_dir_all(self.layers().path(&lineage.state_layers[0]));
+            let _ = e.sandbox.resume();
+            return Err(ApiError::internal(format!(
+                "The hibernation could not be recorded: {err}"
+            )));
+        }
+        drop(e);
+        state.release(&id).await;
+        tracing::info!(sandbox = %id, bytes, "sandbox hibernated");
+        Ok(())
+    }
+
+    /// The record of a hibernated sandbox of `workspace`.
+    pub(crate) fn hibernated(self, workspace: &str, id: &str) -> Option<crate::registry::Record> {
+        self.0
+            .registry
+            .get(id)
+            .ok()
+            .flatten()
+            .filter(|r| r.status == "hibernated" && r.workspace == workspace)
+    }
+
+    /// Wakes a hibernated sandbox under its id: a new agent on its saved
+    /// files. Its code contexts are gone (`state_lost`). Concurrent wakes
+    /// of one sandbox make it once.
+    pub(crate) async fn wake(self, workspace: &str, id: &str) -> Result<Arc<Entry>, ApiError> {
+        let state = self.0;
+        let one = state.sandbox_lock(id);
+        let _one = one.lock().await;
+        if let Some(e) = state.entry(id) {
+            return Ok(e);
+        }
+        let mut record = self
+            .hibernated(workspace, id)
+            .ok_or_else(|| state.gone(workspace, id))?;
+        let mut lineage = self.lineage_of(id);
+        let template_name = self.resolve_alias(&record.template);
+        let template = state
+            .runtime
+            .template(&template_name)
+            .map_err(|e| ApiError::internal(format!("Its template is gone: {e}")))?;
+        let limits = record.limits.over(state.config.default_limits);
+        let network = state.registry.network(id).ok().flatten();
+        let started = std::time::Instant::now();
+        let sandbox = state
+            .runtime
+            .create(runcell_core::SandboxOptions {
+                template: template.name.clone(),
+                limits,
+                tied_to_process: false,
+                max_lifetime: Some(state.config.max_lifetime.saturating_sub(
+                    std::time::Duration::from_millis(
+                        u64::try_from(now_ms() - record.created_at * 1000).unwrap_or(0),
+                    ),
+                )),
+                network: Some(network.unwrap_or_default()),
+                isolation: Some(record.isolation),
+                id: Some(id.to_string()),
+                state_layers: self.layers().paths(&lineage.state_layers),
+                ..runcell_core::SandboxOptions::default()
+            })
+            .await
+            .map_err(|e| {
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("auto-wake: the sandbox could not be woken: {e}"),
+                )
+            })?;
+        record.status = "running".into();
+        record.last_activity_ms = now_ms();
+        lineage.state_lost = true;
+        let recorded = state
+            .registry
+            .put(&record)
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                state
+                    .registry
+                    .with_conn(|c| put_lineage(c, id, &lineage))
+                    .map_err(|e| e.to_string())
+            });
+        if let Err(e) = recorded {
+            let _ = sandbox.destroy().await;
+            return Err(ApiError::internal(format!(
+                "The wake could not be recorded: {e}"
+            )));
+        }
+        let entry = Arc::new(Entry {
+            sandbox,
+            record: std::sync::Mutex::new(record),
+            template,
+            log: crate::logs::SandboxLog::default(),
+            persisted: Default::default(),
+            warm_context: Default::default(),
+        });
+        state
+            .sandboxes
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(id.to_string(), entry.clone());
+        tracing::info!(sandbox = %id, ms = runcell_protocol::units::millis(started.elapsed()), "sandbox woken");
+        Ok(entry)
+    }
+
+    /// The hibernated sandboxes of `workspace` with every metadata pair.
+    pub(crate) fn list_hibernated(
+        self,
+        workspace: &str,
+        filters: &[(String, String)],
+    ) -> Vec<crate::registry::Record> {
+        self.0
+            .registry
+            .with_status("hibernated")
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| {
+                r.workspace == workspace
+                    && filters.iter().all(|(k, v)| r.metadata.get(k) == Some(v))
+            })
+            .collect()
+    }
+
+    /// Ids of hibernated sandboxes past the maximum lifetime `max_ms`.
+    pub(crate) fn expired_hibernated(self, now: i64, max_ms: i64) -> Vec<String> {
+        self.0
+            .registry
+            .with_status("hibernated")
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| now.saturating_sub(r.created_at.saturating_mul(1000)) > max_ms)
+            .map(|r| r.id)
+            .collect()
+    }
+
+    /// Deletes a hibernated sandbox (it has no processes; its files go).
+    pub(crate) fn delete_hibernated(self, id: &str, reason: &str) -> Result<(), ApiError> {
+        let state = self.0;
+        state
+            .registry
+            .end(id, "deleted", reason)
+            .map_err(|e| ApiError::internal(format!("The deletion could not be recorded: {e}")))?;
+        state.registry.with_conn(|c| self.layers().collect(c));
+        tracing::info!(sandbox = %id, reason, "hibernated sandbox deleted");
+        Ok(())
+    }
+
+    /// Pauses or resumes a sandbox.
+    pub(crate) async fn set_paused(self, e: &Arc<Entry>, pause: bool) -> Result<(), ApiError> {
+        let id = e.sandbox.id().to_string();
+        if e.sandbox.is_paused() == pause {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                if pause {
+                    format!("Sandbox {id} is paused already.")
+                } else {
+                    format!("Sandbox {id} is not paused.")
+                },
+            ));
+        }
+        let entry = e.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            if pause {
+                entry.sandbox.pause()
+            } else {
+                entry.sandbox.resume()
+            }
+        })
+        .await
+        .map_err(|err| ApiError::internal(format!("Pausing failed: {err}")))?;
+        match done {
+            Ok(()) => {}
+            Err(runcell_core::Error::Jail(
+                err @ runcell_core::backend::BackendError::Unsupported { .. },
+            )) => return Err(ApiError::bad_request(err.to_string())),
+            Err(err) => return Err(ApiError::from(err)),
+        }
+        // The idle clock starts again from the resume.
+        self.0.touch(e).await;
+        tracing::info!(sandbox = %id, paused = pause, "sandbox {}", if pause { "paused" } else { "resumed" });
+        Ok(())
+    }
+}
+
+fn full(used: u64, quota: u64) -> ApiError {
+    ApiError::new(
+        StatusCode::INSUFFICIENT_STORAGE,
+        format!(
+            "The workspace's snapshots would take {} of its {} snapshot quota; delete some first.",
+            runcell_core::format_size(used),
+            runcell_core::format_size(quota)
+        ),
+    )
+}
+
+/// Removes unused layers at start (what a killed daemon left half-made).
+pub fn collect_at_start(state: &AppState) {
+    let layers = Layers::new(&state.config.data_dir);
+    let n = state.registry.with_conn(|c| layers.collect(c));
+    if n > 0 {
+        tracing::info!(removed = n, "removed unused state layers");
+    }
+}
