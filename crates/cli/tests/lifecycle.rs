@@ -19,7 +19,7 @@ async fn sh(c: &Client, id: &str, cmd: &str) -> (i32, String) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn the_rust_client_pauses_hibernates_snapshots_forks_and_mounts_volumes() {
+async fn the_rust_client_pauses_hibernates_snapshots_and_forks() {
     let data = data_dir("client-14");
     let d = Daemon::start(&data, free_port(), &[]);
     let c = Client::new(&d.url, &d.key);
@@ -178,6 +178,14 @@ async fn the_rust_client_pauses_hibernates_snapshots_forks_and_mounts_volumes() 
         Some(404)
     );
 
+    d.delete_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_rust_client_manages_volumes_that_outlive_their_sandboxes() {
+    let data = data_dir("client-14-volumes");
+    let d = Daemon::start(&data, free_port(), &[]);
+    let c = Client::new(&d.url, &d.key);
     // Volumes: outlive their sandbox; one writer; not deleted while mounted.
     let v = c.create_volume("data-14", 16).await.unwrap();
     assert_eq!((v.name.as_str(), v.size_mb), ("data-14", 16));
@@ -235,73 +243,47 @@ async fn the_rust_client_pauses_hibernates_snapshots_forks_and_mounts_volumes() 
     d.delete_all().await;
 }
 
+/// `runcell ARGS` against `d`, which must succeed; its stdout.
+fn ok(d: &Daemon, args: &[&str]) -> String {
+    let (code, out, err) = runcell_cli(d, args);
+    assert_eq!(code, 0, "runcell {}: {err}", args.join(" "));
+    out
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn the_cli_pauses_hibernates_snapshots_forks_and_manages_volumes() {
+async fn the_cli_pauses_hibernates_snapshots_and_forks() {
     let data = data_dir("cli-14");
     let d = Daemon::start(&data, free_port(), &[]);
     let cli = |args: &[&str]| runcell_cli(&d, args);
-    let ok = |args: &[&str]| {
-        let (code, out, err) = runcell_cli(&d, args);
-        assert_eq!(code, 0, "runcell {}: {err}", args.join(" "));
-        out
-    };
+    let ok = |args: &[&str]| ok(&d, args);
 
-    assert_eq!(
-        ok(&["volume", "create", "cli-vol", "--size-mb", "8"]),
-        "cli-vol\n"
-    );
-    let ls = ok(&["volume", "ls"]);
-    assert!(
-        ls.starts_with("NAME") && ls.contains("cli-vol") && ls.contains("8 MiB"),
-        "{ls}"
-    );
-    let (code, _, err) = cli(&["volume", "create", "x", "--size-mb", "0"]);
-    assert_eq!(code, 2, "{err}");
-
-    let id = ok(&[
-        "sandbox",
-        "create",
-        "--volume",
-        "cli-vol:/vol",
-        "--on-idle",
-        "hibernate",
-    ])
-    .trim()
-    .to_string();
-    let view = ok(&["sandbox", "get", &id]);
-    assert!(view.contains("On idle    hibernate"), "{view}");
-    assert!(view.contains("Volumes    cli-vol at /vol"), "{view}");
-    ok(&[
-        "exec",
-        &id,
-        "--",
-        "echo saved > /vol/v.txt; echo local > /home/user/l.txt",
-    ]);
+    let id = ok(&["sandbox", "create", "--on-idle", "hibernate"])
+        .trim()
+        .to_string();
+    assert!(ok(&["sandbox", "get", &id]).contains("On idle    hibernate"));
+    ok(&["exec", &id, "--", "echo local > /home/user/l.txt"]);
 
     assert_eq!(
         ok(&["sandbox", "pause", &id]),
         format!("Paused sandbox {id}.\n")
     );
+    assert!(ok(&["sandbox", "ls"]).contains(" paused "));
     let (code, _, err) = cli(&["exec", &id, "--", "true"]);
     assert_eq!(code, 1);
     assert!(
         err.contains("paused; resume it first") && err.contains("409"),
         "{err}"
     );
-    let (code, _, err) = cli(&["sandbox", "resume", &id, "--json"]);
-    assert_eq!(code, 0, "{err}");
-    assert_eq!(
-        ok(&["sandbox", "ls"])
-            .lines()
-            .filter(|l| l.contains("running"))
-            .count(),
-        1
-    );
+    let json: Value = serde_json::from_str(&ok(&["sandbox", "resume", &id, "--json"])).unwrap();
+    assert_eq!(json, serde_json::json!({"id": id, "status": "running"}));
+    let (code, _, err) = cli(&["sandbox", "resume", &id]);
+    assert_eq!(code, 1);
+    assert!(err.contains("409"), "{err}");
     assert_eq!(
         ok(&["sandbox", "hibernate", &id]),
         format!("Hibernated sandbox {id}.\n")
     );
-    assert!(ok(&["sandbox", "ls"]).contains("hibernated"));
+    assert!(ok(&["sandbox", "ls"]).contains(" hibernated "));
     // exec wakes it.
     assert_eq!(ok(&["exec", &id, "--", "cat /home/user/l.txt"]), "local\n");
     assert!(ok(&["sandbox", "get", &id]).contains("State      lost"));
@@ -310,6 +292,7 @@ async fn the_cli_pauses_hibernates_snapshots_forks_and_manages_volumes() {
         ok(&["sandbox", "wake", &id]),
         format!("Woke sandbox {id}.\n")
     );
+    assert!(ok(&["sandbox", "get", &id]).contains("Status     running"));
 
     let snap = ok(&["sandbox", "snapshot", &id]).trim().to_string();
     let snaps = ok(&["snapshot", "ls", "--sandbox", &id]);
@@ -331,7 +314,9 @@ async fn the_cli_pauses_hibernates_snapshots_forks_and_manages_volumes() {
     let fork = ok(&["sandbox", "fork", &id, "--meta", "k=v"])
         .trim()
         .to_string();
-    assert!(ok(&["sandbox", "get", &fork]).contains(&format!("Fork of    {id}")));
+    let view = ok(&["sandbox", "get", &fork]);
+    assert!(view.contains(&format!("Fork of    {id}")), "{view}");
+    assert!(view.contains("k=v"), "{view}");
     let (code, out, err) = cli(&["sandbox", "fork", &id, "--count", "2"]);
     assert_eq!(code, 0, "{err}");
     let children: Vec<&str> = out.lines().collect();
@@ -348,13 +333,69 @@ async fn the_cli_pauses_hibernates_snapshots_forks_and_manages_volumes() {
             children[0], children[1]
         )
     );
+    let (code, _, err) = cli(&["sandbox", "get", children[1]]);
+    assert_eq!(code, 1);
+    assert!(err.contains("404"), "{err}");
 
+    ok(&["snapshot", "rm", &snap]);
+    assert_eq!(ok(&["snapshot", "ls", "--sandbox", &id]), "No snapshots.\n");
+    let (code, _, err) = cli(&["snapshot", "rm", &snap]);
+    assert_eq!(code, 1);
+    assert!(err.contains("404"), "{err}");
+    ok(&["sandbox", "kill", &id, &copy, &fork, children[0]]);
+    d.delete_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cli_manages_volumes_and_mounts_them() {
+    let data = data_dir("cli-14-volumes");
+    let d = Daemon::start(&data, free_port(), &[]);
+    let cli = |args: &[&str]| runcell_cli(&d, args);
+    let ok = |args: &[&str]| ok(&d, args);
+
+    assert_eq!(ok(&["volume", "ls"]), "No volumes.\n");
+    assert_eq!(
+        ok(&["volume", "create", "cli-vol", "--size-mb", "8"]),
+        "cli-vol\n"
+    );
+    let ls = ok(&["volume", "ls"]);
+    assert!(
+        ls.starts_with("NAME") && ls.contains("cli-vol") && ls.contains("8 MiB"),
+        "{ls}"
+    );
+    let (code, _, err) = cli(&["volume", "create", "x", "--size-mb", "0"]);
+    assert_eq!(code, 2, "{err}");
+
+    let id = ok(&["sandbox", "create", "--volume", "cli-vol:/vol"])
+        .trim()
+        .to_string();
+    let view = ok(&["sandbox", "get", &id]);
+    assert!(view.contains("Volumes    cli-vol at /vol"), "{view}");
+    ok(&["exec", &id, "--", "echo saved > /vol/v.txt"]);
+    let ro = ok(&["sandbox", "create", "-v", "cli-vol:ro"])
+        .trim()
+        .to_string();
+    assert_eq!(
+        ok(&["exec", &ro, "--", "cat /mnt/cli-vol/v.txt"]),
+        "saved\n"
+    );
+    let (code, _, _) = cli(&["exec", &ro, "--", "touch /mnt/cli-vol/w"]);
+    assert_ne!(code, 0, "a read-only mount took a write");
+    let (code, _, err) = cli(&["sandbox", "create", "--volume", "cli-vol"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("409"), "a second writer: {err}");
     let (code, _, err) = cli(&["volume", "rm", "cli-vol"]);
     assert_eq!(code, 1);
     assert!(err.contains("409"), "{err}");
-    ok(&["snapshot", "rm", &snap]);
-    assert_eq!(ok(&["snapshot", "ls", "--sandbox", &id]), "No snapshots.\n");
-    ok(&["sandbox", "kill", &id, &copy, &fork, children[0]]);
+    ok(&["sandbox", "kill", &id, &ro]);
+    let later = ok(&["sandbox", "create", "--volume", "cli-vol"])
+        .trim()
+        .to_string();
+    assert_eq!(
+        ok(&["exec", &later, "--", "cat /mnt/cli-vol/v.txt"]),
+        "saved\n"
+    );
+    ok(&["sandbox", "kill", &later]);
     ok(&["volume", "rm", "cli-vol"]);
     assert_eq!(ok(&["volume", "ls"]), "No volumes.\n");
     d.delete_all().await;

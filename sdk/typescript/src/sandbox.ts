@@ -1113,13 +1113,11 @@ export class Sandbox {
    */
   async hibernate(): Promise<void> {
     await this.#lifecycle("hibernate", "hibernate", "hibernated");
-    this.#contexts.clear();
   }
 
   /** Starts a hibernated sandbox again (a running one is left alone). */
   async wake(): Promise<void> {
     await this.#lifecycle("wake", "wake", "running");
-    this.#contexts.clear();
   }
 
   /** Snapshots the sandbox's files (not its processes); `Sandbox.create({ fromSnapshot: snap.id })` starts from them. */

@@ -18,7 +18,8 @@ after(async () => {
 
 test("a paused sandbox refuses calls with a ConflictError until it is resumed, and keeps its processes", { timeout: 60_000 }, async () => {
   const sb = await newSandbox();
-  await sb.exec("sleep 300 >/dev/null 2>&1 &", { timeoutSeconds: 5 });
+  // The interpreter is a process: its variables survive a pause.
+  await sb.runCode("kept = 'alive'");
   await sb.pause();
   assert.equal(sb.info.status, "paused");
   assert.equal((await sb.refresh()).status, "paused");
@@ -34,6 +35,9 @@ test("a paused sandbox refuses calls with a ConflictError until it is resumed, a
   await assert.rejects(sb.resume(), ConflictError);
   const r = await sb.exec("echo hi");
   assert.equal(r.stdout, "hi\n");
+  const kept = await sb.runCode("kept");
+  assert.equal(kept.results[0]?.text, "'alive'");
+  assert.equal(kept.stateLost, false);
 });
 
 test("a hibernated sandbox keeps its files, wakes on the next call, and says its code state is gone", { timeout: 120_000 }, async () => {
