@@ -58,7 +58,18 @@ test("stdio: tools are listed with descriptions that say whether state persists"
     const { tools } = await client.listTools();
     assert.deepEqual(
       tools.map((t) => t.name),
-      ["run_code", "create_sandbox", "exec", "read_file", "write_file", "list_files", "list_sandboxes", "kill_sandbox"],
+      [
+        "run_code",
+        "create_sandbox",
+        "exec",
+        "read_file",
+        "write_file",
+        "list_files",
+        "list_sandboxes",
+        "kill_sandbox",
+        "snapshot_sandbox",
+        "fork_sandbox",
+      ],
     );
     const run = tools.find((t) => t.name === "run_code");
     assert.match(run.description, /nothing persists/);
@@ -149,6 +160,56 @@ test("stdio: every parameter is described, list_files exists, kill_sandbox is de
     const create = tools.find((t) => t.name === "create_sandbox");
     assert.ok(create.inputSchema.properties.network, "create_sandbox takes a network policy");
   } finally {
+    await client.close();
+  }
+});
+
+test("stdio: snapshot_sandbox saves files for create_sandbox's from_snapshot; fork_sandbox copies files, not variables", async () => {
+  const client = await stdioClient();
+  const made = [];
+  let snapshot;
+  try {
+    const { tools } = await client.listTools();
+    assert.match(tools.find((t) => t.name === "snapshot_sandbox").description, /NOT saved/);
+    assert.match(tools.find((t) => t.name === "fork_sandbox").description, /not copied/);
+    const c = await client.callTool({ name: "create_sandbox", arguments: { template: "host" } });
+    const id = c.structuredContent.sandbox_id;
+    made.push(id);
+    await client.callTool({ name: "write_file", arguments: { sandbox_id: id, path: "/home/user/state.txt", content: "v1" } });
+    await client.callTool({ name: "run_code", arguments: { sandbox_id: id, code: "x = 1" } });
+
+    const s = await client.callTool({ name: "snapshot_sandbox", arguments: { sandbox_id: id } });
+    assert.ok(!s.isError, text(s));
+    snapshot = s.structuredContent.snapshot_id;
+    assert.equal(s.structuredContent.sandbox_id, id);
+    assert.equal(s.structuredContent.memory, false);
+    assert.match(text(s), new RegExp(`from_snapshot: "${snapshot}"`));
+    const fromSnap = await client.callTool({ name: "create_sandbox", arguments: { from_snapshot: snapshot } });
+    assert.ok(!fromSnap.isError, text(fromSnap));
+    made.push(fromSnap.structuredContent.sandbox_id);
+    const read = await client.callTool({ name: "read_file", arguments: { sandbox_id: fromSnap.structuredContent.sandbox_id, path: "/home/user/state.txt" } });
+    assert.equal(text(read).trim().endsWith("v1"), true, text(read));
+
+    const f = await client.callTool({ name: "fork_sandbox", arguments: { sandbox_id: id } });
+    assert.ok(!f.isError, text(f));
+    const [fork] = f.structuredContent.forks;
+    made.push(fork);
+    const r = await client.callTool({ name: "run_code", arguments: { sandbox_id: fork, code: "print('x' in globals(), open('/home/user/state.txt').read())" } });
+    assert.match(text(r), /False v1/);
+    const tree = await client.callTool({ name: "fork_sandbox", arguments: { sandbox_id: id, count: 2 } });
+    assert.ok(!tree.isError, text(tree));
+    assert.equal(tree.structuredContent.forks.length, 2);
+    assert.ok(tree.structuredContent.tree_id);
+    made.push(...tree.structuredContent.forks);
+    // The forks are MCP's: list_sandboxes shows them.
+    const mine = (await client.callTool({ name: "list_sandboxes", arguments: {} })).structuredContent.sandboxes.map((x) => x.sandbox_id);
+    for (const m of made) assert.ok(mine.includes(m), `${m} is not listed`);
+    const bad = await client.callTool({ name: "fork_sandbox", arguments: { sandbox_id: "no-such-sandbox" } });
+    assert.equal(bad.isError, true);
+    assert.match(text(bad), /404/);
+  } finally {
+    for (const m of made) await client.callTool({ name: "kill_sandbox", arguments: { sandbox_id: m } });
+    if (snapshot) await fetch(`${API}/v1/snapshots/${snapshot}`, { method: "DELETE", headers: { Authorization: `Bearer ${KEY}` } });
     await client.close();
   }
 });
@@ -253,7 +314,7 @@ test("http: /mcp lists the tools and run_code returns a plot as an image", async
   const client = await httpClient();
   try {
     const { tools } = await client.listTools();
-    assert.equal(tools.length, 8);
+    assert.equal(tools.length, 10);
     // The daemon's tools default to the code-interpreter template, which is
     // an alias of host unless a template of that name is installed.
     const r = await client.callTool({ name: "run_code", arguments: { code: PLOT } });

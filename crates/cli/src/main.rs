@@ -7,6 +7,7 @@ mod key;
 mod remote;
 mod run;
 mod serve;
+mod storage;
 mod template;
 
 use std::path::PathBuf;
@@ -50,12 +51,17 @@ enum Commands {
     Template(template::TemplateArgs),
     /// Code contexts (long-lived interpreters) in a daemon's sandbox.
     Context(context::ContextArgs),
-    /// Create, list, show, kill sandboxes of a daemon and set their TTL.
+    /// Create, list, show, kill, pause, hibernate, snapshot and fork sandboxes
+    /// of a daemon, and set their TTL.
     Sandbox(remote::SandboxArgs),
     /// Run a command in a daemon's sandbox: runcell exec ID -- CMD.
     Exec(remote::ExecArgs),
     /// Run code in a daemon's sandbox, in a context kept per language.
     Code(remote::CodeArgs),
+    /// List, show and delete snapshots of sandboxes' files.
+    Snapshot(storage::SnapshotArgs),
+    /// Create, list, show and delete volumes (storage that outlives sandboxes).
+    Volume(storage::VolumeArgs),
     /// Copy a file into or out of a daemon's sandbox (SANDBOX:/path).
     Cp(remote::CpArgs),
     /// Print (or follow with -f) the output of a sandbox's commands.
@@ -92,6 +98,8 @@ fn main() -> ExitCode {
     let command = match command {
         Commands::Context(_)
         | Commands::Sandbox(_)
+        | Commands::Snapshot(_)
+        | Commands::Volume(_)
         | Commands::Exec(_)
         | Commands::Code(_)
         | Commands::Cp(_)
@@ -111,6 +119,8 @@ fn main() -> ExitCode {
                 match command {
                     Commands::Context(a) => context::main(a).await,
                     Commands::Sandbox(a) => remote::sandbox(a).await,
+                    Commands::Snapshot(a) => storage::snapshot(a).await,
+                    Commands::Volume(a) => storage::volume(a).await,
                     Commands::Exec(a) => remote::exec(a).await,
                     Commands::Code(a) => remote::code(a).await,
                     Commands::Cp(a) => remote::cp(a).await,

@@ -8,7 +8,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use runcell_client::{Client, ClientError, ExecOptions, SandboxInfo, Stream};
+use runcell_client::{
+    Client, ClientError, ExecOptions, ForkOptions, OnIdle, PromoteOptions, SandboxInfo, Stream,
+    VolumeMount,
+};
 use runcell_core::{parse_duration, parse_size};
 use serde_json::{json, Value};
 
@@ -57,6 +60,19 @@ enum SandboxCommand {
         /// else the daemon's].
         #[arg(long)]
         isolation: Option<runcell_core::backend::Isolation>,
+        /// Start from a snapshot's files (`runcell sandbox snapshot`); the
+        /// template defaults to the snapshot's.
+        #[arg(long, value_name = "SNAPSHOT_ID")]
+        from_snapshot: Option<String>,
+        /// Mount a volume, NAME[:ro][:/PATH] (repeatable); the path
+        /// defaults to /mnt/NAME.
+        #[arg(long = "volume", short = 'v', value_name = "NAME[:ro][:PATH]")]
+        volumes: Vec<VolumeMount>,
+        /// What happens after the idle TTL: delete (the sandbox and its
+        /// files) or hibernate (end its processes, keep its files; the next
+        /// call wakes it) [default: the daemon's].
+        #[arg(long, value_name = "delete|hibernate")]
+        on_idle: Option<OnIdle>,
         #[command(flatten)]
         limits: Box<LimitFlags>,
     },
@@ -76,6 +92,61 @@ enum SandboxCommand {
         /// Sandbox ids.
         #[arg(required = true)]
         ids: Vec<String>,
+    },
+    /// Freeze a sandbox's processes (memory kept); calls on it are refused
+    /// until it is resumed.
+    Pause {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Thaw a paused sandbox.
+    Resume {
+        /// Sandbox id.
+        id: String,
+    },
+    /// End a sandbox's processes and free its memory, keeping its files;
+    /// the next exec, file or code call wakes it (code contexts are lost).
+    Hibernate {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Start a hibernated sandbox again.
+    Wake {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Snapshot a sandbox's files; prints the snapshot's id (for
+    /// `sandbox create --from-snapshot`).
+    Snapshot {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Copy a sandbox's files into a new sandbox; prints its id (one a line
+    /// with --count).
+    Fork {
+        /// Sandbox id.
+        id: String,
+        /// Make this many forks (1 to 16) as one tree, to keep the best with
+        /// `runcell sandbox promote`.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=16))]
+        count: Option<u32>,
+        /// Metadata of the fork(s), KEY=VALUE (repeatable).
+        #[arg(long = "meta", value_parser = parse_kv)]
+        meta: Vec<(String, String)>,
+        /// Idle time-to-live of the fork, e.g. 10m (not with --count).
+        #[arg(long, value_parser = parse_duration, conflicts_with = "count")]
+        ttl: Option<Duration>,
+    },
+    /// Make a fork the winner of its tree: it becomes independent.
+    Promote {
+        /// The winning fork's id.
+        id: String,
+        /// Delete the other forks of its tree.
+        #[arg(long)]
+        cleanup_siblings: bool,
+        /// The tree [default: the fork's].
+        #[arg(long)]
+        tree: Option<String>,
     },
     /// Set a sandbox's idle time-to-live.
     Ttl {
@@ -138,7 +209,7 @@ impl LimitFlags {
     }
 }
 
-fn field<'a>(s: &'a SandboxInfo, k: &str) -> &'a str {
+pub(crate) fn field<'a>(s: &'a SandboxInfo, k: &str) -> &'a str {
     s.fields.get(k).and_then(Value::as_str).unwrap_or("-")
 }
 
@@ -155,7 +226,7 @@ fn sandbox_line(s: &SandboxInfo) -> String {
         })
         .unwrap_or_default();
     format!(
-        "{:<36}  {:<18} {:<9} {:<9} {:<25} {}",
+        "{:<36}  {:<18} {:<9} {:<10} {:<25} {}",
         s.id,
         field(s, "template"),
         field(s, "isolation"),
@@ -235,6 +306,35 @@ fn sandbox_view(s: &SandboxInfo) -> String {
         }
         rows.push(("Network", text));
     }
+    if let Some(o) = f.get("on_idle").and_then(Value::as_str) {
+        rows.push(("On idle", o.to_string()));
+    }
+    if let Some(p) = s.forked_from() {
+        rows.push(("Fork of", p.to_string()));
+    }
+    if let Some(p) = s.from_snapshot() {
+        rows.push(("Snapshot", p.to_string()));
+    }
+    if s.state_lost() {
+        rows.push((
+            "State",
+            "lost (woken from hibernation: code contexts restarted)".into(),
+        ));
+    }
+    if let Some(vols) = f.get("volumes").and_then(Value::as_array) {
+        if !vols.is_empty() {
+            let text: Vec<String> = vols
+                .iter()
+                .map(|v| {
+                    let name = v.get("name").and_then(Value::as_str).unwrap_or("-");
+                    let path = v.get("path").and_then(Value::as_str).unwrap_or("-");
+                    let ro = v.get("read_only").and_then(Value::as_bool) == Some(true);
+                    format!("{name} at {path}{}", if ro { " (read-only)" } else { "" })
+                })
+                .collect();
+            rows.push(("Volumes", text.join(", ")));
+        }
+    }
     let meta: Vec<String> = f
         .get("metadata")
         .and_then(Value::as_object)
@@ -255,13 +355,13 @@ fn sandbox_view(s: &SandboxInfo) -> String {
     rows.iter().map(|(k, v)| format!("{k:<10} {v}\n")).collect()
 }
 
-fn sandbox_json(s: &SandboxInfo) -> Value {
+pub(crate) fn sandbox_json(s: &SandboxInfo) -> Value {
     let mut m = s.fields.clone();
     m.insert("id".into(), s.id.clone().into());
     Value::Object(m)
 }
 
-async fn outcome(f: impl std::future::Future<Output = Result<u8, ClientError>>) -> u8 {
+pub(crate) async fn outcome(f: impl std::future::Future<Output = Result<u8, ClientError>>) -> u8 {
     match f.await {
         Ok(c) => c,
         Err(e) => {
@@ -287,6 +387,9 @@ pub async fn sandbox(args: SandboxArgs) -> u8 {
                 persistent,
                 network,
                 isolation,
+                from_snapshot,
+                volumes,
+                on_idle,
                 limits,
             } => {
                 let mut req = json!({
@@ -309,6 +412,15 @@ pub async fn sandbox(args: SandboxArgs) -> u8 {
                 if let Some(i) = isolation {
                     req["isolation"] = i.as_str().into();
                 }
+                if let Some(s) = from_snapshot {
+                    req["from_snapshot"] = s.into();
+                }
+                if !volumes.is_empty() {
+                    req["volumes"] = serde_json::to_value(volumes).expect("mounts serialize");
+                }
+                if let Some(o) = on_idle {
+                    req["on_idle"] = o.as_str().into();
+                }
                 let s = client.create_sandbox(&req).await?;
                 if json {
                     println!("{}", sandbox_json(&s));
@@ -325,7 +437,7 @@ pub async fn sandbox(args: SandboxArgs) -> u8 {
                     println!("No sandboxes.");
                 } else {
                     println!(
-                        "{:<36}  {:<18} {:<9} {:<9} {:<25} METADATA",
+                        "{:<36}  {:<18} {:<9} {:<10} {:<25} METADATA",
                         "ID", "TEMPLATE", "ISOLATION", "STATUS", "CREATED"
                     );
                     for s in &list {
@@ -346,6 +458,102 @@ pub async fn sandbox(args: SandboxArgs) -> u8 {
                     client.delete_sandbox(&id).await?;
                 }
             }
+            SandboxCommand::Pause { id } => {
+                client.pause(&id).await?;
+                said(json, &id, "paused", "Paused");
+            }
+            SandboxCommand::Resume { id } => {
+                client.resume(&id).await?;
+                said(json, &id, "running", "Resumed");
+            }
+            SandboxCommand::Hibernate { id } => {
+                client.hibernate(&id).await?;
+                said(json, &id, "hibernated", "Hibernated");
+            }
+            SandboxCommand::Wake { id } => {
+                client.wake(&id).await?;
+                said(json, &id, "running", "Woke");
+            }
+            SandboxCommand::Snapshot { id } => {
+                let snap = client.create_snapshot(&id).await?;
+                if json {
+                    println!("{}", crate::storage::snapshot_json(&snap));
+                } else {
+                    println!("{}", snap.id);
+                }
+            }
+            SandboxCommand::Fork {
+                id,
+                count,
+                meta,
+                ttl,
+            } => {
+                let metadata: BTreeMap<String, String> = meta.into_iter().collect();
+                let metadata = (!metadata.is_empty()).then_some(metadata);
+                let children = match count {
+                    Some(n) => {
+                        let tree = client.fork_tree(&id, n, metadata.as_ref()).await?;
+                        if json {
+                            let children: Vec<Value> =
+                                tree.children.iter().map(sandbox_json).collect();
+                            println!("{}", json!({"tree_id": tree.tree_id, "children": children}));
+                            return Ok(0);
+                        }
+                        eprintln!(
+                            "Forked {id} {} times (tree {}).",
+                            tree.children.len(),
+                            tree.tree_id
+                        );
+                        tree.children
+                    }
+                    None => {
+                        let opts = ForkOptions {
+                            metadata,
+                            ttl_seconds: ttl.map(|t| t.as_secs()),
+                        };
+                        vec![client.fork(&id, &opts).await?]
+                    }
+                };
+                for c in &children {
+                    if json {
+                        println!("{}", sandbox_json(c));
+                    } else {
+                        println!("{}", c.id);
+                    }
+                }
+            }
+            SandboxCommand::Promote {
+                id,
+                cleanup_siblings,
+                tree,
+            } => {
+                let p = client
+                    .promote(
+                        &id,
+                        &PromoteOptions {
+                            cleanup_siblings,
+                            tree_id: tree,
+                        },
+                    )
+                    .await?;
+                if json {
+                    println!(
+                        "{}",
+                        json!({"winner": p.winner, "tree_id": p.tree_id, "deleted": p.deleted, "failures": p.failures})
+                    );
+                } else {
+                    println!("Promoted {}; it is independent now.", p.winner);
+                    for d in &p.deleted {
+                        println!("Deleted sibling {d}.");
+                    }
+                }
+                if !p.failures.is_empty() {
+                    for (sib, why) in &p.failures {
+                        eprintln!("runcell: could not delete sibling {sib}: {why}");
+                    }
+                    return Ok(1);
+                }
+            }
             SandboxCommand::Ttl { id, ttl } => {
                 let l = client.set_lifecycle(&id, Some(ttl.as_secs()), None).await?;
                 if json {
@@ -356,6 +564,16 @@ pub async fn sandbox(args: SandboxArgs) -> u8 {
         Ok(0)
     })
     .await
+}
+
+/// What a lifecycle command prints: a sentence, or with --json the
+/// sandbox's id and new status.
+fn said(json: bool, id: &str, status: &str, verb: &str) {
+    if json {
+        println!("{}", json!({"id": id, "status": status}));
+    } else {
+        println!("{verb} sandbox {id}.");
+    }
 }
 
 #[derive(Debug, Args)]
@@ -810,6 +1028,104 @@ pub async fn mcp(args: McpArgs) -> u8 {
         Err(e) => {
             eprintln!("runcell: {}", e.message);
             1
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        args: SandboxArgs,
+    }
+
+    fn parse(argv: &[&str]) -> Result<SandboxCommand, String> {
+        Cmd::try_parse_from(std::iter::once("sandbox").chain(argv.iter().copied()))
+            .map(|c| c.args.command)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn create_takes_a_snapshot_volumes_and_an_idle_action() {
+        let SandboxCommand::Create {
+            from_snapshot,
+            volumes,
+            on_idle,
+            ..
+        } = parse(&[
+            "create",
+            "--from-snapshot",
+            "s1",
+            "--volume",
+            "data:ro",
+            "-v",
+            "cache:/var/cache/x",
+            "--on-idle",
+            "hibernate",
+        ])
+        .unwrap()
+        else {
+            panic!("not a create");
+        };
+        assert_eq!(from_snapshot.as_deref(), Some("s1"));
+        assert_eq!(
+            serde_json::to_value(&volumes).unwrap(),
+            json!([{"name": "data", "read_only": true}, {"name": "cache", "path": "/var/cache/x"}])
+        );
+        assert_eq!(on_idle, Some(OnIdle::Hibernate));
+        let e = parse(&["create", "--on-idle", "sleep"]).unwrap_err();
+        assert!(e.contains("delete or hibernate"), "{e}");
+        let e = parse(&["create", "--volume", "data:rw:x"]).unwrap_err();
+        assert!(e.contains("NAME[:ro][:/PATH]"), "{e}");
+    }
+
+    #[test]
+    fn get_shows_the_idle_action_origin_volumes_and_lost_state() {
+        let s: SandboxInfo = serde_json::from_value(json!({
+            "id": "sb-1", "template": "host", "status": "hibernated", "on_idle": "hibernate",
+            "forked_from": "sb-0", "from_snapshot": null, "state_lost": true,
+            "volumes": [{"name": "data", "path": "/mnt/data", "read_only": false},
+                        {"name": "ref", "path": "/ref", "read_only": true}],
+            "metadata": {}
+        }))
+        .unwrap();
+        let view = sandbox_view(&s);
+        for row in [
+            "Status     hibernated\n",
+            "On idle    hibernate\n",
+            "Fork of    sb-0\n",
+            "State      lost (woken from hibernation: code contexts restarted)\n",
+            "Volumes    data at /mnt/data, ref at /ref (read-only)\n",
+        ] {
+            assert!(view.contains(row), "{row:?} not in\n{view}");
+        }
+        assert!(!view.contains("Snapshot"), "{view}");
+        assert!(
+            sandbox_line(&s).contains(" hibernated "),
+            "{}",
+            sandbox_line(&s)
+        );
+    }
+
+    #[test]
+    fn fork_counts_are_bounded_and_exclude_a_ttl() {
+        assert!(matches!(
+            parse(&["fork", "id", "--count", "16"]).unwrap(),
+            SandboxCommand::Fork {
+                count: Some(16),
+                ..
+            }
+        ));
+        assert!(parse(&["fork", "id", "--count", "17"]).is_err());
+        assert!(parse(&["fork", "id", "--count", "0"]).is_err());
+        assert!(parse(&["fork", "id", "--count", "2", "--ttl", "5m"]).is_err());
+        for verb in ["pause", "resume", "hibernate", "wake", "snapshot"] {
+            assert!(parse(&[verb, "id"]).is_ok(), "{verb}");
+            assert!(parse(&[verb]).is_err(), "{verb} without an id");
         }
     }
 }

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Where `runcell serve` listens by default.
@@ -86,6 +86,257 @@ pub struct SandboxInfo {
     /// Every other field (template, status, metadata, limits, ...).
     #[serde(flatten)]
     pub fields: serde_json::Map<String, Value>,
+}
+
+impl SandboxInfo {
+    /// `running`, `paused` or `hibernated` (`-` when the daemon did not say).
+    pub fn status(&self) -> &str {
+        self.fields
+            .get("status")
+            .and_then(Value::as_str)
+            .unwrap_or("-")
+    }
+
+    /// The sandbox this one was forked from, if it is a fork.
+    pub fn forked_from(&self) -> Option<&str> {
+        self.fields.get("forked_from").and_then(Value::as_str)
+    }
+
+    /// The snapshot this sandbox was created from, if any.
+    pub fn from_snapshot(&self) -> Option<&str> {
+        self.fields.get("from_snapshot").and_then(Value::as_str)
+    }
+
+    /// The sandbox was woken from hibernation: its code contexts are gone.
+    pub fn state_lost(&self) -> bool {
+        self.fields.get("state_lost").and_then(Value::as_bool) == Some(true)
+    }
+
+    /// The sandbox's metadata value for `key`.
+    pub fn metadata(&self, key: &str) -> Option<&str> {
+        self.fields
+            .get("metadata")
+            .and_then(|m| m.get(key))
+            .and_then(Value::as_str)
+    }
+}
+
+/// What the daemon does with a sandbox once it has been idle for its TTL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnIdle {
+    /// Destroy it and its files.
+    Delete,
+    /// End its processes and keep its files; the next call wakes it.
+    Hibernate,
+}
+
+impl OnIdle {
+    /// The API's name for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnIdle::Delete => "delete",
+            OnIdle::Hibernate => "hibernate",
+        }
+    }
+}
+
+impl std::str::FromStr for OnIdle {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "delete" => Ok(OnIdle::Delete),
+            "hibernate" => Ok(OnIdle::Hibernate),
+            other => Err(format!(
+                "\"{other}\" is not an idle action; use delete or hibernate"
+            )),
+        }
+    }
+}
+
+/// A volume to mount into a new sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeMount {
+    /// The volume's name (from [`Client::create_volume`]).
+    pub name: String,
+    /// Mount it read-only (any number of sandboxes may); a read-write
+    /// mount is one sandbox at a time.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
+    /// Where it appears in the sandbox [default: `/mnt/<name>`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+}
+
+impl std::str::FromStr for VolumeMount {
+    type Err = String;
+    /// `NAME`, `NAME:ro`, `NAME:/path`, `NAME:ro:/path` or `NAME:/path:ro`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut parts = s.split(':');
+        let name = parts.next().unwrap_or_default();
+        if name.is_empty() {
+            return Err(format!("\"{s}\" does not start with a volume name"));
+        }
+        let mut mount = VolumeMount {
+            name: name.to_string(),
+            read_only: false,
+            path: None,
+        };
+        for part in parts {
+            match part {
+                "ro" if !mount.read_only => mount.read_only = true,
+                "rw" => {}
+                p if p.starts_with('/') && mount.path.is_none() => mount.path = Some(p.into()),
+                other => {
+                    return Err(format!(
+                    "\"{other}\" in \"{s}\" is neither ro nor an absolute path (NAME[:ro][:/PATH])"
+                ))
+                }
+            }
+        }
+        Ok(mount)
+    }
+}
+
+/// Options of a new sandbox, for [`Client::create`]; every field left out
+/// takes the daemon's (or the template's) default.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CreateOptions {
+    /// Template name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    /// Idle time-to-live in seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+    /// Metadata (string keys and values; the list filter matches on them).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+    /// Environment variables of every command.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Exempt from the idle TTL.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub persistent: bool,
+    /// Start from this snapshot's files (the template defaults to the
+    /// snapshot's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<String>,
+    /// Volumes to mount.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeMount>,
+    /// What happens once the sandbox has been idle for its TTL.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub on_idle: Option<OnIdle>,
+    /// Any other field of the create request (`limits`, `network`,
+    /// `isolation`, ...), passed as is.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, Value>,
+}
+
+impl CreateOptions {
+    /// The API's create request.
+    pub fn to_json(&self) -> Value {
+        serde_json::to_value(self).expect("create options serialize")
+    }
+}
+
+/// A snapshot of a sandbox's files.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Snapshot {
+    /// Snapshot id.
+    pub id: String,
+    /// The sandbox it was taken of.
+    pub sandbox_id: String,
+    /// The workspace it belongs to.
+    #[serde(default)]
+    pub workspace: String,
+    /// The template of that sandbox.
+    #[serde(default)]
+    pub template: String,
+    /// RFC 3339.
+    pub created_at: String,
+    /// Bytes it takes on the daemon's disk.
+    #[serde(default)]
+    pub size_bytes: u64,
+    /// Whether memory (running processes) was captured; always `false` with
+    /// the jail, which snapshots files only.
+    #[serde(default)]
+    pub memory: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct SnapshotList {
+    snapshots: Vec<Snapshot>,
+}
+
+/// Options of a fork, for [`Client::fork`].
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ForkOptions {
+    /// Metadata of the fork.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<BTreeMap<String, String>>,
+    /// The fork's idle time-to-live in seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+}
+
+/// The children of [`Client::fork_tree`].
+#[derive(Debug, Clone, Deserialize)]
+pub struct ForkTree {
+    /// Names the tree; each child's metadata has it as `fork_tree_id`.
+    pub tree_id: String,
+    /// The forks.
+    pub children: Vec<SandboxInfo>,
+}
+
+/// Options of [`Client::promote`].
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PromoteOptions {
+    /// Delete the winner's siblings in its fork tree.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub cleanup_siblings: bool,
+    /// The tree [default: the winner's `fork_tree_id`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tree_id: Option<String>,
+}
+
+/// What [`Client::promote`] did.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Promotion {
+    /// The promoted sandbox, independent from now on.
+    pub winner: String,
+    /// The tree it was promoted out of.
+    #[serde(default)]
+    pub tree_id: Option<String>,
+    /// Siblings deleted.
+    #[serde(default)]
+    pub deleted: Vec<String>,
+    /// Siblings that could not be deleted, with why.
+    #[serde(default)]
+    pub failures: BTreeMap<String, String>,
+}
+
+/// A volume: storage that outlives the sandboxes it is mounted in.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Volume {
+    /// Its name.
+    pub name: String,
+    /// Its size limit in MiB.
+    pub size_mb: u64,
+    /// RFC 3339.
+    #[serde(default)]
+    pub created_at: String,
+    /// Bytes used.
+    #[serde(default)]
+    pub used_bytes: u64,
+    /// Sandboxes it is mounted in.
+    #[serde(default)]
+    pub attached_to: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct VolumeList {
+    items: Vec<Volume>,
 }
 
 /// A code context (REPL session).
@@ -363,6 +614,169 @@ impl Client {
     pub async fn create_sandbox(&self, request: &Value) -> Result<SandboxInfo, ClientError> {
         self.call(Method::POST, "/v1/sandboxes", Some(request))
             .await
+    }
+
+    /// Creates a sandbox from typed options (see [`CreateOptions`]).
+    pub async fn create(&self, options: &CreateOptions) -> Result<SandboxInfo, ClientError> {
+        self.create_sandbox(&options.to_json()).await
+    }
+
+    /// A POST whose success has no body (204).
+    async fn post_empty(&self, path: &str, body: Option<&Value>) -> Result<(), ClientError> {
+        let (status, value) = self.send(Method::POST, path, body).await?;
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(self.api_error(status, value))
+        }
+    }
+
+    /// Freezes a running sandbox: its processes stop where they are and keep
+    /// their memory. Calls on it answer 409 until [`Client::resume`].
+    pub async fn pause(&self, id: &str) -> Result<(), ClientError> {
+        self.post_empty(&format!("/v1/sandboxes/{}/pause", seg(id)), None)
+            .await
+    }
+
+    /// Thaws a paused sandbox.
+    pub async fn resume(&self, id: &str) -> Result<(), ClientError> {
+        self.post_empty(&format!("/v1/sandboxes/{}/resume", seg(id)), None)
+            .await
+    }
+
+    /// Ends a sandbox's processes and frees its memory, keeping its files;
+    /// the next exec, file or cell call (or [`Client::wake`]) starts it
+    /// again. Hibernating a hibernated sandbox is not an error.
+    pub async fn hibernate(&self, id: &str) -> Result<(), ClientError> {
+        self.post_empty(&format!("/v1/sandboxes/{}/hibernate", seg(id)), None)
+            .await
+    }
+
+    /// Starts a hibernated sandbox again (a running one is left alone). Its
+    /// code contexts are gone: the sandbox shows `state_lost`.
+    pub async fn wake(&self, id: &str) -> Result<(), ClientError> {
+        self.post_empty(&format!("/v1/sandboxes/{}/wake", seg(id)), None)
+            .await
+    }
+
+    /// Snapshots a sandbox's files (not its memory).
+    pub async fn create_snapshot(&self, sandbox: &str) -> Result<Snapshot, ClientError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/snapshots", seg(sandbox)),
+            Some(&serde_json::json!({})),
+        )
+        .await
+    }
+
+    /// The workspace's snapshots, newest first; only those of `sandbox`
+    /// when given.
+    pub async fn list_snapshots(
+        &self,
+        sandbox: Option<&str>,
+    ) -> Result<Vec<Snapshot>, ClientError> {
+        let path = match sandbox {
+            Some(id) => format!("/v1/snapshots?sandbox_id={}", seg(id)),
+            None => "/v1/snapshots".to_string(),
+        };
+        let list: SnapshotList = self.call(Method::GET, &path, None).await?;
+        Ok(list.snapshots)
+    }
+
+    /// One snapshot.
+    pub async fn get_snapshot(&self, id: &str) -> Result<Snapshot, ClientError> {
+        self.call(Method::GET, &format!("/v1/snapshots/{}", seg(id)), None)
+            .await
+    }
+
+    /// Deletes a snapshot.
+    pub async fn delete_snapshot(&self, id: &str) -> Result<(), ClientError> {
+        let (status, value) = self
+            .send(Method::DELETE, &format!("/v1/snapshots/{}", seg(id)), None)
+            .await?;
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(self.api_error(status, value))
+        }
+    }
+
+    /// A new sandbox with a copy of `id`'s files (not its processes); its
+    /// `forked_from` names the parent.
+    pub async fn fork(&self, id: &str, options: &ForkOptions) -> Result<SandboxInfo, ClientError> {
+        let body = serde_json::to_value(options).expect("fork options serialize");
+        self.call(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/fork", seg(id)),
+            Some(&body),
+        )
+        .await
+    }
+
+    /// `count` (1 to 16) forks of `id` as one tree, to try alternatives and
+    /// keep the best with [`Client::promote`].
+    pub async fn fork_tree(
+        &self,
+        id: &str,
+        count: u32,
+        metadata: Option<&BTreeMap<String, String>>,
+    ) -> Result<ForkTree, ClientError> {
+        let mut body = serde_json::json!({ "count": count });
+        if let Some(m) = metadata {
+            body["metadata"] = serde_json::to_value(m).expect("metadata serializes");
+        }
+        self.call(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/fork-tree", seg(id)),
+            Some(&body),
+        )
+        .await
+    }
+
+    /// Makes a fork the winner of its tree: it becomes independent and, with
+    /// `cleanup_siblings`, the other children are deleted.
+    pub async fn promote(
+        &self,
+        id: &str,
+        options: &PromoteOptions,
+    ) -> Result<Promotion, ClientError> {
+        let body = serde_json::to_value(options).expect("promote options serialize");
+        self.call(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/promote", seg(id)),
+            Some(&body),
+        )
+        .await
+    }
+
+    /// Creates a volume of `size_mb` MiB.
+    pub async fn create_volume(&self, name: &str, size_mb: u64) -> Result<Volume, ClientError> {
+        let body = serde_json::json!({ "name": name, "size_mb": size_mb });
+        self.call(Method::POST, "/v1/volumes", Some(&body)).await
+    }
+
+    /// The workspace's volumes.
+    pub async fn list_volumes(&self) -> Result<Vec<Volume>, ClientError> {
+        let list: VolumeList = self.call(Method::GET, "/v1/volumes", None).await?;
+        Ok(list.items)
+    }
+
+    /// One volume.
+    pub async fn get_volume(&self, name: &str) -> Result<Volume, ClientError> {
+        self.call(Method::GET, &format!("/v1/volumes/{}", seg(name)), None)
+            .await
+    }
+
+    /// Deletes a volume and its data (409 while a sandbox has it mounted).
+    pub async fn delete_volume(&self, name: &str) -> Result<(), ClientError> {
+        let (status, value) = self
+            .send(Method::DELETE, &format!("/v1/volumes/{}", seg(name)), None)
+            .await?;
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(self.api_error(status, value))
+        }
     }
 
     /// Sandboxes of the key's workspace whose metadata has every `key=value`
@@ -814,5 +1228,37 @@ mod tests {
         );
         assert_eq!(e.to_string(), "session not found (HTTP 404)");
         assert_eq!(e.status(), Some(404));
+    }
+
+    #[test]
+    fn create_options_map_to_the_api_and_volume_flags_parse() {
+        let o = CreateOptions {
+            from_snapshot: Some("snap-1".into()),
+            volumes: vec!["data:ro:/data".parse().unwrap(), "cache".parse().unwrap()],
+            on_idle: Some("hibernate".parse().unwrap()),
+            ..CreateOptions::default()
+        };
+        assert_eq!(
+            o.to_json(),
+            serde_json::json!({
+                "from_snapshot": "snap-1",
+                "volumes": [{"name": "data", "read_only": true, "path": "/data"}, {"name": "cache"}],
+                "on_idle": "hibernate"
+            })
+        );
+        assert_eq!(CreateOptions::default().to_json(), serde_json::json!({}));
+        let m: VolumeMount = "v:/x:ro".parse().unwrap();
+        assert_eq!((m.read_only, m.path.as_deref()), (true, Some("/x")));
+        assert!("v:x"
+            .parse::<VolumeMount>()
+            .unwrap_err()
+            .contains("NAME[:ro][:/PATH]"));
+        assert!(":ro".parse::<VolumeMount>().is_err());
+        assert!("sleep"
+            .parse::<OnIdle>()
+            .unwrap_err()
+            .contains("delete or hibernate"));
+        let p = serde_json::to_value(PromoteOptions::default()).unwrap();
+        assert_eq!(p, serde_json::json!({}));
     }
 }

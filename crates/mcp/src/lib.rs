@@ -7,7 +7,9 @@
 //! `create_sandbox` (with a network policy), `exec`, `read_file` (text as
 //! text, images as image content, other binary data as a typed base64
 //! resource), `write_file`, `list_files`, `list_sandboxes` (those made
-//! through MCP unless `all`), `kill_sandbox` (annotated destructive). Results
+//! through MCP unless `all`), `kill_sandbox` (annotated destructive),
+//! `snapshot_sandbox` (its files, for `create_sandbox`'s `from_snapshot`) and
+//! `fork_sandbox` (copies of its files in new sandboxes). Results
 //! carry text for the model, structured content, and plots as image content;
 //! long output keeps its head and tail around a marker giving the total.
 
@@ -23,7 +25,7 @@ use rmcp::model::{
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
-use runcell_client::{Cell, Client, ClientError, ExecOptions};
+use runcell_client::{Cell, Client, ClientError, ExecOptions, ForkOptions};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -123,6 +125,7 @@ fn tools() -> Vec<Tool> {
                 "properties": {
                     "template": {"type": "string", "description": "Template the sandbox is made from, e.g. code-interpreter (the default) or host."},
                     "ttl_seconds": {"type": "integer", "minimum": 1, "description": "Idle time in seconds after which the sandbox is destroyed (default 600)."},
+                    "from_snapshot": {"type": "string", "description": "Start with the files of this snapshot (from snapshot_sandbox) instead of the template's."},
                     "metadata": metadata("Labels (string keys and values) to find the sandbox again with list_sandboxes."),
                     "isolation": {"type": "string", "enum": ["jail", "gvisor", "microvm"], "description": "How the sandbox is isolated: jail (namespaces, seccomp, Landlock; the fastest), gvisor (a user-space kernel) or microvm (its own guest kernel). Default: the template's, else the server's."},
                     "network": {
@@ -223,6 +226,30 @@ fn tools() -> Vec<Tool> {
                 .idempotent(true)
                 .read_only(false),
         ),
+        Tool::new(
+            "snapshot_sandbox",
+            "Save a sandbox's files (everything written to it, installed packages included) as a snapshot, and return the snapshot's id. Running processes and interpreter state (run_code variables) are NOT saved. The sandbox keeps running unchanged. Pass the id to create_sandbox as from_snapshot to start new sandboxes from these files, e.g. to return to a known-good point later.",
+            schema(json!({
+                "type": "object",
+                "properties": {"sandbox_id": sandbox_id("to snapshot")},
+                "required": ["sandbox_id"]
+            })),
+        )
+        .annotate(ToolAnnotations::new().destructive(false).read_only(false)),
+        Tool::new(
+            "fork_sandbox",
+            "Copy a sandbox into one or more NEW sandboxes that start with the same files (installed packages included) but fresh interpreters: run_code variables and running processes are not copied. The original is left unchanged. Use it to try alternatives side by side; each fork is independent and is listed and killed like any sandbox. Returns the new sandbox ids.",
+            schema(json!({
+                "type": "object",
+                "properties": {
+                    "sandbox_id": sandbox_id("to copy"),
+                    "count": {"type": "integer", "minimum": 1, "maximum": 16, "default": 1, "description": "How many forks to make (1 to 16)."},
+                    "metadata": metadata("Metadata of the new sandboxes.")
+                },
+                "required": ["sandbox_id"]
+            })),
+        )
+        .annotate(ToolAnnotations::new().destructive(false).read_only(false)),
     ]
 }
 
@@ -249,6 +276,17 @@ struct CreateArgs {
     network: Option<Value>,
     #[serde(default)]
     isolation: Option<String>,
+    #[serde(default)]
+    from_snapshot: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ForkArgs {
+    sandbox_id: String,
+    #[serde(default)]
+    count: Option<u32>,
+    #[serde(default)]
+    metadata: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -388,6 +426,24 @@ fn file_result(path: &str, data: &[u8]) -> CallToolResult {
     r.structured_content =
         Some(json!({"path": path, "size": data.len(), "mime_type": mime, "encoding": "base64"}));
     r
+}
+
+/// Bytes for people: `12.3 MiB`.
+fn human_size(bytes: u64) -> String {
+    let units = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+    let mut unit = 0;
+    let mut whole = bytes;
+    let mut rem = 0;
+    while whole >= 1024 && unit + 1 < units.len() {
+        rem = whole % 1024;
+        whole /= 1024;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} bytes")
+    } else {
+        format!("{whole}.{} {}", rem * 10 / 1024, units[unit])
+    }
 }
 
 /// A failed API call as a tool error the model can read (not a protocol error).
@@ -530,6 +586,7 @@ impl RuncellMcp {
             "run_code" => return self.run_code(c, args(p)?).await,
             "create_sandbox" => {
                 let a: CreateArgs = args(p)?;
+                let asked_template = a.template.is_some();
                 let mut req = json!({
                     "template": a.template.unwrap_or_else(|| self.template.to_string()),
                     "ttl_seconds": a.ttl_seconds.unwrap_or(600),
@@ -541,6 +598,15 @@ impl RuncellMcp {
                 }
                 if let Some(i) = a.isolation {
                     req["isolation"] = i.into();
+                }
+                if let Some(snap) = a.from_snapshot {
+                    req["from_snapshot"] = snap.into();
+                    // The snapshot's own template unless one was asked for.
+                    if !asked_template {
+                        if let Some(o) = req.as_object_mut() {
+                            o.remove("template");
+                        }
+                    }
                 }
                 c.create_sandbox(&req).await.map(|s| {
                     ok(
@@ -646,6 +712,59 @@ impl RuncellMcp {
                     )
                 })
             }
+            "snapshot_sandbox" => {
+                let a: KillArgs = args(p)?;
+                c.create_snapshot(&a.sandbox_id).await.map(|snap| {
+                    ok(
+                        format!(
+                            "Saved the files of sandbox {} as snapshot {} ({}). Processes and interpreter state were not saved. Start a sandbox from it with create_sandbox and from_snapshot: \"{}\".",
+                            a.sandbox_id,
+                            snap.id,
+                            human_size(snap.size_bytes),
+                            snap.id
+                        ),
+                        json!({"snapshot_id": snap.id, "sandbox_id": snap.sandbox_id, "template": snap.template, "size_bytes": snap.size_bytes, "created_at": snap.created_at, "memory": snap.memory}),
+                    )
+                })
+            }
+            "fork_sandbox" => {
+                let a: ForkArgs = args(p)?;
+                let mut metadata = a.metadata;
+                metadata.insert("created_by".into(), MCP_MARK.into());
+                let count = a.count.unwrap_or(1);
+                if !(1..=16).contains(&count) {
+                    return Err(McpError::invalid_params(
+                        format!("count must be 1 to 16, not {count}."),
+                        None,
+                    ));
+                }
+                let forks = if count == 1 {
+                    let opts = ForkOptions {
+                        metadata: Some(metadata),
+                        ttl_seconds: None,
+                    };
+                    c.fork(&a.sandbox_id, &opts)
+                        .await
+                        .map(|s| (None, vec![s.id]))
+                } else {
+                    c.fork_tree(&a.sandbox_id, count, Some(&metadata))
+                        .await
+                        .map(|t| {
+                            (
+                                Some(t.tree_id),
+                                t.children.into_iter().map(|s| s.id).collect(),
+                            )
+                        })
+                };
+                forks.map(|(tree, ids)| {
+                    let text = if ids.len() == 1 {
+                        format!("Forked sandbox {} into {}: a new sandbox with a copy of its files and a fresh interpreter (run_code variables were not copied).", a.sandbox_id, ids[0])
+                    } else {
+                        format!("Forked sandbox {} into {} new sandboxes with copies of its files and fresh interpreters (run_code variables were not copied): {}.", a.sandbox_id, ids.len(), ids.join(", "))
+                    };
+                    ok(text, json!({"sandbox_id": a.sandbox_id, "forks": ids, "tree_id": tree}))
+                })
+            }
             other => {
                 return Err(McpError::invalid_params(
                     format!("Unknown tool \"{other}\"."),
@@ -738,7 +857,9 @@ mod tests {
                 "write_file",
                 "list_files",
                 "list_sandboxes",
-                "kill_sandbox"
+                "kill_sandbox",
+                "snapshot_sandbox",
+                "fork_sandbox"
             ]
         );
         for tool in &t {
@@ -746,6 +867,22 @@ mod tests {
         }
         let run = t[0].description.as_deref().unwrap();
         assert!(run.contains("nothing persists") && run.contains("persist between calls"));
+    }
+
+    #[test]
+    fn snapshot_and_fork_tools_say_what_they_do_not_copy() {
+        let t = tools();
+        let find = |n: &str| t.iter().find(|x| x.name == n).unwrap().clone();
+        let snap = find("snapshot_sandbox");
+        assert!(snap.description.as_deref().unwrap().contains("NOT saved"));
+        assert_eq!(snap.input_schema["required"], json!(["sandbox_id"]));
+        let fork = find("fork_sandbox");
+        assert!(fork.description.as_deref().unwrap().contains("not copied"));
+        assert_eq!(fork.input_schema["properties"]["count"]["maximum"], 16);
+        let create = find("create_sandbox");
+        assert!(create.input_schema["properties"]["from_snapshot"].is_object());
+        assert_eq!(human_size(512), "512 bytes");
+        assert_eq!(human_size(3 * 1024 * 1024 + 512 * 1024), "3.5 MiB");
     }
 
     #[test]

@@ -22,6 +22,14 @@ export const TOOL_METADATA_VALUE = "runcell-mastra";
 
 export type RunCodeMode = "per-call" | "per-thread";
 
+/**
+ * What happens to a per-thread sandbox once its thread has been idle for
+ * `ttlSeconds`: `"hibernate"` (its processes end and its memory is freed, its
+ * files and installed packages stay; the thread's next call wakes it) or
+ * `"delete"` (it is gone; the next call starts from an empty sandbox).
+ */
+export type ThreadIdleAction = "hibernate" | "delete";
+
 /** Every language runcell's code contexts speak. */
 export const ALL_LANGUAGES = ["python", "javascript", "bash"] as const satisfies readonly Language[];
 
@@ -30,6 +38,8 @@ export const DEFAULTS = {
   template: "code-interpreter",
   /** Idle TTL of a per-thread sandbox: it lives this long after its last use. */
   perThreadTtlSeconds: 1800,
+  /** What an idle per-thread sandbox becomes. */
+  onThreadIdle: "hibernate" as ThreadIdleAction,
   /** Server-side backstop for a per-call sandbox, which the tool kills itself. */
   perCallTtlSeconds: 300,
   maxOutputChars: 8000,
@@ -58,6 +68,13 @@ export interface RunCodeToolOptions extends ConnectionOptions {
   template?: string;
   /** Idle TTL of the sandbox: per-thread default 1800 s; per-call default 300 s, as a backstop only. */
   ttlSeconds?: number;
+  /**
+   * Per-thread mode: what the thread's sandbox becomes after `ttlSeconds` idle. `"hibernate"`
+   * (default) keeps its files and installed packages on the daemon's disk without processes or
+   * memory, and the thread's next call wakes it (variables and imports are gone; the model is told);
+   * `"delete"` deletes it, and the next call starts from an empty sandbox.
+   */
+  onThreadIdle?: ThreadIdleAction;
   /** Longest string (stdout, stderr, each result, traceback) returned to the model (default 8000). */
   maxOutputChars?: number;
   /** Time limit of one call's code, in seconds (default 60). */
@@ -116,6 +133,8 @@ export function describeTool(opts: {
   ttlSeconds: number;
   timeoutSeconds: number;
   maxOutputChars: number;
+  /** Per-thread mode: what an idle sandbox becomes (default `"hibernate"`). */
+  onThreadIdle?: ThreadIdleAction;
 }): string {
   const langs = opts.languages.map((l) => LANGUAGE_NAMES[l]).join(", ");
   const common =
@@ -125,12 +144,19 @@ export function describeTool(opts: {
     ` Each output field is cut to ${opts.maxOutputChars} characters (a marker says so and gives the full size), so print summaries rather than whole data sets.` +
     ` Images (plots) are counted but not shown to you.`;
   if (opts.mode === "per-thread") {
+    const idle = describeDuration(opts.ttlSeconds);
+    const afterIdle =
+      (opts.onThreadIdle ?? DEFAULTS.onThreadIdle) === "hibernate"
+        ? ": files written to disk and packages you install are kept for later calls, even after the sandbox has been idle." +
+          ` Variables, imports and functions (per language) persist too, as long as the sandbox is not idle for more than ${idle};` +
+          " after that they are gone (files and packages are not), the output of the next call says so, and you must redo that setup in code."
+: ": variables, imports and functions (per language), files written to disk and packages you install stay available in later calls," +
+          ` as long as the sandbox is not idle for more than ${idle}.` +
+          " After that it is deleted and the next call starts from a fresh sandbox; the output then says so and you must redo the setup.";
     return (
       "Runs code in an isolated Linux sandbox that belongs to this conversation." +
-      " State persists between calls in this conversation: variables, imports and functions (per language)," +
-      " files written to disk and packages you install stay available in later calls," +
-      ` as long as the sandbox is not idle for more than ${describeDuration(opts.ttlSeconds)}.` +
-      " After that it is deleted and the next call starts from a fresh sandbox; the output then says so and you must redo the setup." +
+      " State persists between calls in this conversation" +
+      afterIdle +
       " Other conversations cannot see this sandbox." +
       common
     );
@@ -197,6 +223,12 @@ export function createRunCodeTool(options: RunCodeToolOptions = {}) {
     throw new TypeError(`createRunCodeTool: mode must be "per-call" or "per-thread", not ${JSON.stringify(mode)}`);
   }
   const persistent = mode === "per-thread";
+  const onThreadIdle = options.onThreadIdle ?? DEFAULTS.onThreadIdle;
+  if (onThreadIdle !== "hibernate" && onThreadIdle !== "delete") {
+    throw new TypeError(
+      `createRunCodeTool: onThreadIdle must be "hibernate" or "delete", not ${JSON.stringify(onThreadIdle)}`,
+    );
+  }
   const ttlSeconds = options.ttlSeconds ?? (persistent ? DEFAULTS.perThreadTtlSeconds : DEFAULTS.perCallTtlSeconds);
   const timeoutSeconds = options.timeoutSeconds ?? DEFAULTS.timeoutSeconds;
   const maxOutputChars = options.maxOutputChars ?? DEFAULTS.maxOutputChars;
@@ -257,7 +289,7 @@ export function createRunCodeTool(options: RunCodeToolOptions = {}) {
     }
     const meta: Record<string, string> = { mode: "per-thread", threadId };
     if (resourceId) meta.resourceId = resourceId;
-    const sb = await Sandbox.create(createOptions(meta));
+    const sb = await Sandbox.create({ ...createOptions(meta), onIdle: onThreadIdle });
     sandboxOfThread.set(threadId, sb.id);
     return { sb, fresh: known !== undefined };
   }
@@ -299,6 +331,10 @@ export function createRunCodeTool(options: RunCodeToolOptions = {}) {
     return lock.run(threadId, async () => {
       const notes: string[] = [];
       let { sb, fresh } = await threadSandbox(threadId, resourceIdOf(ctx));
+      // Hibernated while the thread was idle: this call wakes it (the daemon
+      // wakes a sandbox on its next exec or cell) with its files and without
+      // its interpreters.
+      let woke = sb.info.status === "hibernated";
       let result: RunResult;
       try {
         result = await run(sb, code, language);
@@ -308,6 +344,7 @@ export function createRunCodeTool(options: RunCodeToolOptions = {}) {
         if (sandboxOfThread.get(threadId) === sb.id) sandboxOfThread.delete(threadId);
         ({ sb } = await threadSandbox(threadId, resourceIdOf(ctx)));
         fresh = true;
+        woke = false;
         result = await run(sb, code, language);
       }
       if (fresh) {
@@ -315,8 +352,15 @@ export function createRunCodeTool(options: RunCodeToolOptions = {}) {
           "This conversation's previous sandbox had expired, so this code ran in a new, empty one: variables, files and packages from earlier calls are gone.",
         );
       }
+      if (woke) {
+        notes.push(
+          "This conversation's sandbox had been idle and was hibernated; this call woke it. Files on disk and installed packages are kept, but variables, imports and functions defined in earlier calls are gone. Re-run the setup you need.",
+        );
+      }
       await report(result, sb.id, language, threadId);
-      return formatRunResult(result, { maxOutputChars, timeoutSeconds, persistent: true, notes });
+      // The wake note already says the interpreters were restarted.
+      const shown = woke && result.stateLost ? { ...result, stateLost: false } : result;
+      return formatRunResult(shown, { maxOutputChars, timeoutSeconds, persistent: true, notes });
     });
   }
 
@@ -343,7 +387,7 @@ export function createRunCodeTool(options: RunCodeToolOptions = {}) {
   return createTool({
     id: options.id ?? "run_code",
     description:
-      options.description ?? describeTool({ mode, languages, ttlSeconds, timeoutSeconds, maxOutputChars }),
+      options.description ?? describeTool({ mode, languages, ttlSeconds, timeoutSeconds, maxOutputChars, onThreadIdle }),
     inputSchema,
     outputSchema,
     execute: async (input, context) => {
@@ -366,7 +410,9 @@ export interface SweepOrphansOptions extends ConnectionOptions {
 /**
  * Kills the sandboxes this package created whose conversation thread is no
  * longer active, and returns their ids. Sandboxes not created by this tool
- * are never touched.
+ * are never touched. A hibernated sandbox of an active thread is left as it
+ * is (not woken: it is only listed); one of an inactive thread is killed
+ * like any other, which frees its files on the daemon's disk.
  */
 export async function sweepOrphans(options: SweepOrphansOptions): Promise<string[]> {
   const conn = connectionOf(options);

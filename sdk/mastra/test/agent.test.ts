@@ -16,7 +16,16 @@ import {
   type RunCodeOutput,
   type RunCodeToolOptions,
 } from "../src/index.js";
-import { ScriptedModel, createRawSandbox, deleteSandbox, listSandboxes, toolResultsInPrompt, uniqueId } from "./helpers.js";
+import {
+  ScriptedModel,
+  createRawSandbox,
+  deleteSandbox,
+  getSandbox,
+  listSandboxes,
+  toolResultsInPrompt,
+  uniqueId,
+  waitFor,
+} from "./helpers.js";
 
 /** Stamped on every sandbox these tests make, so they only ever count and clean their own. */
 const RUN = uniqueId("mastra-test");
@@ -230,6 +239,51 @@ describe("per-thread mode", () => {
     await deleteSandbox(seen[1]!.sandboxId);
   });
 
+  test("an idle thread's sandbox hibernates instead of being deleted, and the thread's next call wakes it", async () => {
+    const { agent, script, seen } = makeAgent({ mode: "per-thread", ttlSeconds: 2 });
+    const thread = uniqueId("thread-hibernate");
+    script.turn({ code: "w = 7\nopen('kept.txt', 'w').write('on disk')" });
+    await agent.generate("set w", { memory: { thread, resource: "u" } });
+    const id = seen[0]!.sandboxId;
+    assert.equal((await getSandbox(id))?.on_idle, "hibernate");
+    assert.ok(
+      await waitFor(id, (sb) => sb?.status === "hibernated", 30),
+      `not hibernated 30 s after a 2 s idle TTL: ${JSON.stringify(await getSandbox(id))}`,
+    );
+    assert.equal(script.toolDescriptions[0]?.run_code?.includes("files and packages are not"), true);
+
+    script.turn({ code: "print(open('kept.txt').read())\nprint('w' in globals())" });
+    const res = await agent.generate("is w there?", { memory: { thread, resource: "u" } });
+    const out = only(outputs(res), "tool result");
+    assert.equal(out.stdout, "on disk\nFalse\n", JSON.stringify(out));
+    assert.match(out.message ?? "", /was hibernated; this call woke it/);
+    assert.doesNotMatch(out.message ?? "", /had expired|interpreter had to be restarted/);
+    assert.equal(seen[1]?.sandboxId, id, "the woken sandbox is the same one");
+    assert.equal((await getSandbox(id))?.status, "running");
+
+    // Awake again, the thread goes on as before: no note.
+    script.turn({ code: "print(w if 'w' in globals() else 'unset')" });
+    const again = only(outputs(await agent.generate("w?", { memory: { thread, resource: "u" } })), "tool result");
+    assert.equal(again.message, undefined);
+    await deleteSandbox(id);
+  });
+
+  test("onThreadIdle: \"delete\" deletes the idle sandbox, and the next call says it started afresh", async () => {
+    const { agent, script, seen } = makeAgent({ mode: "per-thread", ttlSeconds: 2, onThreadIdle: "delete" });
+    const thread = uniqueId("thread-delete");
+    script.turn({ code: "v = 1" });
+    await agent.generate("set v", { memory: { thread, resource: "u" } });
+    const id = seen[0]!.sandboxId;
+    assert.equal((await getSandbox(id))?.on_idle, "delete");
+    assert.ok(await waitFor(id, (sb) => sb === undefined, 30), "the idle sandbox was not deleted within 30 s");
+    script.turn({ code: "print('v' in globals())" });
+    const out = only(outputs(await agent.generate("v?", { memory: { thread, resource: "u" } })), "tool result");
+    assert.equal(out.stdout, "False\n");
+    assert.match(out.message ?? "", /previous sandbox had expired/);
+    assert.match(script.toolDescriptions[0]?.run_code ?? "", /After that it is deleted/);
+    await deleteSandbox(seen[1]!.sandboxId);
+  });
+
   test("parallel calls in one thread make one sandbox and run in order", async () => {
     const { agent, script, seen } = makeAgent({ mode: "per-thread" });
     const thread = uniqueId("thread-parallel");
@@ -414,6 +468,27 @@ describe("sweepOrphans", () => {
     assert.equal(again.stdout, "2\n");
     assert.deepEqual(await sweepOrphans({ activeThreadIds: [], metadata: { probe: "sweep", testRun: RUN } }), [ids[t1]]);
     await deleteSandbox(foreign);
+  });
+
+  test("leaves the hibernated sandbox of a live thread alone, asleep, and kills a dead thread's", async () => {
+    const meta = { testRun: RUN, probe: "sweep-hibernated" };
+    const tool = createRunCodeTool({ mode: "per-thread", metadata: meta });
+    const [live, dead] = [uniqueId("sweep-live"), uniqueId("sweep-dead")];
+    const ids: Record<string, string> = {};
+    for (const t of [live, dead]) {
+      await tool.execute!({ code: "print(1)", language: "python" }, { agent: { threadId: t } } as never);
+      ids[t] = only(await listSandboxes({ ...meta, threadId: t }), `sandbox of ${t}`).id;
+      await (await Sandbox.get(ids[t]!)).hibernate();
+      assert.equal((await getSandbox(ids[t]!))?.status, "hibernated");
+    }
+    assert.deepEqual(await sweepOrphans({ activeThreadIds: [live], metadata: meta }), [ids[dead]]);
+    assert.equal((await getSandbox(ids[live]!))?.status, "hibernated", "the sweep woke (or killed) a live thread's sandbox");
+    assert.equal(await getSandbox(ids[dead]!), undefined);
+    // The live thread's next call wakes it.
+    const out = (await tool.execute!({ code: "print(2)", language: "python" }, { agent: { threadId: live } } as never)) as RunCodeOutput;
+    assert.equal(out.stdout, "2\n");
+    assert.match(out.message ?? "", /was hibernated/);
+    assert.deepEqual(await sweepOrphans({ activeThreadIds: [], metadata: meta }), [ids[live]]);
   });
 
   test("includePerCall also kills per-call sandboxes of inactive threads", async () => {

@@ -122,6 +122,28 @@ export interface RawSandbox {
   metadata: Record<string, string>;
   ttl_seconds: number;
   template: string;
+  /** "running", "paused" or "hibernated" (issue 14). */
+  status?: string;
+  /** "delete" or "hibernate" (issue 14). */
+  on_idle?: string;
+}
+
+/** One sandbox as the daemon describes it, or undefined once it is gone. */
+export async function getSandbox(id: string): Promise<RawSandbox | undefined> {
+  const res = await api("GET", `/v1/sandboxes/${id}`);
+  if (res.status === 404) return undefined;
+  if (!res.ok) throw new Error(`GET /v1/sandboxes/${id}: ${res.status} ${await res.text()}`);
+  return (await res.json()) as RawSandbox;
+}
+
+/** Polls the sandbox until `done` holds (true) or `seconds` pass (false). */
+export async function waitFor(id: string, done: (sb: RawSandbox | undefined) => boolean, seconds: number): Promise<boolean> {
+  const until = Date.now() + seconds * 1000;
+  for (;;) {
+    if (done(await getSandbox(id))) return true;
+    if (Date.now() > until) return false;
+    await new Promise((r) => setTimeout(r, 250));
+  }
 }
 
 async function api(method: string, path: string, body?: unknown): Promise<Response> {

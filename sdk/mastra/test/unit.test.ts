@@ -113,6 +113,13 @@ test("describeTool tells the truth about state in each mode", () => {
   assert.match(perThread, /idle for more than 30 minutes/);
   assert.match(describeTool({ ...common, mode: "per-thread", ttlSeconds: 90 }), /90 seconds/);
   assert.match(describeTool({ ...common, mode: "per-thread", ttlSeconds: 7200 }), /2 hours/);
+  // By default an idle thread's sandbox hibernates: files stay, variables go, and the model is told which.
+  assert.match(perThread, /files written to disk and packages you install are kept/);
+  assert.match(perThread, /after that they are gone \(files and packages are not\)/);
+  assert.doesNotMatch(perThread, /deleted/);
+  const deleting = describeTool({ ...common, mode: "per-thread", ttlSeconds: 1800, onThreadIdle: "delete" });
+  assert.match(deleting, /After that it is deleted and the next call starts from a fresh sandbox/);
+  assert.doesNotMatch(deleting, /are kept/);
 });
 
 test("the input schema limits code to 50,000 characters and defaults to python", () => {
@@ -135,6 +142,7 @@ test("languages restricts the schema; the first one is the default", () => {
 });
 
 test("bad options are refused at creation", () => {
+  assert.throws(() => createRunCodeTool({ mode: "per-thread", onThreadIdle: "sleep" as never }), /onThreadIdle must be "hibernate" or "delete"/);
   assert.throws(() => createRunCodeTool({ mode: "forever" as never }), /mode must be/);
   assert.throws(() => createRunCodeTool({ languages: [] }), /must not be empty/);
   assert.throws(() => createRunCodeTool({ languages: ["ruby" as never] }), /unknown language "ruby"/);

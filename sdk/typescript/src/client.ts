@@ -7,8 +7,10 @@ import {
   AuthError,
   BadRequestError,
   CapacityError,
+  ConflictError,
   ConnectionError,
   NotFoundError,
+  QuotaError,
   RuncellError,
   ServerError,
 } from "./errors.js";
@@ -213,6 +215,10 @@ export async function errorFromResponse(resp: Response, what: string, apiUrl: st
       `Could not ${what}: the runcell daemon has no capacity (HTTP ${status}${said}).${hint}`,
       after === undefined ? opts : { ...opts, retryAfterSeconds: after },
     );
+  }
+  if (status === 409) return new ConflictError(`Could not ${what}: conflict (HTTP 409${said}).`, opts);
+  if (status === 507) {
+    return new QuotaError(`Could not ${what}: the workspace's disk quota is used up (HTTP 507${said}).`, opts);
   }
   if (status >= 500) return new ServerError(`Could not ${what}: the runcell daemon failed (HTTP ${status}${said}).`, opts);
   return new RuncellError(`Could not ${what}: HTTP ${status}${said}.`, opts);

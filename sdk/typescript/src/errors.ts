@@ -42,6 +42,15 @@ export class CapacityError extends RuncellError {
   }
 }
 
+/**
+ * 409: the call does not fit the sandbox's state (it is paused, or not paused for `resume`), or a
+ * volume is in use (deleted while mounted, or a second read-write mount).
+ */
+export class ConflictError extends RuncellError {}
+
+/** 507: the workspace's disk quota is used up (a snapshot, a fork). Not retried. */
+export class QuotaError extends RuncellError {}
+
 /** Any other 5xx: the daemon failed. */
 export class ServerError extends RuncellError {}
 

@@ -26,6 +26,16 @@ export {
   type NetworkInfo,
   type StreamOptions,
   type ResultAccessors,
+  type OnIdle,
+  type VolumeMount,
+  type MountedVolume,
+  type SnapshotInfo,
+  type VolumeInfo,
+  type ForkOptions,
+  type ForkTree,
+  type PromoteResult,
+  snapshots,
+  volumes,
 } from "./sandbox.js";
 export { type ConnectionOptions, DEFAULT_URL, DEFAULT_KEY_FILE } from "./client.js";
 export {
@@ -34,6 +44,8 @@ export {
   NotFoundError,
   BadRequestError,
   CapacityError,
+  ConflictError,
+  QuotaError,
   ServerError,
   ConnectionError,
 } from "./errors.js";

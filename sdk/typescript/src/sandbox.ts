@@ -62,6 +62,91 @@ export interface SandboxCreateOptions extends ConnectionOptions {
    * (`GET /v1/system` lists what runs).
    */
   isolation?: Isolation;
+  /** Start with the files of this snapshot (`sb.snapshot()`); the template defaults to the snapshot's. */
+  fromSnapshot?: string;
+  /** Volumes to mount (`volumes.create` makes one); each at `/mnt/<name>` unless `path` says otherwise. */
+  volumes?: VolumeMount[];
+  /**
+   * What happens once the sandbox has been idle for its TTL: `"delete"` (it and its files are gone)
+   * or `"hibernate"` (its processes end, its files stay; the next call wakes it). Default: the
+   * daemon's (`"hibernate"` for a persistent sandbox when it runs with `--idle-hibernate`, else `"delete"`).
+   */
+  onIdle?: OnIdle;
+}
+
+/** What the daemon does with a sandbox once it has been idle for its TTL. */
+export type OnIdle = "delete" | "hibernate";
+
+/** A volume to mount in a new sandbox. */
+export interface VolumeMount {
+  /** The volume's name. */
+  name: string;
+  /** Mount read-only (any number of sandboxes may); read-write is one sandbox at a time. */
+  readOnly?: boolean;
+  /** Where it appears in the sandbox; default `/mnt/<name>`. */
+  path?: string;
+}
+
+/** A volume as mounted in a sandbox (`info.volumes`). */
+export interface MountedVolume {
+  name: string;
+  path: string;
+  readOnly: boolean;
+}
+
+/** A snapshot of a sandbox's files (not its processes or memory). */
+export interface SnapshotInfo {
+  id: string;
+  /** The sandbox it was taken of. */
+  sandboxId: string;
+  workspace: string;
+  /** The template of that sandbox (a sandbox created from the snapshot defaults to it). */
+  template: string;
+  /** RFC 3339. */
+  createdAt: string;
+  /** Bytes it takes on the daemon's disk. */
+  sizeBytes: number;
+  /** Whether memory was captured: always `false` with the jail, which snapshots files only. */
+  memory: boolean;
+}
+
+/** A volume: storage that outlives the sandboxes it is mounted in (and daemon restarts). */
+export interface VolumeInfo {
+  name: string;
+  /** Its size limit, MiB. */
+  sizeMb: number;
+  /** RFC 3339. */
+  createdAt: string;
+  usedBytes: number;
+  /** Ids of the sandboxes it is mounted in. */
+  attachedTo: string[];
+}
+
+/** Options of `sb.fork()`. */
+export interface ForkOptions {
+  /** Metadata of the fork. */
+  metadata?: Record<string, string>;
+  /** The fork's idle time-to-live, seconds. */
+  ttlSeconds?: number;
+}
+
+/** What `sb.forkTree()` made. */
+export interface ForkTree {
+  /** Names the tree; every child's metadata has it as `fork_tree_id`. */
+  treeId: string;
+  /** The forks, each a `Sandbox` of its own. */
+  children: Sandbox[];
+}
+
+/** What `sb.promote()` did. */
+export interface PromoteResult {
+  /** The promoted sandbox: independent from now on. */
+  winner: string;
+  treeId: string;
+  /** Siblings deleted (with `cleanupSiblings`). */
+  deleted: string[];
+  /** Siblings that could not be deleted, with why. */
+  failures: Record<string, string>;
 }
 
 /** Isolation backends: see `SandboxCreateOptions.isolation`. */
@@ -130,6 +215,16 @@ export interface SandboxInfo {
   ttlSeconds?: number;
   /** The isolation backend it runs under (`jail`, `gvisor`, `microvm`). */
   isolation?: Isolation;
+  /** What happens after the idle TTL (daemons before issue 14 do not say). */
+  onIdle?: OnIdle;
+  /** The snapshot it was created from. */
+  fromSnapshot?: string;
+  /** The sandbox it was forked from. */
+  forkedFrom?: string;
+  /** Volumes mounted in it. */
+  volumes?: MountedVolume[];
+  /** It was woken from hibernation: its code contexts (variables, imports) are gone. */
+  stateLost?: boolean;
   /** The daemon's JSON object as received (limits, persistent, network, ...). */
   raw: Record<string, unknown>;
 }
@@ -312,7 +407,58 @@ function toInfo(w: SandboxWire): SandboxInfo {
   if (w.isolation === "jail" || w.isolation === "gvisor" || w.isolation === "microvm") {
     info.isolation = w.isolation;
   }
+  if (w.on_idle === "delete" || w.on_idle === "hibernate") info.onIdle = w.on_idle;
+  if (typeof w.from_snapshot === "string") info.fromSnapshot = w.from_snapshot;
+  if (typeof w.forked_from === "string") info.forkedFrom = w.forked_from;
+  if (Array.isArray(w.volumes)) {
+    info.volumes = (w.volumes as { name?: unknown; path?: unknown; read_only?: unknown }[]).map((v) => ({
+      name: String(v.name ?? ""),
+      path: String(v.path ?? ""),
+      readOnly: v.read_only === true,
+    }));
+  }
+  if (typeof w.state_lost === "boolean") info.stateLost = w.state_lost;
   return info;
+}
+
+interface SnapshotWire {
+  id: string;
+  sandbox_id?: string;
+  workspace?: string;
+  template?: string;
+  created_at?: string;
+  size_bytes?: number;
+  memory?: boolean;
+}
+
+function toSnapshot(w: SnapshotWire): SnapshotInfo {
+  return {
+    id: w.id,
+    sandboxId: String(w.sandbox_id ?? ""),
+    workspace: String(w.workspace ?? ""),
+    template: String(w.template ?? ""),
+    createdAt: String(w.created_at ?? ""),
+    sizeBytes: Number(w.size_bytes ?? 0),
+    memory: w.memory === true,
+  };
+}
+
+interface VolumeWire {
+  name: string;
+  size_mb?: number;
+  created_at?: string;
+  used_bytes?: number;
+  attached_to?: string[];
+}
+
+function toVolume(w: VolumeWire): VolumeInfo {
+  return {
+    name: w.name,
+    sizeMb: Number(w.size_mb ?? 0),
+    createdAt: String(w.created_at ?? ""),
+    usedBytes: Number(w.used_bytes ?? 0),
+    attachedTo: Array.isArray(w.attached_to) ? w.attached_to.map(String) : [],
+  };
 }
 
 function toResults(items: unknown): Result[] {
@@ -493,10 +639,10 @@ function abortable<T>(p: Promise<T>, signal: AbortSignal | undefined): Promise<T
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
-/** Creation is retried once on these: no answer, 5xx, 429. */
+/** Creation is retried once on these: no answer, 5xx (but a 507 quota), 429. */
 function transient(e: unknown): e is RuncellError {
   if (e instanceof ConnectionError || e instanceof CapacityError || e instanceof ServerError) return true;
-  return e instanceof RuncellError && e.status !== undefined && (e.status >= 500 || e.status === 429);
+  return e instanceof RuncellError && e.status !== undefined && ((e.status >= 500 && e.status !== 507) || e.status === 429);
 }
 
 /** Longest Retry-After honoured before the one retry of a create. */
@@ -540,6 +686,16 @@ function createBody(opts: SandboxCreateOptions): Record<string, unknown> {
   if (opts.envs !== undefined) body.env = opts.envs;
   if (opts.persistent !== undefined) body.persistent = opts.persistent;
   if (opts.isolation !== undefined) body.isolation = opts.isolation;
+  if (opts.fromSnapshot !== undefined) body.from_snapshot = opts.fromSnapshot;
+  if (opts.onIdle !== undefined) body.on_idle = opts.onIdle;
+  if (opts.volumes !== undefined) {
+    body.volumes = opts.volumes.map((v) => {
+      const m: Record<string, unknown> = { name: v.name };
+      if (v.readOnly !== undefined) m.read_only = v.readOnly;
+      if (v.path !== undefined) m.path = v.path;
+      return m;
+    });
+  }
   if (opts.limits !== undefined) {
     const l = opts.limits;
     const limits: Record<string, number> = {};
@@ -926,6 +1082,110 @@ export class Sandbox {
     this.info.raw.ttl_seconds = ttl;
   }
 
+  /** A POST to one of the sandbox's lifecycle routes (answered 204). */
+  async #lifecycle(route: string, what: string, status: string, json?: unknown): Promise<void> {
+    const opts: { what: string; json?: unknown } = { what: `${what} sandbox ${this.id}` };
+    if (json !== undefined) opts.json = json;
+    const resp = await this.#client.request("POST", `/sandboxes/${enc(this.id)}/${route}`, opts);
+    await resp.arrayBuffer();
+    this.info.status = status;
+    this.info.raw.status = status;
+  }
+
+  /**
+   * Freezes the sandbox: its processes stop where they are, with their memory. Until `resume()`,
+   * exec, file and code calls fail with a `ConflictError` ("Sandbox X is paused; resume it first.").
+   * A sandbox that is not running is a `ConflictError` too.
+   */
+  async pause(): Promise<void> {
+    await this.#lifecycle("pause", "pause", "paused");
+  }
+
+  /** Thaws a paused sandbox; one that is not paused is a `ConflictError`. */
+  async resume(): Promise<void> {
+    await this.#lifecycle("resume", "resume", "running");
+  }
+
+  /**
+   * Ends the sandbox's processes and frees its memory; its files stay on disk. The next exec,
+   * file or code call wakes it (or `wake()`), with fresh code contexts: `runCode` then says
+   * `stateLost: true`. Hibernating a hibernated sandbox is not an error.
+   */
+  async hibernate(): Promise<void> {
+    await this.#lifecycle("hibernate", "hibernate", "hibernated");
+  }
+
+  /** Starts a hibernated sandbox again (a running one is left alone). */
+  async wake(): Promise<void> {
+    await this.#lifecycle("wake", "wake", "running");
+  }
+
+  /** Snapshots the sandbox's files (not its processes); `Sandbox.create({ fromSnapshot: snap.id })` starts from them. */
+  async snapshot(): Promise<SnapshotInfo> {
+    return toSnapshot(
+      await this.#client.json<SnapshotWire>("POST", `/sandboxes/${enc(this.id)}/snapshots`, {
+        json: {},
+        what: `snapshot sandbox ${this.id}`,
+      }),
+    );
+  }
+
+  /**
+   * A new sandbox with a copy of this one's files (not its processes or code contexts);
+   * its `info.forkedFrom` is this sandbox's id. This sandbox is left as it is.
+   */
+  async fork(opts: ForkOptions = {}): Promise<Sandbox> {
+    const body: Record<string, unknown> = {};
+    if (opts.metadata !== undefined) body.metadata = opts.metadata;
+    if (opts.ttlSeconds !== undefined) body.ttl_seconds = opts.ttlSeconds;
+    const w = await this.#client.json<SandboxWire>("POST", `/sandboxes/${enc(this.id)}/fork`, {
+      json: body,
+      what: `fork sandbox ${this.id}`,
+    });
+    return new Sandbox(this.#client, w, true);
+  }
+
+  /**
+   * `count` forks (1 to 16) as one tree, to try alternatives side by side; keep the best with
+   * `child.promote({ cleanupSiblings: true })`.
+   */
+  async forkTree(count: number, opts: { metadata?: Record<string, string> } = {}): Promise<ForkTree> {
+    const body: Record<string, unknown> = { count };
+    if (opts.metadata !== undefined) body.metadata = opts.metadata;
+    const w = await this.#client.json<{ tree_id?: string; children?: SandboxWire[] }>(
+      "POST",
+      `/sandboxes/${enc(this.id)}/fork-tree`,
+      { json: body, what: `fork sandbox ${this.id} ${count} times` },
+    );
+    return {
+      treeId: String(w.tree_id ?? ""),
+      children: (w.children ?? []).map((c) => new Sandbox(this.#client, c, true)),
+    };
+  }
+
+  /**
+   * Makes this fork the winner of its tree: it loses `fork_tree_id` and is independent from then on.
+   * With `cleanupSiblings`, the tree's other children are deleted.
+   */
+  async promote(opts: { cleanupSiblings?: boolean; treeId?: string } = {}): Promise<PromoteResult> {
+    const body: Record<string, unknown> = {};
+    if (opts.cleanupSiblings !== undefined) body.cleanup_siblings = opts.cleanupSiblings;
+    if (opts.treeId !== undefined) body.tree_id = opts.treeId;
+    const w = await this.#client.json<{
+      winner?: string;
+      tree_id?: string;
+      deleted?: string[];
+      failures?: Record<string, string>;
+    }>("POST", `/sandboxes/${enc(this.id)}/promote`, { json: body, what: `promote sandbox ${this.id}` });
+    delete this.info.metadata.fork_tree_id;
+    return {
+      winner: String(w.winner ?? this.id),
+      treeId: String(w.tree_id ?? ""),
+      deleted: Array.isArray(w.deleted) ? w.deleted.map(String) : [],
+      failures: w.failures ?? {},
+    };
+  }
+
   /** Deletes the sandbox; one that is already gone is not an error. */
   async kill(): Promise<void> {
     try {
@@ -1061,3 +1321,63 @@ export class CodeContext {
     await this.close();
   }
 }
+
+// ---- snapshots and volumes ---------------------------------------------------
+
+/** The workspace's snapshots (take one with `sb.snapshot()`). */
+export const snapshots = {
+  /** Newest first; only those of `sandboxId` when given. */
+  async list(opts: ConnectionOptions & { sandboxId?: string } = {}): Promise<SnapshotInfo[]> {
+    const client = new Client(opts);
+    const w = await client.json<{ snapshots?: SnapshotWire[] }>("GET", "/snapshots", {
+      query: { sandbox_id: opts.sandboxId },
+      what: "list snapshots",
+    });
+    return (w.snapshots ?? []).map(toSnapshot);
+  },
+  /** One snapshot; `NotFoundError` if there is none (or it is another workspace's). */
+  async get(id: string, opts: ConnectionOptions = {}): Promise<SnapshotInfo> {
+    const client = new Client(opts);
+    return toSnapshot(await client.json<SnapshotWire>("GET", `/snapshots/${enc(id)}`, { what: `get snapshot ${id}` }));
+  },
+  /** Deletes a snapshot (sandboxes created from it keep their files). */
+  async delete(id: string, opts: ConnectionOptions = {}): Promise<void> {
+    const client = new Client(opts);
+    const resp = await client.request("DELETE", `/snapshots/${enc(id)}`, { what: `delete snapshot ${id}` });
+    await resp.arrayBuffer();
+  },
+};
+
+/** The workspace's volumes: storage mounted into sandboxes that outlives them. */
+export const volumes = {
+  /**
+   * Creates a volume of `sizeMb` MiB. The name is 1 to 63 of a-z, 0-9, `_` and `-`, starting with a
+   * letter or digit; beyond the workspace's quota it is a `CapacityError` (429).
+   */
+  async create(name: string, opts: ConnectionOptions & { sizeMb: number }): Promise<VolumeInfo> {
+    const client = new Client(opts);
+    return toVolume(
+      await client.json<VolumeWire>("POST", "/volumes", {
+        json: { name, size_mb: opts.sizeMb },
+        what: `create volume ${name}`,
+      }),
+    );
+  },
+  /** Every volume of the workspace. */
+  async list(opts: ConnectionOptions = {}): Promise<VolumeInfo[]> {
+    const client = new Client(opts);
+    const w = await client.json<{ items?: VolumeWire[] }>("GET", "/volumes", { what: "list volumes" });
+    return (w.items ?? []).map(toVolume);
+  },
+  /** One volume; `NotFoundError` if there is none. */
+  async get(name: string, opts: ConnectionOptions = {}): Promise<VolumeInfo> {
+    const client = new Client(opts);
+    return toVolume(await client.json<VolumeWire>("GET", `/volumes/${enc(name)}`, { what: `get volume ${name}` }));
+  },
+  /** Deletes a volume and its data; while a sandbox mounts it, a `ConflictError` (409). */
+  async delete(name: string, opts: ConnectionOptions = {}): Promise<void> {
+    const client = new Client(opts);
+    const resp = await client.request("DELETE", `/volumes/${enc(name)}`, { what: `delete volume ${name}` });
+    await resp.arrayBuffer();
+  },
+};

@@ -20,6 +20,14 @@ import type {
   Sandbox,
   SandboxCreateOptions,
   SandboxInfo,
+  OnIdle,
+  VolumeMount,
+  MountedVolume,
+  SnapshotInfo,
+  VolumeInfo,
+  ForkOptions,
+  ForkTree,
+  PromoteResult,
 } from "runcell";
 
 type Equal<A, B> = (<T>() => T extends A ? 1 : 2) extends <T>() => T extends B ? 1 : 2 ? true : false;
@@ -34,8 +42,14 @@ type SpecNetworkPolicy = SpecNetworkMode | { mode?: SpecNetworkMode; allow?: str
 interface SpecNetworkInfo { mode: SpecNetworkMode; allow: string[]; presets: string[]; bytesIn: number; bytesOut: number; connectionsAllowed: number; connectionsRefused: number; refusedHosts: string[] }
 interface SpecFileStat { name: string; isDir: boolean; type: "file" | "dir" | "symlink"; size: number; permissions: string; mtime: number }
 interface SpecStreamOptions { onStdout?: (chunk: string) => void; onStderr?: (chunk: string) => void; onResult?: (result: SpecResult) => void; signal?: AbortSignal }
-interface SpecSandboxCreateOptions extends SpecConnectionOptions { template?: string; ttlSeconds?: number; metadata?: Record<string, string>; network?: SpecNetworkPolicy; limits?: SpecLimits; envs?: Record<string, string>; persistent?: boolean; isolation?: "jail" | "gvisor" | "microvm" }
-interface SpecSandboxInfo { id: string; template: string; metadata: Record<string, string>; status: string; createdAt: string; ttlSeconds?: number; isolation?: "jail" | "gvisor" | "microvm"; raw: Record<string, unknown> }
+interface SpecSandboxCreateOptions extends SpecConnectionOptions { template?: string; ttlSeconds?: number; metadata?: Record<string, string>; network?: SpecNetworkPolicy; limits?: SpecLimits; envs?: Record<string, string>; persistent?: boolean; isolation?: "jail" | "gvisor" | "microvm"; fromSnapshot?: string; volumes?: SpecVolumeMount[]; onIdle?: "delete" | "hibernate" }
+interface SpecVolumeMount { name: string; readOnly?: boolean; path?: string }
+interface SpecMountedVolume { name: string; path: string; readOnly: boolean }
+interface SpecSnapshotInfo { id: string; sandboxId: string; workspace: string; template: string; createdAt: string; sizeBytes: number; memory: boolean }
+interface SpecVolumeInfo { name: string; sizeMb: number; createdAt: string; usedBytes: number; attachedTo: string[] }
+interface SpecForkOptions { metadata?: Record<string, string>; ttlSeconds?: number }
+interface SpecPromoteResult { winner: string; treeId: string; deleted: string[]; failures: Record<string, string> }
+interface SpecSandboxInfo { id: string; template: string; metadata: Record<string, string>; status: string; createdAt: string; ttlSeconds?: number; isolation?: "jail" | "gvisor" | "microvm"; onIdle?: "delete" | "hibernate"; fromSnapshot?: string; forkedFrom?: string; volumes?: SpecMountedVolume[]; stateLost?: boolean; raw: Record<string, unknown> }
 interface SpecResultAccessors { readonly text?: string; readonly html?: string; readonly markdown?: string; readonly png?: string; readonly jpeg?: string; readonly svg?: string; readonly json?: string; readonly latex?: string }
 type SpecResult = { [mime: string]: string } & SpecResultAccessors;
 interface SpecCellError { name: string; value: string; traceback: string }
@@ -65,6 +79,14 @@ interface SpecSandbox {
   getNetwork(): Promise<SpecNetworkInfo>;
   setNetwork(policy: SpecNetworkPolicy): Promise<SpecNetworkInfo>;
   kill(): Promise<void>;
+  pause(): Promise<void>;
+  resume(): Promise<void>;
+  hibernate(): Promise<void>;
+  wake(): Promise<void>;
+  snapshot(): Promise<SpecSnapshotInfo>;
+  fork(opts?: SpecForkOptions): Promise<Sandbox>;
+  forkTree(count: number, opts?: { metadata?: Record<string, string> }): Promise<{ treeId: string; children: Sandbox[] }>;
+  promote(opts?: { cleanupSiblings?: boolean; treeId?: string }): Promise<SpecPromoteResult>;
   [Symbol.asyncDispose](): Promise<void>;
 }
 interface SpecCodeContext {
@@ -90,6 +112,14 @@ test("the exported types are exactly the agreed ones", () => {
   same<NetworkInfo, SpecNetworkInfo>(true);
   same<FileStat, SpecFileStat>(true);
   same<StreamOptions, SpecStreamOptions>(true);
+  same<OnIdle, "delete" | "hibernate">(true);
+  same<VolumeMount, SpecVolumeMount>(true);
+  same<MountedVolume, SpecMountedVolume>(true);
+  same<SnapshotInfo, SpecSnapshotInfo>(true);
+  same<VolumeInfo, SpecVolumeInfo>(true);
+  same<ForkOptions, SpecForkOptions>(true);
+  same<PromoteResult, SpecPromoteResult>(true);
+  same<ForkTree, { treeId: string; children: Sandbox[] }>(true);
 });
 
 test("Sandbox and CodeContext have the agreed members and statics", () => {
@@ -101,6 +131,18 @@ test("Sandbox and CodeContext have the agreed members and statics", () => {
   const list: (opts?: SpecConnectionOptions & { metadata?: Record<string, string> }) => Promise<SpecSandboxInfo[]> =
     runcell.Sandbox.list;
   for (const f of [asSpec, ctxAsSpec, create, get, connect, list]) assert.equal(typeof f, "function");
+  const snaps: {
+    list(opts?: SpecConnectionOptions & { sandboxId?: string }): Promise<SpecSnapshotInfo[]>;
+    get(id: string, opts?: SpecConnectionOptions): Promise<SpecSnapshotInfo>;
+    delete(id: string, opts?: SpecConnectionOptions): Promise<void>;
+  } = runcell.snapshots;
+  const vols: {
+    create(name: string, opts: SpecConnectionOptions & { sizeMb: number }): Promise<SpecVolumeInfo>;
+    list(opts?: SpecConnectionOptions): Promise<SpecVolumeInfo[]>;
+    get(name: string, opts?: SpecConnectionOptions): Promise<SpecVolumeInfo>;
+    delete(name: string, opts?: SpecConnectionOptions): Promise<void>;
+  } = runcell.volumes;
+  for (const ns of [snaps, vols]) for (const f of Object.values(ns)) assert.equal(typeof f, "function");
   const errors = [
     runcell.AuthError,
     runcell.NotFoundError,
@@ -108,6 +150,8 @@ test("Sandbox and CodeContext have the agreed members and statics", () => {
     runcell.CapacityError,
     runcell.ServerError,
     runcell.ConnectionError,
+    runcell.ConflictError,
+    runcell.QuotaError,
   ];
   for (const E of errors) {
     const e = new E("m", { status: 1, body: { error: "x" } });

@@ -15,13 +15,17 @@ const names = [
   "BadRequestError",
   "CapacityError",
   "CodeContext",
+  "ConflictError",
   "ConnectionError",
   "DEFAULT_KEY_FILE",
   "DEFAULT_URL",
   "NotFoundError",
+  "QuotaError",
   "RuncellError",
   "Sandbox",
   "ServerError",
+  "snapshots",
+  "volumes",
 ];
 
 test("import resolves to dist/esm and require to dist/cjs", () => {
