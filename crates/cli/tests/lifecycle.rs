@@ -193,6 +193,11 @@ async fn the_rust_client_manages_volumes_that_outlive_their_sandboxes() {
         c.create_volume("Bad Name", 16).await.unwrap_err().status(),
         Some(400)
     );
+    let e = c.create_volume("too-big", 65536).await.unwrap_err();
+    assert!(
+        e.status() == Some(429) && e.to_string().contains("quota"),
+        "{e}"
+    );
     let with = |spec: &str| CreateOptions {
         volumes: vec![spec.parse::<VolumeMount>().unwrap()],
         ..CreateOptions::default()

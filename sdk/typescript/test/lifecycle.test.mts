@@ -4,7 +4,7 @@
 // promote, and volumes that outlive the sandboxes they are mounted in.
 import { after, test } from "node:test";
 import assert from "node:assert/strict";
-import { ConflictError, NotFoundError, Sandbox, snapshots, volumes } from "runcell";
+import { CapacityError, ConflictError, NotFoundError, Sandbox, snapshots, volumes } from "runcell";
 import { killAll, newSandbox, track } from "./helpers.mjs";
 
 const madeSnapshots: string[] = [];
@@ -143,6 +143,12 @@ test("a volume outlives its sandbox, takes one writer at a time, and cannot be d
   madeVolumes.push(name);
   assert.deepEqual([v.name, v.sizeMb, v.attachedTo], [name, 16, []]);
   assert.ok((await volumes.list()).some((x) => x.name === name));
+  // Beyond the workspace's volume quota: a CapacityError (429) that says so.
+  await assert.rejects(volumes.create(`${name}-big`, { sizeMb: 65536 }), (e: unknown) => {
+    assert.ok(e instanceof CapacityError, String(e));
+    assert.match((e as Error).message, /quota/);
+    return true;
+  });
 
   const writer = await newSandbox({ volumes: [{ name }] });
   assert.deepEqual(writer.info.volumes, [{ name, path: `/mnt/${name}`, readOnly: false }]);
