@@ -390,3 +390,148 @@ async fn unknown_template_error_lists_each_template_once() {
     assert_eq!(names.len(), unique.len(), "{msg}");
     assert!(names.contains(&"code-interpreter"), "{msg}");
 }
+
+/// The fields of issue 14 (snapshots, forks, hibernation, volumes): every
+/// wrong value is a 4xx naming the field, nothing is made, nothing echoes
+/// a huge value back, and the daemon lives.
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshot_fork_and_volume_fields_are_checked() {
+    let data = data_dir("hostile-state");
+    let d = Daemon::start(&data, free_port(), &[]);
+    let huge = "v".repeat(1 << 20);
+    for (body, status, words) in [
+        (json!({"on_idle": "sleep"}), 400, &["on_idle"][..]),
+        (json!({"on_idle": 1}), 400, &["on_idle"]),
+        (json!({"on_idle": huge.clone()}), 400, &["on_idle"]),
+        (
+            json!({"from_snapshot": huge.clone()}),
+            404,
+            &["from_snapshot"],
+        ),
+        (json!({"from_snapshot": 7}), 400, &["from_snapshot"]),
+        (json!({"volumes": "cache"}), 400, &["volumes"]),
+        (
+            json!({"volumes": [{"name": "nope"}]}),
+            400,
+            &["volumes[0].name"],
+        ),
+        (
+            json!({"volumes": [{"name": huge.clone()}]}),
+            400,
+            &["volumes[0].name"],
+        ),
+        (
+            json!({"volumes": [{"name": "nope", "extra": 1}]}),
+            400,
+            &["volumes"],
+        ),
+        (
+            json!({"volumes": [{"name": "nope", "read_only": "yes"}]}),
+            400,
+            &["read_only"],
+        ),
+        (
+            json!({"volumes": vec![json!({"name": "v"}); 17]}),
+            400,
+            &["volumes"],
+        ),
+    ] {
+        let r = d
+            .req(Method::POST, "/v1/sandboxes")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let got = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        assert_eq!(
+            got,
+            status,
+            "{} -> {got} {}",
+            &body.to_string()[..body.to_string().len().min(120)],
+            &text[..text.len().min(300)]
+        );
+        assert!(
+            text.len() < 2048,
+            "a huge value was echoed: {} bytes",
+            text.len()
+        );
+        for w in words {
+            assert!(text.contains(w), "{text} does not name {w}");
+        }
+    }
+    assert!(
+        sandboxes(&d).await.is_empty(),
+        "a refused create made a sandbox"
+    );
+
+    let id = d.create(json!({})).await;
+    for (path, body, words) in [
+        ("fork-tree", json!({}), &["count"][..]),
+        ("fork-tree", json!({"count": 0}), &["count"]),
+        ("fork-tree", json!({"count": 17}), &["count"]),
+        ("fork-tree", json!({"count": 1e300}), &["count"]),
+        ("fork-tree", json!({"count": -1}), &["count"]),
+        ("fork-tree", json!({"count": "2"}), &["count"]),
+        ("fork", json!({"count": 2}), &["count"]),
+        ("fork", json!({"metadata": {"a": 1}}), &["metadata"]),
+        ("fork", json!({"ttl_seconds": -1}), &["ttl_seconds"]),
+        ("fork", json!({"ttl_seconds": 1e30}), &["ttl_seconds"]),
+        (
+            "promote",
+            json!({"cleanup_siblings": "yes"}),
+            &["cleanup_siblings"],
+        ),
+        ("promote", json!({"tree_id": 5}), &["tree_id"]),
+    ] {
+        let r = d
+            .req(Method::POST, &format!("/v1/sandboxes/{id}/{path}"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let got = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        assert_eq!(got, 400, "{path} {body} -> {got} {text}");
+        for w in words {
+            assert!(text.contains(w), "{path} {body}: {text} does not name {w}");
+        }
+    }
+    assert_eq!(
+        sandboxes(&d).await.len(),
+        1,
+        "a refused fork made a sandbox"
+    );
+    for (body, status, word) in [
+        (json!({"name": "ok", "size_mb": 0}), 400, "size_mb"),
+        (json!({"name": "ok", "size_mb": 65537}), 400, "size_mb"),
+        (json!({"name": "ok", "size_mb": 1e300}), 400, "size_mb"),
+        (json!({"name": "ok", "size_mb": -5}), 400, "size_mb"),
+        (json!({"name": "../x", "size_mb": 1}), 400, "name"),
+        (json!({"name": huge.clone(), "size_mb": 1}), 400, "name"),
+        (json!({"name": "ok"}), 400, "size_mb"),
+        (json!({"name": "ok", "size_mb": 20000}), 429, "quota"),
+    ] {
+        let r = d
+            .req(Method::POST, "/v1/volumes")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let got = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        assert_eq!(
+            got,
+            status,
+            "{} -> {got} {}",
+            &body.to_string()[..body.to_string().len().min(120)],
+            &text[..text.len().min(300)]
+        );
+        assert!(text.contains(word), "{text} does not name {word}");
+        assert!(text.len() < 2048, "a huge value was echoed");
+    }
+    let vols: Value = d.get("/v1/volumes").await;
+    assert_eq!(vols["items"], json!([]), "a refused volume was made");
+    still_serving(&d).await;
+    d.delete_all().await;
+}

@@ -72,9 +72,11 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> AppResult<T> {
     serde_path_to_error::deserialize(de).map_err(|e| {
         let field = clip(e.path().to_string());
         let inner = e.into_inner();
-        let data = inner.classify() == serde_json::error::Category::Data;
+        // serde_json calls some wrong types syntax errors (an integer
+        // where an enum's name belongs is "expected value"): name the
+        // field whenever the path is known.
         let inner = clip(inner.to_string());
-        if !data || field.is_empty() || field == "." || field == "?" {
+        if field.is_empty() || field == "." || field == "?" {
             ApiError::bad_request(format!(
                 "The request body is not valid JSON for this route: {inner}."
             ))
