@@ -614,6 +614,10 @@ impl<'a> Service<'a> {
     /// persistent sandbox on a daemon that hibernates idle ones
     /// (`--idle-hibernate`), else deletion.
     pub(crate) fn on_idle(self, r: &crate::registry::Record, lineage: &Lineage) -> OnIdle {
+        // Only the jail saves files, so only it hibernates.
+        if r.isolation != runcell_core::backend::Isolation::Jail {
+            return OnIdle::Delete;
+        }
         lineage
             .on_idle
             .unwrap_or(if r.persistent && self.0.config.idle_hibernate {

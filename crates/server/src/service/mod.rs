@@ -98,6 +98,22 @@ impl<'a> Service<'a> {
             .runtime
             .backend_for(isolation)
             .map_err(|e| ApiError::bad_request(format!("isolation: {e}")))?;
+        if isolation != runcell_core::backend::Isolation::Jail {
+            let what = if lineage.on_idle == Some(crate::snapshots::OnIdle::Hibernate) {
+                Some("on_idle: hibernate")
+            } else if !lineage.state_layers.is_empty() {
+                Some("from_snapshot")
+            } else if !lineage.volumes.is_empty() {
+                Some("volumes")
+            } else {
+                None
+            };
+            if let Some(what) = what {
+                return Err(ApiError::bad_request(format!(
+                    "{what} needs the jail isolation; a {isolation} sandbox cannot save or mount files yet."
+                )));
+            }
+        }
         // Capacity: live sandboxes plus creates in flight.
         let in_flight = state.creating.fetch_add(1, Ordering::AcqRel);
         let _slot = Slot(&state.creating);
