@@ -396,14 +396,7 @@ async fn reconcile(state: &Arc<AppState>) {
         {
             Ok(sandbox) => {
                 tracing::info!(sandbox = %rec.id, "re-attached");
-                let entry = Arc::new(state::Entry {
-                    sandbox,
-                    record: std::sync::Mutex::new(rec.clone()),
-                    template,
-                    log: logs::SandboxLog::default(),
-                    persisted: Default::default(),
-                    warm_context: Default::default(),
-                });
+                let entry = state::Entry::new(sandbox, rec.clone(), template, None);
                 state
                     .sandboxes
                     .write()

@@ -762,14 +762,7 @@ impl<'a> Service<'a> {
                 "The wake could not be recorded: {e}"
             )));
         }
-        let entry = Arc::new(Entry {
-            sandbox,
-            record: std::sync::Mutex::new(record),
-            template,
-            log: crate::logs::SandboxLog::default(),
-            persisted: Default::default(),
-            warm_context: Default::default(),
-        });
+        let entry = Entry::new(sandbox, record, template, None);
         state
             .sandboxes
             .write()

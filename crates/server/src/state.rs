@@ -125,6 +125,25 @@ pub struct Entry {
     pub warm_context: Mutex<Option<runcell_protocol::ContextInfo>>,
 }
 
+impl Entry {
+    /// A live sandbox with its record, as the daemon keeps it.
+    pub fn new(
+        sandbox: Sandbox,
+        record: Record,
+        template: Template,
+        warm_context: Option<runcell_protocol::ContextInfo>,
+    ) -> Arc<Self> {
+        Arc::new(Entry {
+            sandbox,
+            record: Mutex::new(record),
+            template,
+            log: crate::logs::SandboxLog::default(),
+            persisted: Default::default(),
+            warm_context: Mutex::new(warm_context),
+        })
+    }
+}
+
 /// Shared daemon state.
 #[derive(Debug)]
 pub struct AppState {

@@ -199,14 +199,7 @@ impl<'a> Service<'a> {
                 "The sandbox could not be recorded: {e}"
             )));
         }
-        let entry = Arc::new(Entry {
-            sandbox,
-            record: std::sync::Mutex::new(record),
-            template,
-            log: crate::logs::SandboxLog::default(),
-            persisted: Default::default(),
-            warm_context: std::sync::Mutex::new(warm_context),
-        });
+        let entry = Entry::new(sandbox, record, template, warm_context);
         state.touch(&entry).await;
         let boot = started.elapsed();
         state.metrics.creations.fetch_add(1, Ordering::Relaxed);
