@@ -15,9 +15,10 @@
 //!   `pids.events`; its `pids.current` is the very count the limit is
 //!   checked against (so unlike counting `/proc`, it reads the limit when
 //!   forks fail). While a run is active a thread reads it every
-//!   [`SAMPLE_EVERY`] and counts each time it reaches the limit
-//!   ([`watch_sampled`]). A hit shorter than that interval can go
-//!   unreported; a fork bomb or a program that keeps the limit full is seen.
+//!   [`SAMPLE_EVERY`] ([`SAMPLE_NEAR`] within a quarter of the limit) and
+//!   counts each time it reaches the limit ([`watch_sampled`]). A hit
+//!   shorter than that interval can go unreported; a fork bomb or a program
+//!   that keeps the limit full is seen.
 //!   gVisor's OOM is the host's to count (it ends the whole sandbox).
 
 use std::fs::File;
@@ -29,6 +30,8 @@ use std::time::Duration;
 
 /// How often the gVisor sampler reads `pids.current` while a run is active.
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(2);
+/// ...and while the count is within a quarter of the limit.
+pub const SAMPLE_NEAR: Duration = Duration::from_micros(500);
 
 /// Hits counted so far (they only grow).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -116,7 +119,8 @@ fn sample(s: &Sampler, current: &File, max: u64) {
             s.hits.fetch_add(1, Ordering::Relaxed);
         }
         at_limit = at;
-        std::thread::sleep(SAMPLE_EVERY);
+        let near = now.is_some_and(|n| n.saturating_mul(4) >= max.saturating_mul(3));
+        std::thread::sleep(if near { SAMPLE_NEAR } else { SAMPLE_EVERY });
     }
 }
 

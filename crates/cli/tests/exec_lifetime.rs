@@ -129,19 +129,9 @@ async fn a_fork_bomb_leaves_the_sandbox_usable() {
         json!({"cmd": "bomb() { bomb | bomb & }; bomb; sleep 1", "timeout_seconds": 20}),
     )
     .await;
-    if gvisor() {
-        // gVisor enforces the limit inside its own kernel (RLIMIT_NPROC),
-        // which counts no hits the host can read: forks fail with EAGAIN.
-        assert!(
-            v["stderr"]
-                .as_str()
-                .unwrap()
-                .contains("Resource temporarily unavailable"),
-            "{v}"
-        );
-    } else {
-        assert_eq!(v["pids_limit"], true, "{v}");
-    }
+    // Reported by name under every isolation (gVisor: its own pids cgroup,
+    // counted by the agent).
+    assert_eq!(v["pids_limit"], true, "{v}");
     // The very next exec works, and the bomb is gone.
     let v = exec_body(&d, &id, json!({"cmd": count})).await;
     assert_eq!(v["exit_code"], 0, "{v}");
@@ -181,7 +171,7 @@ async fn a_fork_bomb_that_times_out_is_gone_too() {
         d.delete_all().await;
         return;
     }
-    assert_eq!(v["timed_out"], true, "{}", v["messages"]);
+    assert_eq!(v["timed_out"], true, "{v}");
     assert!(
         started.elapsed() < Duration::from_secs(30),
         "{:?}",

@@ -499,11 +499,15 @@ fn hierarchy() -> Result<&'static Hierarchy, CgroupError> {
 }
 
 /// The host pids limit of a sandbox whose processes are limited to `pids`
-/// by `RLIMIT_NPROC`: a backstop for the sentry's host threads (about one
-/// per running task, plus its own), far enough above that gVisor never
-/// meets it first.
+/// by gVisor's pids cgroup: a backstop for the sentry's host threads, far
+/// enough above that gVisor never meets it first. Under the ptrace
+/// platform a fork the cgroup refuses has already made the child's address
+/// space (a host stub process), so a fork bomb at the limit churns host
+/// threads: at 512, 16 × pids + 1024 (9,216) was met in about half of the
+/// bash bombs of `crates/cli/tests/exec_lifetime.rs` (sampled peaks over
+/// 8,500), crashing the sentry; 24 × pids + 2048 held in every run.
 pub fn host_pids(pids: u64) -> u64 {
-    pids.saturating_mul(16).saturating_add(1024)
+    pids.saturating_mul(24).saturating_add(2048)
 }
 
 /// The `RLIMIT_NPROC` of a sandbox whose process limit is `pids`: a
@@ -1213,7 +1217,7 @@ mod tests {
         };
         let h = host_limits(&l);
         assert_eq!(h.memory_bytes, (256 << 20) + SENTRY_MEMORY);
-        assert_eq!(h.pids, 64 * 16 + 1024);
+        assert_eq!(h.pids, 64 * 24 + 2048);
         assert_eq!((h.cpu_millis, h.disk_bytes), (500, 1 << 30));
         assert_eq!(host_pids(u64::MAX), u64::MAX);
     }
