@@ -1077,7 +1077,7 @@ pub fn supervise_exec(uid: u32, gid: u32, keep_background: bool) -> io::Result<(
                 libc::dup2(null, fd);
             }
         }
-        if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) < 0 {
+        if libc::syscall(libc::SYS_close_range, 3u32, crate::sys::MAX_FD, 0u32) < 0 {
             // Kernels before 5.9: close what a process normally has open.
             for fd in 3..4096 {
                 libc::close(fd);

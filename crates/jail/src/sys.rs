@@ -156,8 +156,14 @@ pub unsafe fn close_all_except(keep: &mut [RawFd]) {
         lo = fd + 1;
     }
     // SAFETY: as above.
-    unsafe { close_range(lo, u32::MAX) };
+    unsafe { close_range(lo, MAX_FD) };
 }
+
+/// The highest descriptor number there can be (descriptors are C ints).
+/// `close_range` up to it closes every one; gVisor refuses `u32::MAX`
+/// (above `i32::MAX`) with EINVAL, which cost a sandbox thousands of
+/// one-by-one closes per exec.
+pub(crate) const MAX_FD: u32 = 0x7fff_ffff;
 
 /// # Safety
 ///
