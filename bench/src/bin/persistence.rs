@@ -39,8 +39,8 @@ fn row(name: &str, mut v: Vec<Duration>) {
     v.sort();
     println!(
         "| {name} | {:.1} | {:.1} | {} |",
-        pct(&v, 50.0),
-        pct(&v, 95.0),
+        pct(&v, 0.5),
+        pct(&v, 0.95),
         v.len()
     );
 }
@@ -125,6 +125,26 @@ fn fill(mb: u64) -> String {
     )
 }
 
+/// `m` snapshots (each deleted) and `m` forks (each deleted) of `sb`.
+async fn save_rows(api: &Api, sb: &str, m: usize) -> (Vec<Duration>, Vec<Duration>) {
+    let (mut snap, mut fork) = (Vec::new(), Vec::new());
+    for _ in 0..m {
+        let (d, v) = api
+            .timed(Method::POST, &format!("/v1/sandboxes/{sb}/snapshots"), 201)
+            .await;
+        snap.push(d);
+        let id = v["id"].as_str().unwrap_or_default().to_string();
+        api.call(Method::DELETE, &format!("/v1/snapshots/{id}"), json!({}))
+            .await;
+        let (d, v) = api
+            .timed(Method::POST, &format!("/v1/sandboxes/{sb}/fork"), 201)
+            .await;
+        fork.push(d);
+        api.delete(v["id"].as_str().unwrap_or_default()).await;
+    }
+    (snap, fork)
+}
+
 fn du(path: &std::path::Path) -> u64 {
     let out = Command::new("du")
         .args(["-sb", "--"])
@@ -183,6 +203,11 @@ async fn main() {
     }
     row("pause + resume", pr);
 
+    // Snapshot and fork, small layer.
+    api.exec(&sb, "echo hi > ~/small").await;
+    let (snap, fork) = save_rows(&api, &sb, n).await;
+    row("snapshot (small layer)", snap);
+    row("fork (small layer)", fork);
     // Hibernate, then wake to a usable exec (the exec wakes it).
     let mut hib = Vec::new();
     let mut wake = Vec::new();
@@ -198,49 +223,49 @@ async fn main() {
     row("hibernate (small layer)", hib);
     row("wake to first exec (small layer)", wake);
 
-    // Snapshot and fork, small layer.
-    api.exec(&sb, "echo hi > ~/small").await;
-    let (mut snap, mut fork) = (Vec::new(), Vec::new());
-    for _ in 0..n {
-        let (d, v) = api
-            .timed(Method::POST, &format!("/v1/sandboxes/{sb}/snapshots"), 201)
-            .await;
-        snap.push(d);
-        let id = v["id"].as_str().unwrap_or_default().to_string();
-        api.call(Method::DELETE, &format!("/v1/snapshots/{id}"), json!({}))
-            .await;
-        let (d, v) = api
-            .timed(Method::POST, &format!("/v1/sandboxes/{sb}/fork"), 201)
-            .await;
-        fork.push(d);
-        api.delete(v["id"].as_str().unwrap_or_default()).await;
-    }
-    row("snapshot (small layer)", snap);
-    row("fork (small layer)", fork);
     api.delete(&sb).await;
 
-    // The big layer: ~layer_mb MB of package-like files.
+    // The big layer: ~layer_mb MB of package-like files, written since
+    // the sandbox started (all of it in its writable layer).
     let big = api.create().await;
     api.exec(&big, &fill(args.layer_mb)).await;
-    let m = n.min(10);
-    let (mut snap, mut fork, mut hib, mut wake) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..m {
-        let (d, v) = api
-            .timed(Method::POST, &format!("/v1/sandboxes/{big}/snapshots"), 201)
-            .await;
-        snap.push(d);
-        let id = v["id"].as_str().unwrap_or_default().to_string();
-        api.call(Method::DELETE, &format!("/v1/snapshots/{id}"), json!({}))
-            .await;
-        let (d, v) = api
-            .timed(Method::POST, &format!("/v1/sandboxes/{big}/fork"), 201)
-            .await;
-        fork.push(d);
-        api.delete(v["id"].as_str().unwrap_or_default()).await;
+    let mb = args.layer_mb;
+
+    // Disk: ten forks of it (one fork-tree) share one saved copy.
+    let states = data.join("states");
+    let before = du(&states);
+    let t = Instant::now();
+    let v = api
+        .ok(
+            Method::POST,
+            &format!("/v1/sandboxes/{big}/fork-tree"),
+            json!({"count": 10}),
+            201,
+        )
+        .await;
+    let tree_ms = t.elapsed();
+    let kids: Vec<String> = v["children"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|c| c["id"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    let one = du(&states).saturating_sub(before);
+    for k in &kids {
+        api.delete(k).await;
     }
-    row(&format!("snapshot ({} MB layer)", args.layer_mb), snap);
-    row(&format!("fork ({} MB layer)", args.layer_mb), fork);
-    for _ in 0..m.min(5) {
+
+    let m = n.min(5);
+    let (snap, fork) = save_rows(&api, &big, m).await;
+    row(&format!("snapshot ({mb} MB written since start)"), snap);
+    row(&format!("fork ({mb} MB written since start)"), fork);
+
+    // After one hibernation the saved files are a layer under the woken
+    // sandbox: later saves copy only what was written since.
+    let (mut hib, mut wake) = (Vec::new(), Vec::new());
+    for _ in 0..m {
         let (d, _) = api
             .timed(Method::POST, &format!("/v1/sandboxes/{big}/hibernate"), 204)
             .await;
@@ -249,10 +274,20 @@ async fn main() {
         api.exec(&big, "true").await;
         wake.push(t.elapsed());
     }
-    row(&format!("hibernate ({} MB layer)", args.layer_mb), hib);
+    row(&format!("hibernate ({mb} MB; the first copies it)"), hib);
+    row(&format!("wake to first exec ({mb} MB layer)"), wake);
+    let (snap, fork) = save_rows(&api, &big, m).await;
     row(
-        &format!("wake to first exec ({} MB layer)", args.layer_mb),
-        wake,
+        &format!("snapshot ({mb} MB saved before, nothing since)"),
+        snap,
+    );
+    row(&format!("fork ({mb} MB saved before, nothing since)"), fork);
+    println!(
+        "\n{} forks of the {mb} MB sandbox (one fork-tree, {:.0} ms): {:.1} MB of saved layers on disk; ten full copies would be {:.1} MB.",
+        kids.len(),
+        tree_ms.as_secs_f64() * 1000.0,
+        one as f64 / 1e6,
+        one as f64 * 10.0 / 1e6,
     );
 
     // Baseline: a full host copy of the same tree.
@@ -285,39 +320,5 @@ async fn main() {
     let _ = std::fs::remove_dir_all(&copy_src);
     let _ = std::fs::remove_dir_all(&copy_dst);
 
-    // Disk: ten forks of the big sandbox (one fork-tree) vs ten copies.
-    let states = data.join("states");
-    let before = du(&states);
-    let t = Instant::now();
-    let v = api
-        .ok(
-            Method::POST,
-            &format!("/v1/sandboxes/{big}/fork-tree"),
-            json!({"count": 10}),
-            201,
-        )
-        .await;
-    let tree_ms = t.elapsed();
-    let kids: Vec<String> = v["children"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|c| c["id"].as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default();
-    let after = du(&states);
-    let one = after.saturating_sub(before);
-    println!(
-        "\n{} forks (one fork-tree, {:.0} ms): {:.1} MB of saved layers on disk; ten full copies would be {:.1} MB ({:.1}x).",
-        kids.len(),
-        tree_ms.as_secs_f64() * 1000.0,
-        one as f64 / 1e6,
-        one as f64 * 10.0 / 1e6,
-        10.0
-    );
-    for k in &kids {
-        api.delete(k).await;
-    }
     api.delete(&big).await;
 }
