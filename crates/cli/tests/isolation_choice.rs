@@ -227,7 +227,8 @@ async fn a_microvm_runs_behind_the_same_api_when_emulation_is_allowed() {
 }
 
 /// Saving and mounting files is the jail's for now: a gVisor sandbox says
-/// so plainly (400) instead of failing later, and its idle TTL deletes it.
+/// so plainly (400) instead of failing later, and its idle TTL deletes it;
+/// pausing works.
 #[tokio::test(flavor = "multi_thread")]
 async fn gvisor_sandboxes_refuse_what_only_the_jail_can_do_by_name() {
     let data = data_dir("iso-state");
@@ -253,7 +254,35 @@ async fn gvisor_sandboxes_refuse_what_only_the_jail_can_do_by_name() {
         assert!(body["error"].as_str().unwrap().contains(word), "{body}");
     }
     let id = d.create(json!({"isolation": "gvisor"})).await;
-    for op in ["pause", "snapshots", "fork", "hibernate"] {
+    // Pausing works: the host's freezer stops the sentry and its gofer.
+    assert_eq!(d.exec(&id, "echo before > /tmp/p").await.0, 200);
+    assert_eq!(
+        d.status(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/pause"),
+            Some(json!({}))
+        )
+        .await,
+        204
+    );
+    assert_eq!(d.sandbox(&id).await["status"], "paused");
+    assert_eq!(d.exec(&id, "true").await.0, 409);
+    assert_eq!(
+        d.status(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/resume"),
+            Some(json!({}))
+        )
+        .await,
+        204
+    );
+    let (s, body) = d.exec(&id, "cat /tmp/p").await;
+    assert_eq!(
+        (s, body["stdout"].as_str()),
+        (200, Some("before\n")),
+        "{body}"
+    );
+    for op in ["snapshots", "fork", "hibernate"] {
         let (s, body) = d.post(&format!("/v1/sandboxes/{id}/{op}"), json!({})).await;
         assert_eq!(s, 400, "{op}: {body}");
         assert!(

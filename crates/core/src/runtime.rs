@@ -367,7 +367,9 @@ impl Runtime {
         if !opts.mounts.is_empty() && isolation != Isolation::Jail {
             return unsupported("mount volumes");
         }
-        if !opts.state_layers.is_empty() && isolation == Isolation::Microvm {
+        // Only the jail's setup refuses a symlink a saved layer planted;
+        // gVisor's root is composed by this (host) process.
+        if !opts.state_layers.is_empty() && isolation != Isolation::Jail {
             return unsupported("start from saved files");
         }
         // Standbys already have their own network namespace, and are of the

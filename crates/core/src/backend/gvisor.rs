@@ -402,6 +402,13 @@ impl GvisorBackend {
     /// processes, mounts, cgroup and directory.
     fn remove_all(&self, id: &str, dir: &Path) -> Result<(), GvisorError> {
         let t0 = Instant::now();
+        // A paused sandbox's processes die of SIGKILL only once thawed.
+        if let Ok(h) = hierarchy() {
+            let cg = Cgroup::open(h, &self.cgroup_parent, id);
+            if cg.is_frozen() {
+                let _ = cg.thaw();
+            }
+        }
         // Every process runsc made for the sandbox (the sentry, the gofer,
         // a `runsc run` still starting) names its bundle. Killing them is
         // enough: runsc's state for it is in the directory removed below.
@@ -1016,10 +1023,30 @@ impl Instance for GvisorSandbox {
         if alive(self.pid, self.start_time) {
             kill_pid(self.pid);
         }
+        // A frozen process dies of SIGKILL only once thawed.
+        if self.cgroup.is_frozen() {
+            let _ = self.cgroup.thaw();
+        }
     }
 
     fn destroy(self: Box<Self>) -> Result<(), BackendError> {
         Ok(self.backend.remove_all(&self.id, &self.dir)?)
+    }
+
+    // The sentry, the gofer and every process they run are in the
+    // sandbox's host cgroup: the host's freezer stops them all at once.
+    fn freeze(&self) -> Result<(), BackendError> {
+        self.cgroup
+            .freeze()
+            .map_err(|e| GvisorError::from(e).into())
+    }
+
+    fn thaw(&self) -> Result<(), BackendError> {
+        self.cgroup.thaw().map_err(|e| GvisorError::from(e).into())
+    }
+
+    fn is_frozen(&self) -> bool {
+        self.cgroup.is_frozen()
     }
 }
 

@@ -108,7 +108,7 @@ pub(crate) async fn system(State(state): St) -> Json<SystemView> {
                     available: isolation.is_some_and(|i| runs.contains(&i)),
                     default: isolation == Some(default),
                     detail: b.detail.clone(),
-                    pause: jail && freezer,
+                    pause: isolation != Some(runcell_core::backend::Isolation::Microvm) && freezer,
                     save_files: jail,
                     save_memory: false,
                     state_detail: if jail {
@@ -116,6 +116,8 @@ pub(crate) async fn system(State(state): St) -> Json<SystemView> {
                             "files are saved (the writable layer, copied while frozen); processes and memory are not (no checkpointing){}",
                             if freezer { "" } else { "; no cgroup freezer, so no pause" }
                         )
+                    } else if isolation == Some(runcell_core::backend::Isolation::Gvisor) {
+                        "pause works (the host's freezer stops the sentry and gofer); snapshots, forks and hibernation are not implemented for gVisor yet".into()
                     } else {
                         "pause, snapshots, forks and hibernation are not implemented for this backend yet".into()
                     },
