@@ -128,3 +128,115 @@ async fn snapshots_paused_hibernated_sandboxes_and_volumes_survive_a_sigkill() {
         .unwrap_or_default();
     assert!(volumes.is_empty(), "volume files left: {volumes:?}");
 }
+
+/// Another workspace's key gets a 404 for a paused, a hibernated and a
+/// running sandbox alike, on every route of issue 14, and never wakes,
+/// resumes, snapshots or forks it; its snapshots and volumes are invisible.
+#[tokio::test(flavor = "multi_thread")]
+async fn another_workspace_cannot_touch_saved_state() {
+    let data = data_dir("persist-tenancy");
+    let d = Daemon::start(&data, free_port(), &[]);
+    let other = key_cmd(&data, &["create", "--workspace", "team-b", "--name", "t"])
+        .trim()
+        .to_string();
+    let running = d.create(json!({})).await;
+    let paused = d.create(json!({})).await;
+    let asleep = d.create(json!({"persistent": true})).await;
+    for (id, op) in [(&paused, "pause"), (&asleep, "hibernate")] {
+        let path = format!("/v1/sandboxes/{id}/{op}");
+        let s = d
+            .status(reqwest::Method::POST, &path, Some(json!({})))
+            .await;
+        assert_eq!(s, 204, "{path}");
+    }
+    let (s, snap) = d
+        .post(&format!("/v1/sandboxes/{running}/snapshots"), json!({}))
+        .await;
+    assert_eq!(s, 201, "{snap}");
+    let (s, _) = d
+        .post("/v1/volumes", json!({"name": "mine", "size_mb": 8}))
+        .await;
+    assert_eq!(s, 201);
+    for id in [&running, &paused, &asleep] {
+        for (method, path) in [
+            (reqwest::Method::GET, format!("/v1/sandboxes/{id}")),
+            (reqwest::Method::POST, format!("/v1/sandboxes/{id}/exec")),
+            (
+                reqwest::Method::GET,
+                format!("/v1/sandboxes/{id}/fs?path=/etc/passwd"),
+            ),
+            (reqwest::Method::POST, format!("/v1/sandboxes/{id}/pause")),
+            (reqwest::Method::POST, format!("/v1/sandboxes/{id}/resume")),
+            (reqwest::Method::POST, format!("/v1/sandboxes/{id}/wake")),
+            (
+                reqwest::Method::POST,
+                format!("/v1/sandboxes/{id}/hibernate"),
+            ),
+            (
+                reqwest::Method::POST,
+                format!("/v1/sandboxes/{id}/snapshots"),
+            ),
+            (reqwest::Method::POST, format!("/v1/sandboxes/{id}/fork")),
+            (reqwest::Method::POST, format!("/v1/sandboxes/{id}/promote")),
+            (reqwest::Method::DELETE, format!("/v1/sandboxes/{id}")),
+        ] {
+            let body = if path.ends_with("/exec") {
+                json!({"cmd": "true"})
+            } else {
+                json!({})
+            };
+            let r = d
+                .req_as(&other, method.clone(), &path)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(
+                r.status(),
+                404,
+                "{method} {path} with another workspace's key"
+            );
+        }
+    }
+    // Nothing changed for the owner.
+    assert_eq!(d.sandbox(&paused).await["status"], "paused");
+    assert_eq!(d.sandbox(&asleep).await["status"], "hibernated");
+    assert_eq!(d.sandbox(&running).await["status"], "running");
+    let snaps: Value = d.get_as(&other, "/v1/snapshots").await;
+    assert_eq!(snaps["snapshots"], json!([]));
+    let id = snap["id"].as_str().unwrap();
+    let r = d
+        .req_as(&other, reqwest::Method::GET, &format!("/v1/snapshots/{id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let r = d
+        .req_as(&other, reqwest::Method::POST, "/v1/sandboxes")
+        .json(&json!({"from_snapshot": id}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let vols: Value = d.get_as(&other, "/v1/volumes").await;
+    assert_eq!(vols["items"], json!([]));
+    let r = d
+        .req_as(&other, reqwest::Method::POST, "/v1/sandboxes")
+        .json(&json!({"volumes": [{"name": "mine"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        400,
+        "another workspace's volume is unknown to it"
+    );
+    for id in [&running, &paused, &asleep] {
+        d.delete(id).await;
+    }
+    assert_eq!(
+        d.status(reqwest::Method::DELETE, "/v1/volumes/mine", None)
+            .await,
+        204
+    );
+}

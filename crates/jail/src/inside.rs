@@ -174,7 +174,9 @@ fn build_root(spec: &InitSpec, enter: Enter) -> Result<(), SetupError> {
         ),
     )
     .map_err(step("mounting the writable layer"))?;
-    keep_stage_open(stage)?;
+    if enter == Enter::Pivot {
+        keep_stage_open(stage)?;
+    }
     let root = stage.join("root");
     for d in ["root", "upper", "work", "shm"] {
         mkdir(&stage.join(d), 0o755)?;

@@ -705,7 +705,18 @@ impl<'a> Service<'a> {
         let one = state.sandbox_lock(id);
         let _one = one.lock().await;
         if let Some(e) = state.entry(id) {
-            return Ok(e);
+            // Woken meanwhile, or running: only its own workspace gets it.
+            let own = e
+                .record
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .workspace
+                == workspace;
+            return if own {
+                Ok(e)
+            } else {
+                Err(state.gone(workspace, id))
+            };
         }
         let mut record = self
             .hibernated(workspace, id)
