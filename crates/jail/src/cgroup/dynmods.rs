@@ -101,4 +101,25 @@ mod tests {
         let tmpfs = "31 23 0:28 / /tmp rw - tmpfs tmpfs rw,favordynmods\n";
         assert!(!favoured(tmpfs));
     }
+
+    #[test]
+    fn enabling_leaves_a_favordynmods_hierarchy_mounted() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test mounts a cgroup hierarchy: run it as root"
+        );
+        assert!(
+            enable(),
+            "no cgroup hierarchy could be mounted with favordynmods (Linux 6.0+ needed)"
+        );
+        let info = std::fs::read_to_string("/proc/self/mountinfo").expect("the mount table");
+        assert!(favoured(&info), "no favordynmods mount in:\n{info}");
+        // A second call finds it and mounts nothing more (counted among
+        // favordynmods mounts only: other processes mount things too).
+        let ours = |info: &str| info.lines().filter(|l| favoured(l)).count();
+        let before = ours(&info);
+        assert!(enable());
+        let after = std::fs::read_to_string("/proc/self/mountinfo").expect("the mount table");
+        assert_eq!(ours(&after), before, "a second call stacked another mount");
+    }
 }
