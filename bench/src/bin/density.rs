@@ -206,7 +206,9 @@ async fn main() {
     let rss_after = kib(&status, "VmRSS").unwrap_or(0);
     // Again beside 1: drift on a shared host shows as a gap between the two.
     let at_1_again = create_latency(&daemon, &http, args.samples).await;
-    daemon.kill9();
+    // SIGTERM: the daemon removes its standby pool (SIGKILL would leave
+    // the pool's cgroups behind).
+    daemon.stop();
     let _ = std::fs::remove_dir_all(&data);
 
     println!(

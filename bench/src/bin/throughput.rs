@@ -294,7 +294,9 @@ async fn main() {
         }
     }
     if let Ok(mut b) = Arc::try_unwrap(bench) {
-        b.daemon.kill9();
+        // SIGTERM: the daemon removes its standby pool (SIGKILL would leave
+        // the pool's cgroups behind).
+        b.daemon.stop();
     }
     let _ = std::fs::remove_dir_all(&data);
 
