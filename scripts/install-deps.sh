@@ -29,6 +29,8 @@ have debootstrap || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
 have gpgv || need+=(gpgv)
 have bwrap || need+=(bubblewrap)   # benchmark baseline
 have runsc || need+=(runsc)        # the gVisor backend (crates/core/tests/gvisor.rs) and a benchmark baseline
+have perf || need+=(linux-perf)    # bench.sh --cpu: CPU per run, process trees and kernel threads
+have bc || need+=(bc)              # bench.sh --cpu's arithmetic
 
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"

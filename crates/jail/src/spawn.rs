@@ -213,6 +213,8 @@ fn hierarchy() -> Result<&'static Hierarchy, CgroupError> {
         return Ok(h);
     }
     let h = Hierarchy::detect()?;
+    // Once per process, before the first sandbox is moved into its cgroup.
+    crate::cgroup::dynmods::enable();
     Ok(H.get_or_init(|| h))
 }
 

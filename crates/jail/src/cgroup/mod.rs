@@ -6,6 +6,7 @@
 //! agent unshares a cgroup namespace and mounts none, so `release_agent` and
 //! limit files are out of reach.
 
+pub mod dynmods;
 mod v1;
 mod v2;
 
