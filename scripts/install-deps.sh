@@ -29,6 +29,12 @@ have debootstrap || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
 have gpgv || need+=(gpgv)
 have bwrap || need+=(bubblewrap)   # benchmark baseline
 have runsc || need+=(runsc)        # the gVisor backend (crates/core/tests/gvisor.rs) and a benchmark baseline
+# Cluster mode: the server's etcd client (the etcd-client crate) compiles
+# etcd's protobuf definitions with protoc, which needs the well-known types;
+# scripts/test-cluster.sh runs a three-member etcd.
+have protoc || need+=(protobuf-compiler)
+[ -f /usr/include/google/protobuf/descriptor.proto ] || need+=(libprotobuf-dev)
+have etcd || need+=(etcd-server)
 
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"

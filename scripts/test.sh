@@ -27,3 +27,6 @@ RUNCELL_TEST_ISOLATION=gvisor cargo test -p runcell-cli --test hostile_output --
 # The Helm chart (deploy/kubernetes), rendered and validated offline
 # against the Kubernetes JSON schemas.
 ./scripts/test-deploy.sh
+# Cluster mode: three etcd members and three nodes on loopback, faults
+# included, and the @pandastack/sdk suite through one node.
+./scripts/test-cluster.sh
