@@ -10,6 +10,8 @@
 #   sudo ./scripts/bench.sh --persistence [--iterations N]
 # The egress proxy (10 MiB and small downloads, proxied vs direct):
 #   sudo ./scripts/bench.sh --egress [--iterations N]
+# Cluster mode's forwarding hop (1, 2, 3 nodes on one etcd member):
+#   sudo ./scripts/bench.sh --cluster [--creates N] [--execs N]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
@@ -29,6 +31,10 @@ fi
 if [ "${1:-}" = "--persistence" ]; then
   shift
   exec target/release/runcell-bench-persistence "$@"
+fi
+if [ "${1:-}" = "--cluster" ]; then
+  shift
+  exec target/release/runcell-bench-cluster "$@"
 fi
 if [ "${1:-}" = "--api" ]; then
   shift

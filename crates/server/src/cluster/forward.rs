@@ -510,8 +510,14 @@ async fn cluster_view(cluster: &Arc<Cluster>) -> Response {
         "store_reachable": nodes.is_some(),
         "nodes": list,
         "etcd_ops": {
-            "reads": cluster.ops.reads.load(std::sync::atomic::Ordering::Relaxed),
-            "writes": cluster.ops.writes.load(std::sync::atomic::Ordering::Relaxed),
+            "requests": {
+                "reads": cluster.ops.reads.load(std::sync::atomic::Ordering::Relaxed),
+                "writes": cluster.ops.writes.load(std::sync::atomic::Ordering::Relaxed),
+            },
+            "background": {
+                "reads": cluster.background.reads.load(std::sync::atomic::Ordering::Relaxed),
+                "writes": cluster.background.writes.load(std::sync::atomic::Ordering::Relaxed),
+            },
         },
     }))
     .into_response()

@@ -183,8 +183,12 @@ pub struct Cluster {
     all_keys: Mutex<HashMap<String, KeyRecord>>,
     /// Stop taking creates.
     draining: std::sync::atomic::AtomicBool,
-    /// etcd requests made.
+    /// etcd requests made while serving API requests (routing, keys,
+    /// publishing a create or delete, listing).
     pub ops: EtcdOps,
+    /// etcd requests made by the once-a-second round (lease, node record,
+    /// keys, sandbox records, node list).
+    pub background: EtcdOps,
     /// The HTTP client that forwards to other nodes.
     pub(crate) http: forward::HttpClient,
 }
@@ -235,6 +239,7 @@ impl Cluster {
             all_keys: Default::default(),
             draining: Default::default(),
             ops: EtcdOps::default(),
+            background: EtcdOps::default(),
             http: forward::http_client(),
         }))
     }
@@ -300,7 +305,7 @@ impl Cluster {
 
     async fn read_nodes(&self) -> Result<(), ClusterError> {
         let mut c = self.client.clone();
-        self.ops.read();
+        self.background.read();
         let resp = c
             .get(
                 format!("{PREFIX}nodes/"),
@@ -391,7 +396,7 @@ impl Cluster {
     /// Reads every node's keys into the local copy.
     async fn read_keys(&self) -> Result<(), ClusterError> {
         let mut c = self.client.clone();
-        self.ops.read();
+        self.background.read();
         let resp = c
             .get(
                 format!("{PREFIX}keys/"),
@@ -493,7 +498,7 @@ impl Cluster {
     /// Registers this node under a new lease; returns the lease.
     async fn register(&self, state: &AppState) -> Result<i64, ClusterError> {
         let mut c = self.client.clone();
-        self.ops.write();
+        self.background.write();
         let lease = c.lease_grant(LEASE_TTL_SECONDS, None).await?.id();
         self.put_info(state, lease).await?;
         Ok(lease)
@@ -502,7 +507,7 @@ impl Cluster {
     async fn put_info(&self, state: &AppState, lease: i64) -> Result<(), ClusterError> {
         let info = serde_json::to_string(&self.info(state)).unwrap_or_default();
         let mut c = self.client.clone();
-        self.ops.write();
+        self.background.write();
         c.put(
             format!("{PREFIX}nodes/{}", self.name()),
             info,
@@ -551,7 +556,7 @@ impl Cluster {
         };
         for (h, r) in changed {
             let mut c = self.client.clone();
-            self.ops.write();
+            self.background.write();
             c.put(
                 format!("{PREFIX}keys/{h}"),
                 serde_json::to_string(&r).unwrap_or_default(),
@@ -590,7 +595,7 @@ impl Cluster {
         if first {
             // What etcd says this node owns, from before a restart.
             let mut c = self.client.clone();
-            self.ops.read();
+            self.background.read();
             let resp = c
                 .get(
                     format!("{PREFIX}sandbox/"),
@@ -609,7 +614,7 @@ impl Cluster {
                         .to_string();
                     if !now.contains_key(&id) {
                         let mut c = self.client.clone();
-                        self.ops.write();
+                        self.background.write();
                         c.txn(Txn::new().and_then(vec![
                             TxnOp::delete(sandbox_key(&id), None),
                             TxnOp::delete(record_key(&owner.workspace, &id), None),
@@ -630,7 +635,7 @@ impl Cluster {
                 continue;
             };
             let mut c = self.client.clone();
-            self.ops.write();
+            self.background.write();
             c.txn(Txn::new().and_then(vec![
                 TxnOp::delete(sandbox_key(&id), None),
                 TxnOp::delete(record_key(&ws, &id), None),
@@ -647,7 +652,7 @@ impl Cluster {
             })
             .unwrap_or_default();
             let mut c = self.client.clone();
-            self.ops.write();
+            self.background.write();
             c.txn(Txn::new().and_then(vec![
                 TxnOp::put(sandbox_key(&id), owner, None),
                 TxnOp::put(record_key(&ws, &id), record.clone(), None),
@@ -686,6 +691,7 @@ impl Cluster {
                             lease = Some((id, keeper, stream));
                         }
                         Some((id, keeper, stream)) => {
+                            me.background.write();
                             keeper.keep_alive().await?;
                             let alive = match tokio::time::timeout(
                                 Duration::from_secs(2),
