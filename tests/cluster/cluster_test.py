@@ -170,6 +170,7 @@ class Node:
                 "--warm-pool", "code-interpreter=0",
                 "--max-sandboxes", "12",
                 "--shutdown-grace", "3s",
+                "--lost-after", "20s",
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -356,6 +357,25 @@ def scenario(etcd, a, b, c):
         if sid:
             http("DELETE", f"{a.url}/v1/sandboxes/{sid}", a.key)
 
+    # Draining: a node that drains takes no creates; its sandboxes go on.
+    s, _, v = http("POST", f"{c.url}/v1/cluster/drain", a.key)
+    check("POST /v1/cluster/drain on C", s == 200 and v.get("draining") is True, f"{s} {v}")
+    got = wait_for(
+        "A to see C draining",
+        lambda: any(n["name"] == "nc" and n["draining"] for n in http("GET", a.url + "/v1/cluster", a.key)[2]["nodes"]),
+        timeout=10,
+    )
+    check("A sees C draining", bool(got))
+    placed = [create(a, a.key) for _ in range(4)]
+    where = [p[1].get("x-runcell-node") for p in placed]
+    check("no create lands on a draining node", all(p[0] == 201 for p in placed) and "nc" not in where, where)
+    for p in placed:
+        if p[0] == 201:
+            http("DELETE", f"{a.url}/v1/sandboxes/{p[2]['id']}", a.key)
+    s, _, r = run(a, a.key, on_c["id"], "echo draining")
+    check("a draining node's sandbox still works", s == 200, f"{s} {r}")
+    http("DELETE", f"{c.url}/v1/cluster/drain", a.key)
+
     # Delete through another node.
     s, _, _ = http("DELETE", f"{c.url}/v1/sandboxes/{on_a['id']}", a.key)
     check("delete through C of A's sandbox answers 204", s == 204, s)
@@ -433,6 +453,28 @@ def scenario(etcd, a, b, c):
         timeout=15,
     )
     check("etcd back: list through B shows the sandboxes made before the outage", bool(got))
+
+    # A node that comes back later than --lost-after (20 s) removes the
+    # sandboxes it had (they were reported lost) instead of re-attaching them.
+    b.kill()
+    time.sleep(23)
+    b.start()
+    got = wait_for(
+        "B's late sandbox to be gone",
+        lambda: run(c, a.key, on_b, "true", timeout=10)[0] == 404,
+        timeout=20,
+    )
+    check("B back late: its sandbox answers 404 through C", bool(got))
+    s, _, r = run(b, a.key, on_b, "true", timeout=10)
+    check("B back late: B answers 404 saying the sandbox was lost", s == 404 and "lost" in json.dumps(r), f"{s} {r}")
+    got = wait_for(
+        "B's late sandbox out of the list",
+        lambda: on_b not in (ids(http("GET", f"{a.url}/v1/sandboxes", a.key)[2]) or [on_b]),
+        timeout=10,
+    )
+    check("B back late: its sandbox is gone from the list", bool(got))
+    got = wait_for("B's sandbox directory removed", lambda: not os.path.exists(os.path.join(b.data, "sandboxes", on_b)), timeout=15)
+    check("B back late: nothing of the sandbox is left on B", bool(got))
 
 
 def sdk_suite(node):

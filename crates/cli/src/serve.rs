@@ -148,6 +148,11 @@ pub struct ServeArgs {
     /// --listen, 127.0.0.1 for an unspecified address]
     #[arg(long, env = "RUNCELL_ADVERTISE", requires = "cluster")]
     advertise: Option<String>,
+    /// In a cluster, a node that was away longer than this comes back to
+    /// find its sandboxes reported lost and removes them instead of
+    /// re-attaching them. [default: 60s]
+    #[arg(long, env = "RUNCELL_LOST_AFTER", value_parser = parse_duration, requires = "cluster")]
+    lost_after: Option<Duration>,
 }
 
 /// The TOML file. Durations and sizes are strings as on the command line.
@@ -400,6 +405,7 @@ fn settings(
                 &url,
                 args.node_name,
                 args.advertise,
+                args.lost_after.unwrap_or(Duration::from_secs(60)),
                 config.listen,
             )?),
         },
@@ -419,6 +425,7 @@ fn cluster_config(
     url: &str,
     node_name: Option<String>,
     advertise: Option<String>,
+    lost_after: Duration,
     listen: SocketAddr,
 ) -> Result<runcell_server::cluster::ClusterConfig, String> {
     let endpoints = runcell_server::cluster::parse_url(url).map_err(|e| e.to_string())?;
@@ -436,6 +443,7 @@ fn cluster_config(
         node_name,
         advertise: advertise
             .unwrap_or_else(|| format!("http://{}", SocketAddr::new(host, listen.port()))),
+        lost_after,
     })
 }
 

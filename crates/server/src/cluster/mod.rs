@@ -47,6 +47,9 @@ pub struct ClusterConfig {
     pub node_name: String,
     /// The URL other nodes forward requests to (`http://host:port`).
     pub advertise: String,
+    /// A node away (no lease) longer than this comes back to find its
+    /// sandboxes reported lost: it removes them rather than re-attach.
+    pub lost_after: Duration,
 }
 
 /// Errors of cluster mode.
@@ -504,17 +507,63 @@ impl Cluster {
         Ok(lease)
     }
 
+    /// Puts the node record under the lease, and when it was last seen
+    /// (outside the lease, for [`Cluster::came_back_late`]).
     async fn put_info(&self, state: &AppState, lease: i64) -> Result<(), ClusterError> {
         let info = serde_json::to_string(&self.info(state)).unwrap_or_default();
         let mut c = self.client.clone();
         self.background.write();
-        c.put(
-            format!("{PREFIX}nodes/{}", self.name()),
-            info,
-            Some(PutOptions::new().with_lease(lease)),
-        )
+        c.txn(Txn::new().and_then(vec![
+            TxnOp::put(
+                format!("{PREFIX}nodes/{}", self.name()),
+                info,
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+            TxnOp::put(
+                format!("{PREFIX}seen/{}", self.name()),
+                crate::state::now_ms().to_string(),
+                None,
+            ),
+        ]))
         .await?;
         Ok(())
+    }
+
+    /// Whether this node was away (not seen) longer than `lost_after`:
+    /// its sandboxes were reported lost meanwhile.
+    async fn came_back_late(&self) -> Result<Option<i64>, ClusterError> {
+        let mut c = self.client.clone();
+        self.background.read();
+        let resp = c.get(format!("{PREFIX}seen/{}", self.name()), None).await?;
+        let seen = resp
+            .kvs()
+            .first()
+            .and_then(|kv| kv.value_str().ok()?.parse::<i64>().ok());
+        let away = seen.map(|s| crate::state::now_ms() - s);
+        let limit = i64::try_from(self.config.lost_after.as_millis()).unwrap_or(i64::MAX);
+        Ok(away.filter(|a| *a > limit))
+    }
+
+    /// Removes this node's sandboxes after it came back late (they were
+    /// reported lost to their users, who may have made new ones).
+    async fn reap_lost(&self, state: &AppState, away_ms: i64) {
+        let ids: Vec<String> = state
+            .sandboxes
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect();
+        let reason = format!(
+            "lost: node {} was away {} s, longer than its lost-after of {} s",
+            self.name(),
+            away_ms / 1000,
+            self.config.lost_after.as_secs()
+        );
+        for id in ids {
+            tracing::warn!(sandbox = %id, "{reason}");
+            state.remove(&id, &reason).await;
+        }
     }
 
     /// Publishes this node's keys that changed since the last round.
@@ -684,6 +733,11 @@ impl Cluster {
                 let round = async {
                     match lease.as_mut() {
                         None => {
+                            if first_sync {
+                                if let Some(away) = me.came_back_late().await? {
+                                    me.reap_lost(&state, away).await;
+                                }
+                            }
                             let id = me.register(&state).await?;
                             let mut c = me.client.clone();
                             let (keeper, stream) = c.lease_keep_alive(id).await?;
