@@ -202,6 +202,31 @@ async fn delete_all(http: &reqwest::Client, via: &Daemon, key: &str, ids: &[Stri
     }
 }
 
+/// Removes the nodes' (empty) cgroup parents, waiting up to 10 s for the
+/// last sandbox teardowns.
+fn remove_cgroups(run: u32, names: &[String]) {
+    let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return;
+    };
+    let mut left: Vec<PathBuf> = controllers
+        .flatten()
+        .flat_map(|c| {
+            names
+                .iter()
+                .map(move |n| c.path().join(format!("runcell-bench-{run}-{n}")))
+        })
+        .filter(|p| p.exists())
+        .collect();
+    let until = Instant::now() + Duration::from_secs(10);
+    while !left.is_empty() && Instant::now() < until {
+        left.retain(|p| std::fs::remove_dir(p).is_err() && p.exists());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for p in left {
+        eprintln!("left behind: {}", p.display());
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
@@ -296,6 +321,7 @@ async fn main() {
         ));
         drop(nodes);
         drop(etcd);
+        remove_cgroups(run, &names);
     }
     println!();
     for (n, rate) in background_per_node_s {
