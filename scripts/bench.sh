@@ -17,6 +17,8 @@
 #   sudo ./scripts/bench.sh --density [--sandboxes N]
 # CPU per run (process tree + kernel threads; bare, bwrap, runcell run):
 #   sudo ./scripts/bench.sh --cpu [RUNS_PER_BLOCK] [ROUNDS]
+# Cluster mode's forwarding hop (1, 2, 3 nodes on one etcd member):
+#   sudo ./scripts/bench.sh --cluster [--creates N] [--execs N]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
@@ -63,6 +65,10 @@ fi
 if [ "${1:-}" = "--persistence" ]; then
   shift
   exec target/release/runcell-bench-persistence "$@"
+fi
+if [ "${1:-}" = "--cluster" ]; then
+  shift
+  exec target/release/runcell-bench-cluster "$@"
 fi
 if [ "${1:-}" = "--api" ]; then
   shift

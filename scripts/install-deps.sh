@@ -31,6 +31,12 @@ have bwrap || need+=(bubblewrap)   # benchmark baseline
 have runsc || need+=(runsc)        # the gVisor backend (crates/core/tests/gvisor.rs) and a benchmark baseline
 have perf || need+=(linux-perf)    # bench.sh --cpu: CPU per run, process trees and kernel threads
 have bc || need+=(bc)              # bench.sh --cpu's arithmetic
+# Cluster mode: the server's etcd client (the etcd-client crate) compiles
+# etcd's protobuf definitions with protoc, which needs the well-known types;
+# scripts/test-cluster.sh runs a three-member etcd.
+have protoc || need+=(protobuf-compiler)
+[ -f /usr/include/google/protobuf/descriptor.proto ] || need+=(libprotobuf-dev)
+have etcd || need+=(etcd-server)
 
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"

@@ -24,3 +24,9 @@ RUNCELL_TEST_ISOLATION=gvisor cargo test -p runcell-cli --test hostile_output --
 ./scripts/test-sdk.sh
 # The Mastra tool (sdk/mastra) in a real @mastra/core Agent, on Node 22.
 ./scripts/test-mastra.sh
+# The Helm chart (deploy/kubernetes), rendered and validated offline
+# against the Kubernetes JSON schemas.
+./scripts/test-deploy.sh
+# Cluster mode: three etcd members and three nodes on loopback, faults
+# included, and the @pandastack/sdk suite through one node.
+./scripts/test-cluster.sh

@@ -44,7 +44,7 @@ enum Commands {
     Run(run::RunArgs),
     /// Run the daemon: the /v1 HTTP API (PandaStack-compatible), with TTLs
     /// that survive restarts.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Manage the daemon's API keys and their workspaces.
     Key(key::KeyArgs),
     /// Build, list and remove templates.
@@ -90,7 +90,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let command = match cli.command {
-        Commands::Serve(args) => return serve::main(args, cli.templates_dir),
+        Commands::Serve(args) => return serve::main(*args, cli.templates_dir),
         Commands::Key(args) => return key::main(args),
         Commands::Doctor(args) => return doctor::main(args),
         other => other,

@@ -132,6 +132,27 @@ pub struct ServeArgs {
     /// of times slower: for tests). [default: false]
     #[arg(long, env = "RUNCELL_ALLOW_EMULATION", num_args = 0..=1, default_missing_value = "true")]
     allow_emulation: Option<bool>,
+    /// Cgroup parent of this daemon's sandboxes (two daemons on one host
+    /// each take their own). [default: runcell]
+    #[arg(long, env = "RUNCELL_CGROUP_PARENT")]
+    cgroup_parent: Option<String>,
+    /// Cluster mode: share keys, workspaces and sandbox records with the
+    /// other nodes through etcd, e.g. etcd://10.0.0.1:2379,10.0.0.2:2379.
+    /// Without it the daemon is a single node.
+    #[arg(long, env = "RUNCELL_CLUSTER")]
+    cluster: Option<String>,
+    /// This node's name in the cluster. [default: the host name and port]
+    #[arg(long, env = "RUNCELL_NODE_NAME", requires = "cluster")]
+    node_name: Option<String>,
+    /// The URL the other nodes reach this one at. [default: http:// and
+    /// --listen, 127.0.0.1 for an unspecified address]
+    #[arg(long, env = "RUNCELL_ADVERTISE", requires = "cluster")]
+    advertise: Option<String>,
+    /// In a cluster, a node that was away longer than this comes back to
+    /// find its sandboxes reported lost and removes them instead of
+    /// re-attaching them. [default: 60s]
+    #[arg(long, env = "RUNCELL_LOST_AFTER", value_parser = parse_duration, requires = "cluster")]
+    lost_after: Option<Duration>,
 }
 
 /// The TOML file. Durations and sizes are strings as on the command line.
@@ -317,7 +338,7 @@ fn settings(
             .max_sandboxes
             .or(file.max_sandboxes)
             .unwrap_or(d.max_sandboxes),
-        cgroup_parent: d.cgroup_parent,
+        cgroup_parent: args.cgroup_parent.unwrap_or(d.cgroup_parent),
         mcp_template: d.mcp_template,
         warm_pools: if !args.warm_pools.is_empty() {
             args.warm_pools.into_iter().collect()
@@ -375,6 +396,20 @@ fn settings(
             .allow_emulation
             .or(file.allow_emulation)
             .unwrap_or(d.allow_emulation),
+        cluster: None,
+    };
+    let config = ServeConfig {
+        cluster: match args.cluster {
+            None => None,
+            Some(url) => Some(cluster_config(
+                &url,
+                args.node_name,
+                args.advertise,
+                args.lost_after.unwrap_or(Duration::from_secs(60)),
+                config.listen,
+            )?),
+        },
+        ..config
     };
     let grace = dur(
         args.shutdown_grace,
@@ -383,6 +418,33 @@ fn settings(
         Duration::from_secs(30),
     )?;
     Ok((config, grace))
+}
+
+/// Cluster settings from `--cluster`, `--node-name` and `--advertise`.
+fn cluster_config(
+    url: &str,
+    node_name: Option<String>,
+    advertise: Option<String>,
+    lost_after: Duration,
+    listen: SocketAddr,
+) -> Result<runcell_server::cluster::ClusterConfig, String> {
+    let endpoints = runcell_server::cluster::parse_url(url).map_err(|e| e.to_string())?;
+    let host = if listen.ip().is_unspecified() {
+        std::net::IpAddr::from([127, 0, 0, 1])
+    } else {
+        listen.ip()
+    };
+    let node_name = node_name.unwrap_or_else(|| {
+        let h = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{}-{}", h.trim(), listen.port())
+    });
+    Ok(runcell_server::cluster::ClusterConfig {
+        endpoints,
+        node_name,
+        advertise: advertise
+            .unwrap_or_else(|| format!("http://{}", SocketAddr::new(host, listen.port()))),
+        lost_after,
+    })
 }
 
 pub fn main(args: ServeArgs, templates_dir: Option<PathBuf>) -> ExitCode {

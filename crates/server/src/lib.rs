@@ -4,6 +4,7 @@
 
 mod autobuild;
 mod clock;
+pub mod cluster;
 mod error;
 mod http;
 pub mod keys;
@@ -58,6 +59,9 @@ pub enum ServeError {
     /// Serving failed.
     #[error("The HTTP server failed.")]
     Http(#[source] std::io::Error),
+    /// Cluster mode could not start.
+    #[error(transparent)]
+    Cluster(#[from] cluster::ClusterError),
     /// Sandboxes could not reach their directories: every create would fail.
     #[error(
         "Sandboxes cannot reach the {what} {dir}: {blocker} (mode {mode:o}, owner {uid}:{gid}) \
@@ -186,6 +190,10 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
         .with_default_isolation(config.default_isolation)
         .map_err(ServeError::DefaultIsolation)?;
     let pools = pool::WarmPools::new(&runtime, &config.warm_pools, config.default_limits);
+    let cluster = match &config.cluster {
+        Some(c) => Some(cluster::Cluster::connect(c.clone()).await?),
+        None => None,
+    };
     let state = Arc::new(AppState {
         config: config.clone(),
         pools,
@@ -202,8 +210,12 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
         transitions: Default::default(),
         attaching: Default::default(),
         saving_layers: Default::default(),
+        cluster,
     });
     reconcile(&state).await;
+    if let Some(c) = &state.cluster {
+        c.start(state.clone());
+    }
     volumes::mount_all(&state);
     snapshots::collect_at_start(&state);
     if state.config.auto_build {
@@ -305,6 +317,9 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
         _ = async { stopping.notified().await; tokio::time::sleep(grace).await } => {
             tracing::warn!("the shutdown grace period ended with requests still running");
         }
+    }
+    if let Some(c) = &state.cluster {
+        c.leave().await;
     }
     state.pools.close();
     for p in state.pools.all() {

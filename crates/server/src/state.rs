@@ -69,6 +69,8 @@ pub struct ServeConfig {
     /// Hibernate persistent sandboxes when their idle TTL runs out
     /// (instead of leaving them running); a sandbox's own `on_idle` wins.
     pub idle_hibernate: bool,
+    /// Cluster mode (`--cluster`): `None` is a single node.
+    pub cluster: Option<crate::cluster::ClusterConfig>,
 }
 
 impl Default for ServeConfig {
@@ -102,6 +104,7 @@ impl Default for ServeConfig {
             snapshot_quota_bytes: 10 << 30,
             idle_hibernate: false,
             volume_quota_mb: 10 << 10,
+            cluster: None,
         }
     }
 }
@@ -178,6 +181,8 @@ pub struct AppState {
     pub attaching: Mutex<std::collections::HashSet<(String, String)>>,
     /// One lock per sandbox that hibernates or wakes ([`AppState::sandbox_lock`]).
     pub transitions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// This node's membership of a cluster (`--cluster`), if any.
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 /// Grace the agent's own deadline gives the daemon to reap first.

@@ -14,7 +14,7 @@ mod openapi;
 mod panics;
 mod rejection;
 mod repl;
-mod sandboxes;
+pub(crate) mod sandboxes;
 mod snapshots;
 mod stream;
 mod system;
@@ -102,6 +102,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/templates", get(templates::templates))
         .route("/templates/{name}", get(templates::template))
         .fallback(no_route)
+        // Cluster mode: forwarding, placement, listing (inside the key check).
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::cluster::forward::layer,
+        ))
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth));
     // MCP over streamable HTTP. Its tools call this daemon's /v1 API with
     // the key of the MCP request, so they see exactly what the key may see.
@@ -201,7 +206,16 @@ async fn auth(State(state): St, req: Request, next: Next) -> Response {
                 req.extensions_mut().insert(Workspace(ws));
                 return next.run(req).await;
             }
-            Ok(None) => "invalid api token",
+            // In cluster mode, a key of another node's registry.
+            Ok(None) => match crate::cluster::forward::key_workspace(&state, &t).await {
+                Ok(Some(ws)) => {
+                    let mut req = req;
+                    req.extensions_mut().insert(Workspace(ws));
+                    return next.run(req).await;
+                }
+                Ok(None) => "invalid api token",
+                Err(resp) => return resp,
+            },
             Err(e) => {
                 return ApiError::internal(format!("The key store failed: {e}")).into_response()
             }
