@@ -4,7 +4,7 @@
    `not_a_server_error`: the API documents exactly one 5xx that is not a
    fault, an exec or cell that ran into its timeout (500 whose `error`
    contains "timeout", as the PandaStack clients expect), plus 503 for a
-   create refused for capacity (it carries Retry-After). Every other 5xx,
+   create (or fork) refused for capacity (it carries Retry-After). Every other 5xx,
    and a 500 on exec that is not a timeout, fails the run.
 """
 
@@ -13,6 +13,7 @@ import json
 import schemathesis
 
 TIMEOUT_OPERATIONS = {"execCommand", "runCell"}
+CREATING_OPERATIONS = {"createSandbox", "forkSandbox", "forkTree"}
 
 
 @schemathesis.check
@@ -28,6 +29,7 @@ def server_error_only_for_exec_timeout(ctx, response, case):
         error = ""
     if status == 500 and op in TIMEOUT_OPERATIONS and "timeout" in error:
         return None
-    if status == 503 and op == "createSandbox" and response.headers.get("retry-after") and "no capacity" in error:
+    # A fork makes sandboxes too, under the same capacity.
+    if status == 503 and op in CREATING_OPERATIONS and response.headers.get("retry-after") and "no capacity" in error:
         return None
     raise AssertionError(f"{status} from {op}: {error or response.content[:300]!r}")

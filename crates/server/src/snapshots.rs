@@ -388,6 +388,14 @@ impl<'a> Service<'a> {
             Err(runcell_core::Error::Jail(
                 err @ runcell_core::backend::BackendError::Unsupported { .. },
             )) => Err(ApiError::bad_request(err.to_string())),
+            // It ended (its agent is gone) while or before being saved.
+            Err(_) if !e.sandbox.is_alive() => Err(ApiError::new(
+                StatusCode::CONFLICT,
+                format!(
+                    "Sandbox {} stopped running; its files cannot be saved.",
+                    e.sandbox.id()
+                ),
+            )),
             Err(err) => Err(ApiError::internal(format!(
                 "The sandbox's files could not be saved: {err}"
             ))),
@@ -855,8 +863,11 @@ impl<'a> Service<'a> {
             )) => return Err(ApiError::bad_request(err.to_string())),
             Err(err) => return Err(ApiError::from(err)),
         }
-        // The idle clock starts again from the resume.
-        self.0.touch(e).await;
+        // The idle clock starts again from the resume (a paused agent
+        // would not answer the deadline touch sends).
+        if !pause {
+            self.0.touch(e).await;
+        }
         tracing::info!(sandbox = %id, paused = pause, "sandbox {}", if pause { "paused" } else { "resumed" });
         Ok(())
     }

@@ -230,7 +230,9 @@ impl AppState {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             let write = now - p.0 >= 1000;
-            let send = deadline.abs_diff(p.1) >= 1000;
+            // A paused agent cannot answer (the request would wait until
+            // it is resumed): its deadline is sent after the resume.
+            let send = deadline.abs_diff(p.1) >= 1000 && !entry.sandbox.is_paused();
             if write {
                 p.0 = now;
             }

@@ -122,7 +122,7 @@ pub(crate) async fn exec(
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/exec/stream", tag = "exec", operation_id = "execCommandStream", params(("id" = String, Path, description = "The sandbox id")), request_body = ExecReq,
-    responses((status = 200, description = "SSE: `stdout`/`stderr` events {chunk}, then one `exit` {exit_code, oom_killed, pids_limit} or `error` {error}", content_type = "text/event-stream", body = ExecStreamEvent), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 413, description = "The request body is larger than the daemon allows", body = ErrorView)))]
+    responses((status = 409, description = "The sandbox is paused: resume it first", body = ErrorView), (status = 200, description = "SSE: `stdout`/`stderr` events {chunk}, then one `exit` {exit_code, oom_killed, pids_limit} or `error` {error}", content_type = "text/event-stream", body = ExecStreamEvent), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 413, description = "The request body is larger than the daemon allows", body = ErrorView)))]
 pub(crate) async fn exec_stream(
     State(state): St,
     Sandboxed(e, JsonBody(req)): Sandboxed<JsonBody<ExecReq>>,

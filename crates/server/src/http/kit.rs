@@ -250,12 +250,16 @@ async fn owned(
     Ok(e)
 }
 
-/// Whether a sandbox route runs something in the sandbox (exec, files,
-/// code): a paused sandbox answers those with 409 instead of hanging.
+/// Whether a sandbox route talks to the sandbox's agent (exec, files,
+/// code, a network or deadline change): a paused agent cannot answer, so
+/// those get 409 instead of hanging. (GET lifecycle does not come here.)
 fn is_work(path: &str) -> bool {
     // [v1 /] sandboxes / {id} / what... (the nested router strips `/v1`)
     let mut parts = path.split('/').skip_while(|p| *p != "sandboxes").skip(2);
-    matches!(parts.next(), Some("exec" | "fs" | "repl"))
+    matches!(
+        parts.next(),
+        Some("exec" | "fs" | "repl" | "network" | "lifecycle")
+    )
 }
 
 #[cfg(test)]
@@ -268,13 +272,14 @@ mod tests {
             "/sandboxes/x/fs",
             "/sandboxes/x/fs/dir",
             "/sandboxes/x/repl/sessions/s/run",
+            "/sandboxes/x/network",
+            "/sandboxes/x/lifecycle",
         ] {
             assert!(super::is_work(p), "{p}");
         }
         for p in [
             "/sandboxes/x",
             "/sandboxes/x/resume",
-            "/sandboxes/x/lifecycle",
             "/sandboxes/x/snapshots",
             "/sandboxes/fs",
             "/sandboxes",

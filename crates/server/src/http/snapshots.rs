@@ -55,7 +55,7 @@ pub(crate) struct SnapshotList {
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", tag = "sandboxes", operation_id = "pauseSandbox", params(("id" = String, Path, description = "The sandbox id")),
-    responses((status = 204, description = "Paused: its processes are frozen and keep their memory; exec, files and code answer 409 until it is resumed; the idle TTL does not run"), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 409, description = "Already paused", body = ErrorView)))]
+    responses((status = 400, description = "The sandbox's isolation cannot do this (the error says which)", body = ErrorView), (status = 204, description = "Paused: its processes are frozen and keep their memory; exec, files and code answer 409 until it is resumed; the idle TTL does not run"), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 409, description = "Already paused", body = ErrorView)))]
 pub(crate) async fn pause(
     axum::extract::State(state): St,
     OwnedSandbox(e): OwnedSandbox,
@@ -65,7 +65,7 @@ pub(crate) async fn pause(
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/hibernate", tag = "sandboxes", operation_id = "hibernateSandbox", params(("id" = String, Path, description = "The sandbox id")),
-    responses((status = 204, description = "Hibernated (or already): its processes ended and its memory is freed; its files are kept, and the next exec, file or code call wakes it. Code contexts do not survive (`state_lost`)."), (status = 400, description = "Its isolation cannot save its files", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView)))]
+    responses((status = 409, description = "The sandbox stopped running", body = ErrorView), (status = 204, description = "Hibernated (or already): its processes ended and its memory is freed; its files are kept, and the next exec, file or code call wakes it. Code contexts do not survive (`state_lost`)."), (status = 400, description = "Its isolation cannot save its files", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView)))]
 pub(crate) async fn hibernate(
     axum::extract::State(state): St,
     sandbox: Addressed,
@@ -90,7 +90,7 @@ pub(crate) async fn wake(
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", tag = "sandboxes", operation_id = "resumeSandbox", params(("id" = String, Path, description = "The sandbox id")),
-    responses((status = 204, description = "Running again where it was"), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 409, description = "Not paused", body = ErrorView)))]
+    responses((status = 400, description = "The sandbox's isolation cannot do this (the error says which)", body = ErrorView), (status = 204, description = "Running again where it was"), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 409, description = "Not paused", body = ErrorView)))]
 pub(crate) async fn resume(
     axum::extract::State(state): St,
     OwnedSandbox(e): OwnedSandbox,
@@ -100,7 +100,7 @@ pub(crate) async fn resume(
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshots", tag = "snapshots", operation_id = "snapshotSandbox", params(("id" = String, Path, description = "The sandbox id")),
-    responses((status = 201, description = "Its files now, saved (the sandbox is frozen for the copy and runs on)", body = SnapshotView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 507, description = "The workspace's snapshot quota is used up", body = ErrorView)))]
+    responses((status = 409, description = "The sandbox stopped running", body = ErrorView), (status = 400, description = "The sandbox's isolation cannot do this (the error says which)", body = ErrorView), (status = 201, description = "Its files now, saved (the sandbox is frozen for the copy and runs on)", body = SnapshotView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 507, description = "The workspace's snapshot quota is used up", body = ErrorView)))]
 pub(crate) async fn create(
     axum::extract::State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -111,6 +111,7 @@ pub(crate) async fn create(
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct ListQuery {
     /// Only snapshots of this sandbox.
     sandbox_id: Option<String>,
@@ -210,8 +211,8 @@ fn fork_view(
 /// Most children of one fork tree.
 const MAX_TREE: usize = 16;
 
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", tag = "snapshots", operation_id = "forkSandbox", params(("id" = String, Path, description = "The parent sandbox id")), request_body = ForkReq,
-    responses((status = 201, description = "A new sandbox whose files start as the parent's now (copy-on-write)", body = ForkView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 429, description = "A per-workspace quota is reached", body = ErrorView), (status = 503, description = "No capacity; retry after Retry-After seconds", body = ErrorView)))]
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", tag = "snapshots", operation_id = "forkSandbox", params(("id" = String, Path, description = "The parent sandbox id")), request_body = Option<ForkReq>,
+    responses((status = 409, description = "The sandbox stopped running", body = ErrorView), (status = 201, description = "A new sandbox whose files start as the parent's now (copy-on-write)", body = ForkView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 429, description = "A per-workspace quota is reached", body = ErrorView), (status = 503, description = "No capacity; retry after Retry-After seconds", body = ErrorView)))]
 pub(crate) async fn fork(
     axum::extract::State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -235,7 +236,7 @@ pub(crate) async fn fork(
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/fork-tree", tag = "snapshots", operation_id = "forkTree", params(("id" = String, Path, description = "The parent sandbox id")), request_body = ForkReq,
-    responses((status = 201, description = "`count` children sharing one copy of the parent's files; fewer when capacity ran out after the first", body = ForkTreeView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 503, description = "No capacity; retry after Retry-After seconds", body = ErrorView)))]
+    responses((status = 409, description = "The sandbox stopped running", body = ErrorView), (status = 201, description = "`count` children sharing one copy of the parent's files; fewer when capacity ran out after the first", body = ForkTreeView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 503, description = "No capacity; retry after Retry-After seconds", body = ErrorView)))]
 pub(crate) async fn fork_tree(
     axum::extract::State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -299,7 +300,7 @@ pub(crate) struct PromoteView {
     failures: BTreeMap<String, String>,
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/promote", tag = "snapshots", operation_id = "promoteSandbox", params(("id" = String, Path, description = "The forked sandbox id")), request_body = PromoteReq,
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/promote", tag = "snapshots", operation_id = "promoteSandbox", params(("id" = String, Path, description = "The forked sandbox id")), request_body = Option<PromoteReq>,
     responses((status = 200, description = "Independent of its tree; with cleanup_siblings, the others are deleted", body = PromoteView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView)))]
 pub(crate) async fn promote(
     axum::extract::State(state): St,
