@@ -11,6 +11,10 @@ pub struct DoctorArgs {
     /// Print the report as JSON (the same object as `GET /v1/system`).
     #[arg(long)]
     json: bool,
+    /// Probe again: forget the answers of the slow probes (a test guest
+    /// under KVM, a trial gVisor run) kept for this boot in /run/runcell.
+    #[arg(long)]
+    fresh: bool,
 }
 
 fn mark(available: bool) -> &'static str {
@@ -27,6 +31,11 @@ fn line(what: &str, c: &Check) {
 
 /// Prints the report; exits 1 when no backend can run sandboxes here.
 pub fn main(args: DoctorArgs) -> ExitCode {
+    if args.fresh {
+        for name in ["kvm", "runsc"] {
+            let _ = std::fs::remove_file(runcell_core::backend::probe_cache::path(name));
+        }
+    }
     let r = system_report();
     if args.json {
         match serde_json::to_string_pretty(&r) {
@@ -61,6 +70,12 @@ pub fn main(args: DoctorArgs) -> ExitCode {
         println!("Isolation backends");
         for b in &r.backends {
             println!("  {:<18} {}  {}", b.name, mark(b.available), b.detail);
+        }
+        if !args.fresh {
+            println!(
+                "(slow probes are kept for this boot in {}; --fresh probes again)",
+                runcell_core::backend::probe_cache::CACHE_DIR
+            );
         }
     }
     if r.backends.iter().any(|b| b.available) {

@@ -136,16 +136,15 @@ pub async fn run(config: RuntimeConfig, args: RunArgs) -> u8 {
             return 125;
         }
     };
-    // Other backends are probed only when asked for: the jail's path
-    // spawns nothing extra.
-    let runtime = if args.isolation == runcell_core::backend::Isolation::Jail {
-        runtime
-    } else {
-        let options = runcell_core::host::HostOptions {
+    // Only the backend asked for is probed: the jail's path spawns
+    // nothing extra.
+    let runtime = runcell_core::host::equip_one(
+        runtime,
+        args.isolation,
+        &runcell_core::host::HostOptions {
             allow_emulation: args.allow_emulation,
-        };
-        runcell_core::host::equip(runtime, &options).0
-    };
+        },
+    );
     // Leftovers of runs whose runcell process was killed.
     for id in runtime.sweep_dead() {
         tracing::info!(sandbox = %id, "removed a sandbox left behind by an earlier run");

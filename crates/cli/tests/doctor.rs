@@ -71,3 +71,28 @@ fn doctor_reports_the_hosts_layers_and_every_backend() {
         assert!(text.contains(word), "{word}: {text}");
     }
 }
+
+/// The slow probes (a test guest under KVM, a trial gVisor run) are kept
+/// for the boot: a later doctor (and every daemon start) gives the same
+/// answer without running them again, and `--fresh` runs them again.
+#[test]
+fn slow_probes_are_kept_for_the_boot_and_fresh_runs_them_again() {
+    let backends = |out: std::process::Output| -> Value {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()["backends"].clone()
+    };
+    let fresh = backends(doctor(&["--json", "--fresh"]));
+    let kvm = std::path::Path::new("/run/runcell/probe-kvm.json");
+    let kvm_probed = std::fs::metadata("/dev/kvm").is_ok();
+    if kvm_probed {
+        let kept: Value = serde_json::from_slice(&std::fs::read(kvm).unwrap()).unwrap();
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+        assert_eq!(kept["key"]["boot_id"], boot.trim(), "{kept}");
+    }
+    let kept = backends(doctor(&["--json"]));
+    assert_eq!(fresh, kept, "a kept answer is the answer");
+}

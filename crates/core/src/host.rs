@@ -46,7 +46,7 @@ pub fn system_report() -> SystemReport {
 /// [`system_report`] under the operator's `options`.
 pub fn system_report_with(options: &HostOptions) -> SystemReport {
     let host = runcell_jail::probe::probe();
-    let backends = vec![jail(&host), gvisor(), microvm(&host, options)];
+    let backends = vec![jail(&host), gvisor(), microvm(options)];
     SystemReport { host, backends }
 }
 
@@ -70,6 +70,21 @@ pub fn equip(runtime: Runtime, options: &HostOptions) -> (Runtime, SystemReport)
         };
     }
     (runtime, report)
+}
+
+/// [`equip`] for one kind of isolation only (a one-shot `runcell run`):
+/// the other backends are not probed, so asking for gVisor never boots a
+/// test guest under KVM.
+pub fn equip_one(runtime: Runtime, isolation: Isolation, options: &HostOptions) -> Runtime {
+    let report = match isolation {
+        Isolation::Jail => return runtime,
+        Isolation::Gvisor => gvisor(),
+        Isolation::Microvm => microvm(options),
+    };
+    match backend_for(&runtime, isolation, &report, options) {
+        Some(backend) => runtime.add_backend(backend),
+        None => runtime.mark_unavailable(isolation, report.detail),
+    }
 }
 
 /// The backend of an available `isolation` on this host. Each keeps its
@@ -188,7 +203,7 @@ fn gvisor() -> BackendReport {
     }
 }
 
-fn microvm(_host: &HostReport, options: &HostOptions) -> BackendReport {
+fn microvm(options: &HostOptions) -> BackendReport {
     match crate::backend::microvm::probe(options.allow_emulation) {
         Ok(info) => BackendReport {
             name: "microvm",

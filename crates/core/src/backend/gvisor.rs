@@ -225,8 +225,9 @@ pub fn find_runsc(explicit: Option<&Path>) -> PathBuf {
 /// Whether gVisor sandboxes can run here: runsc is installed, this process
 /// is root, and runsc runs a trivial container (`runsc do true`) on the
 /// [`Platform::Ptrace`] platform (the KVM platform hangs at boot on hosts
-/// whose `/dev/kvm` cannot run a guest, so it is not tried). Takes about a
-/// third of a second. The error is a sentence saying why not.
+/// whose `/dev/kvm` cannot run a guest, so it is not tried). The trial run
+/// takes about a third of a second; its success is kept for the rest of
+/// the boot ([`super::probe_cache`]). The error is a sentence saying why not.
 pub fn probe(runsc: Option<&Path>) -> Result<GvisorInfo, String> {
     let runsc = find_runsc(runsc);
     if !runsc.is_file() {
@@ -253,7 +254,10 @@ pub fn probe(runsc: Option<&Path>) -> Result<GvisorInfo, String> {
         return Err(GvisorError::NotRoot.to_string());
     }
     let platform = Platform::Ptrace;
-    probe_platform(&runsc, platform, Duration::from_secs(10))?;
+    // A success is kept for this boot (a failure may be a loaded moment).
+    super::probe_cache::per_boot("runsc", &[&runsc], Result::is_ok, || {
+        probe_platform(&runsc, platform, Duration::from_secs(10))
+    })?;
     Ok(GvisorInfo {
         runsc,
         version,

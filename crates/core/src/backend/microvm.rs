@@ -229,9 +229,17 @@ pub fn probe_with(
     }
 }
 
+/// How long a test guest under KVM may take to print its banner. A guest
+/// that KVM runs prints it within a fraction of a second; one it cannot run
+/// (this project's machines: `/dev/kvm` opens, the guest never starts)
+/// prints nothing at all.
+const KVM_PROBE_TIMEOUT: Duration = Duration::from_secs(4);
+
 /// Tries KVM for real: boots the kernel with no initramfs under KVM; it
-/// must get as far as printing its banner (then it panics with no root and
-/// QEMU exits). Cached per process.
+/// must get as far as printing its banner. Cached per process, and per
+/// boot ([`super::probe_cache`]): either answer is kept, since a guest KVM
+/// runs prints its banner well within the time allowed even on a loaded
+/// machine.
 fn kvm_usable(qemu: &Path, kernel: &Path) -> Result<(), String> {
     static RESULT: OnceLock<Result<(), String>> = OnceLock::new();
     RESULT
@@ -243,58 +251,91 @@ fn kvm_usable(qemu: &Path, kernel: &Path) -> Result<(), String> {
             {
                 return Err(format!("/dev/kvm cannot be opened ({e})"));
             }
-            let dir = tempfile_dir().map_err(|e| format!("no temporary directory ({e})"))?;
-            let log = dir.join("console.log");
-            let mut child = std::process::Command::new(qemu)
-                .args([
-                    "-M", "microvm", "-accel", "kvm", "-cpu", "host", "-m", "128M",
-                ])
-                .args(["-nodefaults", "-no-user-config", "-display", "none"])
-                .args(["-no-reboot", "-serial"])
-                .arg(format!("file:{}", log.display()))
-                .arg("-kernel")
-                .arg(kernel)
-                .args(["-append", "console=ttyS0 panic=-1 reboot=t"])
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .map_err(|e| format!("could not run {} ({e})", qemu.display()))?;
-            let t0 = Instant::now();
-            let status = loop {
-                match child.try_wait() {
-                    Ok(Some(s)) => break Some(s),
-                    Ok(None) if t0.elapsed() < Duration::from_secs(20) => {
-                        std::thread::sleep(Duration::from_millis(50))
-                    }
-                    _ => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        break None;
-                    }
-                }
-            };
-            let mut stderr = String::new();
-            if let Some(mut e) = child.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
-            }
-            let console = fs::read_to_string(&log).unwrap_or_default();
-            let _ = fs::remove_dir_all(&dir);
-            if console.contains("Linux version") {
-                return Ok(());
-            }
-            let why = stderr
-                .lines()
-                .find(|l| l.contains("error") || l.contains("failed"))
-                .or_else(|| stderr.lines().next())
-                .map(|l| l.trim().to_string());
-            Err(match (status, why) {
-                (_, Some(w)) if !w.is_empty() => format!("QEMU under KVM failed: {w}"),
-                (None, _) => "a test guest under KVM printed nothing in 20 s".into(),
-                (Some(s), _) => format!("a test guest under KVM exited ({s}) before booting"),
-            })
+            let qemu_bin = which(qemu).unwrap_or_else(|| qemu.to_path_buf());
+            super::probe_cache::per_boot(
+                "kvm",
+                &[&qemu_bin, kernel],
+                |_| true,
+                || boot_test_guest(qemu, kernel),
+            )
         })
         .clone()
+}
+
+/// `name` looked up on `PATH` (a path with a slash is itself).
+fn which(name: &Path) -> Option<PathBuf> {
+    if name.components().count() > 1 {
+        return Some(name.to_path_buf());
+    }
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// Boots `kernel` under KVM with no initramfs and watches its console for
+/// the banner; the guest is killed as soon as it appears.
+fn boot_test_guest(qemu: &Path, kernel: &Path) -> Result<(), String> {
+    let dir = tempfile_dir().map_err(|e| format!("no temporary directory ({e})"))?;
+    let log = dir.join("console.log");
+    let mut child = std::process::Command::new(qemu)
+        .args([
+            "-M", "microvm", "-accel", "kvm", "-cpu", "host", "-m", "128M",
+        ])
+        .args(["-nodefaults", "-no-user-config", "-display", "none"])
+        .args(["-no-reboot", "-serial"])
+        .arg(format!("file:{}", log.display()))
+        .arg("-kernel")
+        .arg(kernel)
+        .args(["-append", "console=ttyS0 panic=-1 reboot=t"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("could not run {} ({e})", qemu.display()))?;
+    let booted = || {
+        fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("Linux version")
+    };
+    let t0 = Instant::now();
+    let status = loop {
+        if booted() {
+            break None;
+        }
+        match child.try_wait() {
+            Ok(Some(s)) => break Some(s),
+            Ok(None) if t0.elapsed() < KVM_PROBE_TIMEOUT => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            _ => break None,
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
+    }
+    let ok = booted();
+    let _ = fs::remove_dir_all(&dir);
+    if ok {
+        return Ok(());
+    }
+    let why = stderr
+        .lines()
+        .find(|l| l.contains("error") || l.contains("failed"))
+        .or_else(|| stderr.lines().next())
+        .map(|l| l.trim().to_string());
+    Err(match (status, why) {
+        (_, Some(w)) if !w.is_empty() => format!("QEMU under KVM failed: {w}"),
+        (None, _) => format!(
+            "a test guest under KVM printed nothing in {} s",
+            KVM_PROBE_TIMEOUT.as_secs()
+        ),
+        (Some(s), _) => format!("a test guest under KVM exited ({s}) before booting"),
+    })
 }
 
 fn tempfile_dir() -> std::io::Result<PathBuf> {

@@ -26,6 +26,7 @@
 mod gvisor;
 mod jail;
 pub mod microvm;
+pub mod probe_cache;
 
 use std::fmt;
 use std::os::unix::net::UnixListener;
