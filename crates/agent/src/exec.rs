@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use runcell_jail::gvisor::ExecGroups;
 use runcell_jail::SandboxCommand;
 use runcell_protocol::{
     Command as Cmd, ErrorKind, Event, ExecRequest, ExecUser, ExitInfo, RunCodeRequest,
@@ -162,6 +163,15 @@ pub async fn exec(
     }
 }
 
+/// The sandbox's pids cgroup, where each exec gets a cgroup of its own
+/// (gVisor only: see [`runcell_jail::gvisor::ExecGroups`]).
+static EXEC_GROUPS: std::sync::OnceLock<ExecGroups> = std::sync::OnceLock::new();
+
+/// Runs every exec from now on in a cgroup of its own under `groups`.
+pub fn use_exec_groups(groups: ExecGroups) {
+    let _ = EXEC_GROUPS.set(groups);
+}
+
 async fn run(agent: &Shared, running: &RunningExecs, conn: u64, id: u64, plan: Plan, out: &Outbox) {
     let user = plan.user.clone().unwrap_or_else(|| {
         let u = &agent.spec.user;
@@ -199,8 +209,26 @@ async fn run(agent: &Shared, running: &RunningExecs, conn: u64, id: u64, plan: P
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // The child std forks becomes the exec's supervisor; it forks the command.
-    cmd.supervise_as(user.uid, user.gid, plan.background);
+    // The child std forks becomes the exec's supervisor; it forks the
+    // command. Under gVisor (no child subreaper) it does so in a cgroup of
+    // the exec's own, which it empties when the command ends.
+    let group = match EXEC_GROUPS.get().map(ExecGroups::create) {
+        Some(Ok(g)) => Some(g),
+        Some(Err(e)) => {
+            return send_error(
+                out,
+                id,
+                ErrorKind::SpawnFailed,
+                format!("Could not make the exec's process group: {e}."),
+            )
+            .await;
+        }
+        None => None,
+    };
+    match &group {
+        Some(g) => cmd.supervise_in_group(user.uid, user.gid, plan.background, g.fds()),
+        None => cmd.supervise_as(user.uid, user.gid, plan.background),
+    };
     // Limit hits the sandbox's own kernel counts (gVisor, microVM).
     let hits_before = crate::limits::hits();
     let watching = crate::limits::active();

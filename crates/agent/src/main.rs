@@ -188,6 +188,7 @@ fn gvisor_pids_limit() -> Result<Option<(std::fs::File, u64)>, runcell_jail::ins
     else {
         return Ok(None);
     };
-    let current = runcell_jail::gvisor::limit_pids(max)?;
+    let (current, groups) = runcell_jail::gvisor::limit_pids(max)?;
+    exec::use_exec_groups(groups);
     Ok(Some((current, max)))
 }

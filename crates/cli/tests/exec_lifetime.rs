@@ -2,12 +2,11 @@
 //! is killed when it returns, however it detached), with `background: true`
 //! everything; and a fork bomb leaves the sandbox usable. Over a real daemon.
 //!
-//! Also run with `RUNCELL_TEST_ISOLATION=gvisor` (scripts/test.sh). That
-//! gVisor release has no child subreaper, so a process that left the
-//! command's session (`setsid`) may outlive its exec until the sandbox ends
-//! (whether it does depends on whether it left before the exec's process
-//! group was killed); those cases allow exactly that documented difference
-//! (docs/SECURITY.md) and nothing more.
+//! Also run with `RUNCELL_TEST_ISOLATION=gvisor` (scripts/test.sh), with
+//! the same expectations: that gVisor release has no child subreaper, so
+//! there every exec runs in a cgroup of its own, which its supervisor
+//! empties; a process that left the command's session (`setsid`) is gone
+//! all the same.
 
 mod common;
 use common::*;
@@ -38,11 +37,6 @@ fn gvisor() -> bool {
     std::env::var("RUNCELL_TEST_ISOLATION").as_deref() == Ok("gvisor")
 }
 
-/// Whether `cmd` leaves its session (escapes an exec under gVisor).
-fn leaves_session(cmd: &str) -> bool {
-    cmd.contains("setsid")
-}
-
 /// Every way of leaving a process behind, each in its own exec.
 const LEFTOVERS: [&str; 5] = [
     "sleep 1000 &",
@@ -65,11 +59,6 @@ async fn processes_an_exec_leaves_behind_are_killed_when_it_returns() {
             "{cmd} took {:?}",
             started.elapsed()
         );
-        if gvisor() && leaves_session(cmd) {
-            assert!(sleeps(&d, &id).await <= 1, "`{cmd}` under gVisor");
-            let (s, _) = d.exec(&id, "pkill -x sleep; true").await;
-            assert_eq!(s, 200);
-        }
         assert_eq!(sleeps(&d, &id).await, 0, "`{cmd}` left a process running");
     }
     d.delete_all().await;
@@ -107,11 +96,7 @@ async fn a_timeout_kills_detached_processes_too() {
             .unwrap();
         let v: Value = r.json().await.unwrap();
         assert_eq!(v["timed_out"], true, "{v}");
-        // Under gVisor the `setsid` one may outlive its exec (see the top).
-        let left = i64::from(gvisor());
-        assert!(sleeps(&d, &id).await <= left, "background {background}");
-        let (s, _) = d.exec(&id, "pkill -x sleep; true").await;
-        assert_eq!(s, 200);
+        assert_eq!(sleeps(&d, &id).await, 0, "background {background}");
     }
     d.delete_all().await;
 }
@@ -190,8 +175,6 @@ async fn a_fork_bomb_that_times_out_is_gone_too() {
 async fn exec_stream_follows_the_same_rules() {
     let d = Daemon::start(&data_dir("lt-stream"), free_port(), &[]);
     let id = d.create(json!({})).await;
-    // Under gVisor the `setsid` one may outlive its exec (see the top).
-    let escaped = i64::from(gvisor());
     for (background, left) in [(false, 0), (true, 1)] {
         let r = d
             .req(Method::POST, &format!("/v1/sandboxes/{id}/exec/stream"))
@@ -202,14 +185,7 @@ async fn exec_stream_follows_the_same_rules() {
         assert_eq!(r.status(), 200);
         let body = r.text().await.unwrap();
         assert!(body.contains("started") && body.contains("exit"), "{body}");
-        let n = sleeps(&d, &id).await;
-        if background {
-            assert_eq!(n, left, "background {background}");
-        } else {
-            assert!(n <= left + escaped, "background {background}: {n}");
-            let (s, _) = d.exec(&id, "pkill -x sleep; true").await;
-            assert_eq!(s, 200);
-        }
+        assert_eq!(sleeps(&d, &id).await, left, "background {background}");
     }
     d.delete_all().await;
 }

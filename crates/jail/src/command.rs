@@ -25,6 +25,18 @@ pub trait SandboxCommand {
     /// `spawn` returns once the supervisor has forked the command.
     fn supervise_as(&mut self, uid: u32, gid: u32, keep_background: bool) -> &mut Self;
 
+    /// [`supervise_as`](Self::supervise_as) where orphans do not come back
+    /// to the supervisor (gVisor): it joins the exec's own cgroup first and
+    /// kills what is listed there ([`inside::ExecGroupFds`]; the descriptors
+    /// must stay open until `spawn` returns).
+    fn supervise_in_group(
+        &mut self,
+        uid: u32,
+        gid: u32,
+        keep_background: bool,
+        group: inside::ExecGroupFds,
+    ) -> &mut Self;
+
     /// The child gets `fds[i]` at descriptor `3 + i` (without close-on-exec)
     /// and then runs as `uid`/`gid` ([`inside::drop_privileges`]). At most
     /// [`MAX_EXTRA_FDS`] descriptors: `spawn` fails with `EINVAL` for more.
@@ -37,7 +49,21 @@ impl SandboxCommand for Command {
     fn supervise_as(&mut self, uid: u32, gid: u32, keep_background: bool) -> &mut Self {
         // SAFETY: supervise_exec makes only async-signal-safe syscalls and
         // never allocates; the closure captures plain integers.
-        unsafe { self.pre_exec(move || inside::supervise_exec(uid, gid, keep_background)) }
+        unsafe { self.pre_exec(move || inside::supervise_exec(uid, gid, keep_background, None)) }
+    }
+
+    fn supervise_in_group(
+        &mut self,
+        uid: u32,
+        gid: u32,
+        keep_background: bool,
+        group: inside::ExecGroupFds,
+    ) -> &mut Self {
+        // SAFETY: as supervise_as; the closure captures two descriptor
+        // numbers more, which the supervisor only writes to and reads.
+        unsafe {
+            self.pre_exec(move || inside::supervise_exec(uid, gid, keep_background, Some(group)))
+        }
     }
 
     fn as_user_with_fds(&mut self, uid: u32, gid: u32, fds: &[BorrowedFd<'_>]) -> &mut Self {

@@ -156,8 +156,10 @@ pub const CGROUP_DIR: &str = "/run/runcell/cgroup";
 /// lives on with its tasks) and returns its open `pids.current`. gVisor
 /// checks every fork and clone against that count (its cgroupfs keeps no
 /// `pids.events`, so the caller samples it). Needs `CAP_SYS_ADMIN` and
-/// `CAP_DAC_OVERRIDE` in the sandbox.
-pub fn limit_pids(max: u64) -> Result<fs::File, SetupError> {
+/// `CAP_DAC_OVERRIDE` in the sandbox. Also returns gVisor's `job`
+/// hierarchy, still open, where each exec gets a cgroup of its own
+/// ([`ExecGroups`]).
+pub fn limit_pids(max: u64) -> Result<(fs::File, ExecGroups), SetupError> {
     let dir = Path::new(CGROUP_DIR);
     mkdir_if_missing(dir, 0o700)?;
     mount(
@@ -186,7 +188,110 @@ pub fn limit_pids(max: u64) -> Result<fs::File, SetupError> {
     // step) has CAP_DAC_OVERRIDE and could raise pids.max through the
     // mount. The hierarchy lives on with its tasks and the open file.
     umount2(dir, MntFlags::MNT_DETACH).map_err(step("unmounting gVisor's pids cgroup"))?;
-    Ok(current)
+    // Exec cgroups live in a hierarchy of their own: gVisor's pids
+    // controller is not hierarchical (a child cgroup escapes its parent's
+    // `pids.max`), so every process stays in the one pids cgroup above, and
+    // membership of an exec is kept by gVisor's `job` controller, which
+    // limits nothing.
+    mount(
+        Some("cgroup"),
+        dir,
+        Some("cgroup"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some("job"),
+    )
+    .map_err(step("mounting gVisor's job cgroup"))?;
+    let groups = fs::File::open(dir).map_err(step("opening gVisor's job cgroup"));
+    umount2(dir, MntFlags::MNT_DETACH).map_err(step("unmounting gVisor's job cgroup"))?;
+    Ok((
+        current,
+        ExecGroups {
+            dir: groups?,
+            next: std::sync::atomic::AtomicU64::new(0),
+        },
+    ))
+}
+
+/// gVisor's `job` cgroup hierarchy (out of the sandbox's reach: it is
+/// unmounted, only the agent holds it open), where every exec gets a cgroup
+/// of its own. This gVisor has no child subreaper: a process
+/// that leaves its session is re-parented to the agent, out of its exec
+/// supervisor's sight, but never out of its cgroup, which the supervisor
+/// empties ([`crate::inside::supervise_exec`]).
+#[derive(Debug)]
+pub struct ExecGroups {
+    dir: fs::File,
+    next: std::sync::atomic::AtomicU64,
+}
+
+/// One exec's cgroup; removed when dropped (left in place while processes
+/// the exec left running on purpose, `background`, are in it).
+#[derive(Debug)]
+pub struct ExecGroup<'a> {
+    groups: &'a ExecGroups,
+    name: String,
+    procs_write: OwnedFd,
+    procs_read: OwnedFd,
+}
+
+impl ExecGroups {
+    /// Makes a new exec cgroup, its `cgroup.procs` open (close-on-exec).
+    pub fn create(&self) -> io::Result<ExecGroup<'_>> {
+        use nix::fcntl::{openat, OFlag};
+        use nix::sys::stat::{mkdirat, Mode};
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("exec-{n}");
+        mkdirat(&self.dir, name.as_str(), Mode::from_bits_truncate(0o755))?;
+        let procs = format!("{name}/cgroup.procs");
+        let open = |flags: OFlag| {
+            openat(
+                &self.dir,
+                procs.as_str(),
+                flags | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+        };
+        let made = open(OFlag::O_WRONLY).and_then(|w| open(OFlag::O_RDONLY).map(|r| (w, r)));
+        match made {
+            Ok((procs_write, procs_read)) => Ok(ExecGroup {
+                groups: self,
+                name,
+                procs_write,
+                procs_read,
+            }),
+            Err(e) => {
+                let _ = nix::unistd::unlinkat(
+                    &self.dir,
+                    name.as_str(),
+                    nix::unistd::UnlinkatFlags::RemoveDir,
+                );
+                Err(e.into())
+            }
+        }
+    }
+}
+
+impl ExecGroup<'_> {
+    /// The descriptors the exec's supervisor uses.
+    pub fn fds(&self) -> crate::inside::ExecGroupFds {
+        use std::os::fd::AsRawFd;
+        crate::inside::ExecGroupFds {
+            procs_write: self.procs_write.as_raw_fd(),
+            procs_read: self.procs_read.as_raw_fd(),
+        }
+    }
+}
+
+impl Drop for ExecGroup<'_> {
+    fn drop(&mut self) {
+        // Busy while a background process lives in it: gVisor keeps the
+        // empty directory's few bytes until the sandbox ends.
+        let _ = nix::unistd::unlinkat(
+            &self.groups.dir,
+            self.name.as_str(),
+            nix::unistd::UnlinkatFlags::RemoveDir,
+        );
+    }
 }
 
 /// Builds the root filesystem of a gVisor sandbox on the host, at

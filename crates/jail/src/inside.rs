@@ -1041,10 +1041,24 @@ fn supervisor_signals() -> libc::sigset_t {
 /// once. It closes every descriptor it inherited, so it holds none of the
 /// command's pipes and none of the agent's sockets.
 ///
+/// `group`: where the sandbox has no child subreaper (gVisor), the exec's
+/// own cgroup ([`ExecGroupFds`]): the supervisor joins it before it forks
+/// the command, so everything the command starts is in it whatever it does
+/// to detach (a `setsid` orphan is re-parented to the agent, not to us),
+/// and the supervisor kills every process listed there.
+///
 /// Only async-signal-safe calls are made (it runs between fork and exec of
 /// a possibly multi-threaded agent); it never allocates.
-pub fn supervise_exec(uid: u32, gid: u32, keep_background: bool) -> io::Result<()> {
+pub fn supervise_exec(
+    uid: u32,
+    gid: u32,
+    keep_background: bool,
+    group: Option<ExecGroupFds>,
+) -> io::Result<()> {
     let set = supervisor_signals();
+    if let Some(g) = group {
+        join_group(g.procs_write)?;
+    }
     // SAFETY: plain syscalls on scalars and the local signal sets; no memory
     // is allocated. fork(2) in this (single-threaded) child is safe.
     unsafe {
@@ -1079,19 +1093,111 @@ pub fn supervise_exec(uid: u32, gid: u32, keep_background: bool) -> io::Result<(
                 libc::dup2(null, fd);
             }
         }
-        if libc::syscall(libc::SYS_close_range, 3u32, crate::sys::MAX_FD, 0u32) < 0 {
+        // The exec's cgroup list stays open, at GROUP_FD.
+        let first = match group {
+            Some(g) if libc::dup2(g.procs_read, GROUP_FD) == GROUP_FD => GROUP_FD + 1,
+            Some(_) => return Err(io::Error::last_os_error()),
+            None => 3,
+        };
+        if libc::syscall(libc::SYS_close_range, first, crate::sys::MAX_FD, 0u32) < 0 {
             // Kernels before 5.9: close what a process normally has open.
-            for fd in 3..4096 {
+            for fd in first..4096 {
                 libc::close(fd);
             }
         }
-        let status = supervise(main, &set, keep_background);
+        let status = supervise(main, &set, keep_background, group.is_some());
         exit_like(status)
     }
 }
 
+/// The descriptors of an exec's own cgroup (gVisor's pids hierarchy),
+/// opened by the agent with close-on-exec: its `cgroup.procs` for writing
+/// (the supervisor joins) and for reading (the supervisor lists what to
+/// kill).
+#[derive(Debug, Clone, Copy)]
+pub struct ExecGroupFds {
+    /// `cgroup.procs`, open for writing.
+    pub procs_write: libc::c_int,
+    /// `cgroup.procs`, open for reading.
+    pub procs_read: libc::c_int,
+}
+
+/// Where the supervisor keeps the exec cgroup's `cgroup.procs` open.
+const GROUP_FD: libc::c_int = 3;
+
+/// Writes the calling process's pid to `procs` (a `cgroup.procs`).
+fn join_group(procs: libc::c_int) -> io::Result<()> {
+    let mut digits = [0u8; 12];
+    // SAFETY: getpid has no preconditions.
+    let mut n = unsafe { libc::getpid() }.unsigned_abs();
+    let mut d = digits.len();
+    loop {
+        d -= 1;
+        digits[d] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let text = &digits[d..];
+    // SAFETY: writes from a live stack buffer of its length.
+    let w = unsafe { libc::write(procs, text.as_ptr().cast(), text.len()) };
+    if w < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// SIGKILLs every process listed in the exec's cgroup ([`GROUP_FD`]) but
+/// the supervisor; returns whether there were any.
+fn kill_group() -> bool {
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
+    let mut buf = [0u8; 4096];
+    let mut offset: libc::off_t = 0;
+    let mut pid: libc::pid_t = 0;
+    let mut in_number = false;
+    let mut found = false;
+    loop {
+        // SAFETY: reads into a live stack buffer of its length.
+        let n = unsafe { libc::pread(GROUP_FD, buf.as_mut_ptr().cast(), buf.len(), offset) };
+        let Ok(len) = usize::try_from(n) else { break };
+        if len == 0 {
+            break;
+        }
+        offset = offset.saturating_add(libc::off_t::try_from(len).unwrap_or(0));
+        for &b in &buf[..len] {
+            if b.is_ascii_digit() {
+                pid = pid
+                    .saturating_mul(10)
+                    .saturating_add(libc::pid_t::from(b - b'0'));
+                in_number = true;
+            } else if in_number {
+                if pid != me && pid > 1 {
+                    // SAFETY: kill(2) on a pid; no memory is touched.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    found = true;
+                }
+                pid = 0;
+                in_number = false;
+            }
+        }
+    }
+    if in_number && pid != me && pid > 1 {
+        // SAFETY: kill(2) on a pid; no memory is touched.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        found = true;
+    }
+    found
+}
+
 /// The supervisor's loop; returns the command's wait status.
-fn supervise(main: libc::pid_t, set: &libc::sigset_t, keep_background: bool) -> libc::c_int {
+fn supervise(
+    main: libc::pid_t,
+    set: &libc::sigset_t,
+    keep_background: bool,
+    group: bool,
+) -> libc::c_int {
     let mut main_status: Option<libc::c_int> = None;
     let mut killing = false;
     loop {
@@ -1121,9 +1227,13 @@ fn supervise(main: libc::pid_t, set: &libc::sigset_t, keep_background: bool) -> 
                 // group is still reachable through it: kill until the group
                 // is empty (a member may fork between two rounds), for at
                 // most a second.
+                // With the exec's own cgroup, what left the group (a
+                // `setsid`) is killed too, until the cgroup holds only us.
                 for _ in 0..500 {
                     // SAFETY: kill(2) on a process group id; no memory is touched.
-                    if unsafe { libc::kill(-main, libc::SIGKILL) } < 0 {
+                    let in_pgroup = unsafe { libc::kill(-main, libc::SIGKILL) } == 0;
+                    let in_cgroup = group && kill_group();
+                    if !in_pgroup && !in_cgroup {
                         break;
                     }
                     let pause = libc::timespec {
@@ -1148,6 +1258,9 @@ fn supervise(main: libc::pid_t, set: &libc::sigset_t, keep_background: bool) -> 
             // SAFETY: kill(2) on a process group id; no memory is touched.
             unsafe { libc::kill(-main, libc::SIGKILL) };
             kill_children();
+            if group {
+                kill_group();
+            }
         }
         let tick = libc::timespec {
             tv_sec: 0,

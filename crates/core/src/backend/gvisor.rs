@@ -403,42 +403,48 @@ impl GvisorBackend {
     }
 
     /// Kills and removes whatever sandbox `id` has left: its container,
-    /// processes, mounts, cgroup and directory.
-    fn remove_all(&self, id: &str, dir: &Path) -> Result<(), GvisorError> {
+    /// processes, mounts, cgroup and directory. `started`: the sandbox
+    /// started (its `runsc run` returned), so every process of it is in
+    /// its cgroup; otherwise a `runsc run` may still be starting outside
+    /// it, and processes are looked for by their command lines too.
+    fn remove_all(&self, id: &str, dir: &Path, started: bool) -> Result<(), GvisorError> {
         let t0 = Instant::now();
-        // A paused sandbox's processes die of SIGKILL only once thawed.
-        if let Ok(h) = hierarchy() {
-            let cg = Cgroup::open(h, &self.cgroup_parent, id);
-            if cg.is_frozen() {
-                let _ = cg.thaw();
-            }
-        }
-        // Every process runsc made for the sandbox (the sentry, the gofer,
-        // a `runsc run` still starting) names its bundle. Killing them is
-        // enough: runsc's state for it is in the directory removed below.
-        // (`runsc delete --force` does the same but then waits for the
-        // sentry to be reaped, which an orphan's init may take a second
-        // to do.)
-        let bundle = dir.join("bundle");
-        let until = Instant::now() + Duration::from_secs(5);
-        loop {
-            let left = processes_mentioning(&bundle);
-            if left.is_empty() {
-                break;
-            }
-            if Instant::now() >= until {
-                tracing::warn!(sandbox = %id, ?left, "processes of a gVisor sandbox outlived SIGKILL");
-                break;
-            }
-            for pid in left {
-                kill_pid(pid);
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let t_kill = t0.elapsed();
+        // The sentry, the gofer and what they run are in the sandbox's
+        // cgroup: killing it (thawed first: a frozen process dies of
+        // SIGKILL only once thawed) takes them all.
         let cg = Cgroup::open(hierarchy()?, &self.cgroup_parent, id);
         if cg.exists() {
             cg.destroy(Duration::from_secs(5))?;
+        }
+        let t_kill = t0.elapsed();
+        if !started {
+            // Every process runsc made for the sandbox (the sentry, the
+            // gofer, a `runsc run` still starting) names its bundle.
+            // Killing them is enough: runsc's state for it is in the
+            // directory removed below. (`runsc delete --force` does the
+            // same but then waits for the sentry to be reaped, which an
+            // orphan's init may take a second to do.)
+            let bundle = dir.join("bundle");
+            let until = Instant::now() + Duration::from_secs(5);
+            loop {
+                let left = processes_mentioning(&bundle);
+                if left.is_empty() {
+                    break;
+                }
+                if Instant::now() >= until {
+                    tracing::warn!(sandbox = %id, ?left, "processes of a gVisor sandbox outlived SIGKILL");
+                    break;
+                }
+                for pid in left {
+                    kill_pid(pid);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // A `runsc run` killed while starting may have made the cgroup
+            // after the first look.
+            if cg.exists() {
+                cg.destroy(Duration::from_secs(5))?;
+            }
         }
         let stage = dir.join(ROOTFS_DIR);
         runcell_jail::gvisor::unmount_rootfs(&stage).map_err(GvisorError::Rootfs)?;
@@ -575,7 +581,7 @@ impl Backend for GvisorBackend {
 
     fn remove(&self, id: &str) -> Result<(), BackendError> {
         check_id(id)?;
-        Ok(self.remove_all(id, &self.state_dir.join(id))?)
+        Ok(self.remove_all(id, &self.state_dir.join(id), false)?)
     }
 }
 
@@ -598,7 +604,7 @@ struct GvisorPrepared {
 impl Drop for GvisorPrepared {
     fn drop(&mut self) {
         if self.armed {
-            if let Err(e) = self.backend.remove_all(&self.id, &self.dir) {
+            if let Err(e) = self.backend.remove_all(&self.id, &self.dir, false) {
                 tracing::warn!(sandbox = %self.id, "could not clean up a gVisor sandbox: {e}");
             }
         }
@@ -651,7 +657,7 @@ impl GvisorPrepared {
         let (setup, cgroup) = match made {
             Ok(v) => v,
             Err(e) => {
-                let _ = backend.remove_all(&spec.id, &dir);
+                let _ = backend.remove_all(&spec.id, &dir, false);
                 return Err(e);
             }
         };
@@ -1034,7 +1040,7 @@ impl Instance for GvisorSandbox {
     }
 
     fn destroy(self: Box<Self>) -> Result<(), BackendError> {
-        Ok(self.backend.remove_all(&self.id, &self.dir)?)
+        Ok(self.backend.remove_all(&self.id, &self.dir, true)?)
     }
 
     // The sentry, the gofer and every process they run are in the
