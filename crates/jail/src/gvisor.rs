@@ -431,6 +431,32 @@ fn populate(spec: &InitSpec, root: &Path, stage: &Path) -> Result<(), SetupError
     synthesize_etc(spec, &root.join("etc"), stage, layered)
 }
 
+/// Bind-mounts the host's `source` (a file or a directory) at `dest` of
+/// the composed `root` ([`compose_rootfs`]), read-only if asked, making
+/// the mount point where missing. runsc's gofer serves what is mounted
+/// below the root with the root itself, so a host bind here costs a mount
+/// call, where a bind mount in the container's spec costs runsc a gofer
+/// mount of its own at every start.
+pub fn bind_into(
+    root: &Path,
+    source: &Path,
+    dest: &str,
+    read_only: bool,
+) -> Result<(), SetupError> {
+    let target = inside(root, Path::new(dest));
+    if fs::symlink_metadata(&target).is_err() {
+        if let Some(parent) = target.parent() {
+            fs::create_dir_all(parent).map_err(step(format!("creating {dest}'s directory")))?;
+        }
+        if source.is_dir() {
+            mkdir(&target, 0o700)?;
+        } else {
+            fs::write(&target, b"").map_err(step(format!("creating {dest}'s mount point")))?;
+        }
+    }
+    bind(source, &target, read_only)
+}
+
 /// Unmounts what [`compose_rootfs`] mounted at `stage` (the whole tree at
 /// once, lazily). Unmounting what is not mounted is not an error.
 pub fn unmount_rootfs(stage: &Path) -> Result<(), SetupError> {

@@ -56,6 +56,8 @@ use runcell_jail::log_tail;
 
 /// Where the preload library (`crates/jail/shim`) is mounted in the sandbox.
 const SHIM_PATH: &str = "/run/runcell/gvisor-shim.so";
+/// Where the egress directory is mounted in the sandbox.
+const EGRESS_DIR_IN_SANDBOX: &str = "/run/runcell/egress";
 
 /// The preload library built next to the agent.
 fn shim_path(agent: &Path) -> PathBuf {
@@ -704,7 +706,6 @@ impl GvisorPrepared {
         };
         let root = runcell_jail::gvisor::compose_rootfs(&init, &dir.join(ROOTFS_DIR))
             .map_err(GvisorError::Rootfs)?;
-        let t_rootfs = t0.elapsed();
         let egress = if egress_enabled.is_some() {
             let sockets = dir.join(EGRESS_DIR);
             fs::create_dir_all(&sockets).map_err(io_err(&sockets))?;
@@ -714,10 +715,29 @@ impl GvisorPrepared {
         } else {
             None
         };
+        // The agent, the preload library and the host's directories go
+        // into the composed root on the host, not in the spec's mounts:
+        // runsc serves them with the root instead of a gofer mount each.
+        let shim = shim_path(&self.backend.agent);
+        let host_dir = dir.join(HOST_SUBDIR);
+        let egress_dir = dir.join(EGRESS_DIR);
+        let mut binds = vec![
+            (self.backend.agent.as_path(), AGENT_PATH, true),
+            (shim.as_path(), SHIM_PATH, true),
+            (host_dir.as_path(), HOST_DIR, false),
+        ];
+        if egress.is_some() {
+            binds.push((egress_dir.as_path(), EGRESS_DIR_IN_SANDBOX, false));
+        }
+        for (source, dest, read_only) in binds {
+            runcell_jail::gvisor::bind_into(&root, source, dest, read_only)
+                .map_err(GvisorError::Rootfs)?;
+        }
+        let t_rootfs = t0.elapsed();
 
         let bundle = dir.join("bundle");
         fs::create_dir_all(&bundle).map_err(io_err(&bundle))?;
-        let config = self.oci_config(spec, &root, &hostname, egress.is_some());
+        let config = self.oci_config(spec, &root, &hostname);
         let config_path = bundle.join("config.json");
         fs::write(
             &config_path,
@@ -851,13 +871,7 @@ impl GvisorPrepared {
     }
 
     /// The OCI runtime spec of the sandbox's container.
-    fn oci_config(
-        &self,
-        spec: &StartSpec,
-        root: &Path,
-        hostname: &str,
-        egress: bool,
-    ) -> serde_json::Value {
+    fn oci_config(&self, spec: &StartSpec, root: &Path, hostname: &str) -> serde_json::Value {
         use serde_json::json;
         let caps = [
             "CAP_CHOWN",
@@ -890,7 +904,7 @@ impl GvisorPrepared {
             args.push(format!("{}{l}", runcell_jail::gvisor::LOG_ARG));
         }
         let env: Vec<String> = Vec::new();
-        let mut mounts = vec![
+        let mounts = vec![
             json!({"destination": "/proc", "type": "proc", "source": "proc"}),
             json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
                    "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
@@ -903,17 +917,7 @@ impl GvisorPrepared {
             // root's own /tmp (on the capped writable layer) instead.
             json!({"destination": "/tmp", "type": "bind",
                    "source": root.join("tmp"), "options": ["rbind", "rw"]}),
-            json!({"destination": AGENT_PATH, "type": "bind",
-                   "source": self.backend.agent, "options": ["rbind", "ro"]}),
-            json!({"destination": SHIM_PATH, "type": "bind",
-                   "source": shim_path(&self.backend.agent), "options": ["rbind", "ro"]}),
-            json!({"destination": HOST_DIR, "type": "bind",
-                   "source": self.dir.join(HOST_SUBDIR), "options": ["rbind", "rw"]}),
         ];
-        if egress {
-            mounts.push(json!({"destination": "/run/runcell/egress", "type": "bind",
-                   "source": self.dir.join(EGRESS_DIR), "options": ["rbind", "rw"]}));
-        }
         let mut namespaces = vec![
             json!({"type": "pid"}),
             json!({"type": "ipc"}),
