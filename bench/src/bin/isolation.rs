@@ -53,8 +53,21 @@ struct Args {
     allow_emulation: bool,
 }
 
+/// Where one fresh sandbox's time went.
+#[derive(Debug, Clone, Copy, Default)]
+struct Phases {
+    create: Duration,
+    exec: Duration,
+    destroy: Duration,
+}
+
 /// A fresh sandbox of `isolation` runs `code` with python3 and goes.
 async fn sandbox_run(rt: &Runtime, isolation: Isolation, code: &str) -> Duration {
+    sandbox_phases(rt, isolation, code).await.0
+}
+
+/// [`sandbox_run`], with the time of each phase.
+async fn sandbox_phases(rt: &Runtime, isolation: Isolation, code: &str) -> (Duration, Phases) {
     let t = Instant::now();
     let sb = rt
         .create(SandboxOptions {
@@ -64,6 +77,7 @@ async fn sandbox_run(rt: &Runtime, isolation: Isolation, code: &str) -> Duration
         })
         .await
         .unwrap_or_else(|e| panic!("create ({isolation}): {e}"));
+    let created = t.elapsed();
     let r = sb
         .exec(
             AgentCommand::Argv(strings(&[PYTHON, "-c", code])),
@@ -77,8 +91,17 @@ async fn sandbox_run(rt: &Runtime, isolation: Isolation, code: &str) -> Duration
         "{isolation}: {}",
         String::from_utf8_lossy(&r.stderr)
     );
+    let executed = t.elapsed();
     sb.destroy().await.expect("destroy");
-    t.elapsed()
+    let total = t.elapsed();
+    (
+        total,
+        Phases {
+            create: created,
+            exec: executed - created,
+            destroy: total - executed,
+        },
+    )
 }
 
 /// Programs per second: `n` runs of `one`, two at a time.
@@ -167,6 +190,7 @@ async fn main() {
         ));
     }
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); labels.len()];
+    let mut phases: Vec<Vec<Phases>> = vec![Vec::new(); backends.len()];
     for i in 0..args.warmup + args.iterations {
         let keep = i >= args.warmup;
         let mut record = |row: usize, d: Duration| {
@@ -181,7 +205,11 @@ async fn main() {
             if *b == Isolation::Microvm && i >= args.warmup + args.microvm_iterations {
                 continue;
             }
-            record(3 + j, sandbox_run(&rt, *b, "pass").await);
+            let (total, p) = sandbox_phases(&rt, *b, "pass").await;
+            record(3 + j, total);
+            if keep {
+                phases[j].push(p);
+            }
         }
     }
 
@@ -215,6 +243,23 @@ async fn main() {
             ms(percentile(s, 0.95)),
             p50.as_secs_f64() / base.as_secs_f64(),
             p50.as_secs_f64() / runsc_p50.as_secs_f64(),
+        );
+    }
+
+    println!("\nWhere a fresh sandbox's time goes (p50 of each phase, ms)\n");
+    println!("| backend | create | exec python3 -c pass | destroy |");
+    println!("|---|---:|---:|---:|");
+    for (b, p) in backends.iter().zip(&phases) {
+        let p50 = |f: fn(&Phases) -> Duration| {
+            let mut v: Vec<Duration> = p.iter().map(f).collect();
+            v.sort();
+            ms(percentile(&v, 0.5))
+        };
+        println!(
+            "| {b} | {:.1} | {:.1} | {:.1} |",
+            p50(|p| p.create),
+            p50(|p| p.exec),
+            p50(|p| p.destroy)
         );
     }
 

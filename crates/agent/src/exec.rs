@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use runcell_jail::gvisor::ExecGroups;
+use runcell_jail::inside::ExecImage;
 use runcell_jail::SandboxCommand;
 use runcell_protocol::{
     Command as Cmd, ErrorKind, Event, ExecRequest, ExecUser, ExitInfo, RunCodeRequest,
@@ -22,6 +23,7 @@ use tokio::sync::oneshot;
 use crate::procs;
 use crate::reaper::Exit;
 use crate::shared::{send, send_error, Outbox, Shared};
+use runcell_protocol::units::micros;
 
 /// An exec or a code run.
 #[derive(Debug)]
@@ -225,15 +227,29 @@ async fn run(agent: &Shared, running: &RunningExecs, conn: u64, id: u64, plan: P
         }
         None => None,
     };
+    // The command as the supervisor starts it: found on the command's own
+    // PATH and laid out now, since the supervisor may not allocate.
+    let image = match ExecImage::new(&plan.argv[0], &plan.argv, &env) {
+        Ok(i) => i,
+        Err(e) => {
+            return send_error(
+                out,
+                id,
+                ErrorKind::SpawnFailed,
+                format!("Could not start `{}`: {e}.", plan.argv[0]),
+            )
+            .await;
+        }
+    };
     match &group {
-        Some(g) => cmd.supervise_in_group(user.uid, user.gid, plan.background, g.fds()),
-        None => cmd.supervise_as(user.uid, user.gid, plan.background),
+        Some(g) => cmd.supervise_in_group(user.uid, user.gid, plan.background, g.fds(), image),
+        None => cmd.supervise_as(user.uid, user.gid, plan.background, image),
     };
     // Limit hits the sandbox's own kernel counts (gVisor, microVM).
     let hits_before = crate::limits::hits();
     let watching = crate::limits::active();
     let started = Instant::now();
-    // PATH lookup happens in the parent with the child's PATH.
+    // The program was found on the child's PATH above (ExecImage).
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -247,6 +263,7 @@ async fn run(agent: &Shared, running: &RunningExecs, conn: u64, id: u64, plan: P
             .await;
         }
     };
+    tracing::debug!(us = micros(started.elapsed()), "exec spawned");
     let supervisor = child.id() as i32;
     let exited = agent.reaper.watch(supervisor);
     // spawn returns once the supervisor has forked the command (it closes
@@ -289,6 +306,7 @@ async fn run(agent: &Shared, running: &RunningExecs, conn: u64, id: u64, plan: P
 
     let timeout = plan.timeout_ms.map(Duration::from_millis);
     let (exit, timed_out) = wait(agent, supervisor, exited, timeout).await;
+    tracing::debug!(us = micros(started.elapsed()), "exec exited");
     // Let the pumps read what is buffered, then stop them even if a background
     // process keeps the pipes open.
     let stop = tokio::spawn(async move {
@@ -299,6 +317,7 @@ async fn run(agent: &Shared, running: &RunningExecs, conn: u64, id: u64, plan: P
     let (err_total, err_trunc) = pump_err.await.unwrap_or((0, false));
     stop.abort();
     running.lock().expect("running lock").remove(&(conn, id));
+    tracing::debug!(us = micros(started.elapsed()), "exec output drained");
 
     let (exit_code, signal) = match exit {
         Some(Exit::Code(c)) => (Some(c), None),

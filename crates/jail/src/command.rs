@@ -23,7 +23,17 @@ pub trait SandboxCommand {
     /// `uid`/`gid` ([`inside::drop_privileges`]), and it kills whatever the
     /// command leaves behind when it exits, unless `keep_background`.
     /// `spawn` returns once the supervisor has forked the command.
-    fn supervise_as(&mut self, uid: u32, gid: u32, keep_background: bool) -> &mut Self;
+    ///
+    /// The command is `image` (std's own program and arguments are not
+    /// used): std sets up its standard streams, directory and the rest as
+    /// usual, then the supervisor starts it.
+    fn supervise_as(
+        &mut self,
+        uid: u32,
+        gid: u32,
+        keep_background: bool,
+        image: inside::ExecImage,
+    ) -> &mut Self;
 
     /// [`supervise_as`](Self::supervise_as) where orphans do not come back
     /// to the supervisor (gVisor): it joins the exec's own cgroup first and
@@ -35,6 +45,7 @@ pub trait SandboxCommand {
         gid: u32,
         keep_background: bool,
         group: inside::ExecGroupFds,
+        image: inside::ExecImage,
     ) -> &mut Self;
 
     /// The child gets `fds[i]` at descriptor `3 + i` (without close-on-exec)
@@ -46,10 +57,19 @@ pub trait SandboxCommand {
 }
 
 impl SandboxCommand for Command {
-    fn supervise_as(&mut self, uid: u32, gid: u32, keep_background: bool) -> &mut Self {
+    fn supervise_as(
+        &mut self,
+        uid: u32,
+        gid: u32,
+        keep_background: bool,
+        image: inside::ExecImage,
+    ) -> &mut Self {
         // SAFETY: supervise_exec makes only async-signal-safe syscalls and
-        // never allocates; the closure captures plain integers.
-        unsafe { self.pre_exec(move || inside::supervise_exec(uid, gid, keep_background, None)) }
+        // never allocates; the closure captures plain integers and the
+        // image, laid out before the fork and only read in the child.
+        unsafe {
+            self.pre_exec(move || inside::supervise_exec(uid, gid, keep_background, None, &image))
+        }
     }
 
     fn supervise_in_group(
@@ -58,11 +78,14 @@ impl SandboxCommand for Command {
         gid: u32,
         keep_background: bool,
         group: inside::ExecGroupFds,
+        image: inside::ExecImage,
     ) -> &mut Self {
         // SAFETY: as supervise_as; the closure captures two descriptor
         // numbers more, which the supervisor only writes to and reads.
         unsafe {
-            self.pre_exec(move || inside::supervise_exec(uid, gid, keep_background, Some(group)))
+            self.pre_exec(move || {
+                inside::supervise_exec(uid, gid, keep_background, Some(group), &image)
+            })
         }
     }
 
@@ -135,11 +158,56 @@ mod tests {
     #[test]
     fn a_supervised_command_reports_its_status() {
         let (uid, gid) = me();
+        let argv = ["sh", "-c", "exit 7"].map(String::from);
+        let image = inside::ExecImage::new("sh", &argv, &env()).unwrap();
         let status = Command::new("/bin/sh")
-            .args(["-c", "exit 7"])
-            .supervise_as(uid, gid, false)
+            .supervise_as(uid, gid, false, image)
             .status()
             .unwrap();
         assert_eq!(status.code(), Some(7));
+    }
+
+    fn env() -> std::collections::BTreeMap<String, String> {
+        [("PATH".to_string(), "/usr/bin:/bin".to_string())].into()
+    }
+
+    #[test]
+    fn a_supervised_command_gets_its_arguments_environment_and_streams() {
+        let (uid, gid) = me();
+        let argv = ["sh", "-c", "echo \"$0 $1 $GREETING\"", "zero", "one"].map(String::from);
+        let mut env = env();
+        env.insert("GREETING".into(), "hello".into());
+        let image = inside::ExecImage::new("sh", &argv, &env).unwrap();
+        let out = Command::new("ignored")
+            .stdout(Stdio::piped())
+            .supervise_as(uid, gid, false, image)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "zero one hello\n");
+    }
+
+    #[test]
+    fn a_command_that_cannot_start_fails_the_spawn() {
+        let (uid, gid) = me();
+        // Not on PATH: found wanting before the fork.
+        let argv = ["no-such-program-here".to_string()];
+        let err = inside::ExecImage::new("no-such-program-here", &argv, &env()).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
+        // A path that is not executable: execve refuses it in the child,
+        // and the spawn reports why.
+        let dir = std::env::temp_dir().join(format!("runcell-noexec-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("data");
+        std::fs::write(&file, "not a program").unwrap();
+        let path = file.to_str().unwrap().to_string();
+        let argv = [path.clone()];
+        let image = inside::ExecImage::new(&path, &argv, &env()).unwrap();
+        let err = Command::new("ignored")
+            .supervise_as(uid, gid, false, image)
+            .spawn()
+            .unwrap_err();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(err.raw_os_error(), Some(libc::EACCES), "{err}");
     }
 }

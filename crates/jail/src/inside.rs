@@ -1026,8 +1026,9 @@ fn supervisor_signals() -> libc::sigset_t {
 }
 
 /// Turns a freshly forked child (in `pre_exec`) into the supervisor of one
-/// exec, and returns `Ok` only in the process that goes on to exec the
-/// user's command (after [`drop_privileges`]).
+/// exec: it starts the user's command (`image`, after [`drop_privileges`])
+/// itself, and returns only an error, when the command could not start
+/// (which std then reports to the spawning agent).
 ///
 /// The supervisor stays root of the sandbox (so the sandbox user cannot
 /// signal it), marks itself a child subreaper and forks the command. Every
@@ -1054,13 +1055,15 @@ pub fn supervise_exec(
     gid: u32,
     keep_background: bool,
     group: Option<ExecGroupFds>,
+    image: &ExecImage,
 ) -> io::Result<()> {
     let set = supervisor_signals();
     if let Some(g) = group {
         join_group(g.procs_write)?;
     }
-    // SAFETY: plain syscalls on scalars and the local signal sets; no memory
-    // is allocated. fork(2) in this (single-threaded) child is safe.
+    // SAFETY: plain syscalls on scalars, the local signal sets and the
+    // child's arguments and stack, which live in this frame until the
+    // child has called execve or exited; no memory is allocated.
     unsafe {
         // gVisor (release 20221219) refuses it with EINVAL: the command's
         // orphans then go to the agent, which reaps them but does not kill
@@ -1070,19 +1073,41 @@ pub fn supervise_exec(
         {
             return Err(io::Error::last_os_error());
         }
-        // Blocked before fork so no exit is missed; the command gets the
-        // empty mask std set up for it back.
+        // Blocked before the clone so no exit is missed; the command gets
+        // the empty mask std set up for it back.
         let mut old: libc::sigset_t = std::mem::zeroed();
         if libc::sigprocmask(libc::SIG_BLOCK, &set, &mut old) < 0 {
             return Err(io::Error::last_os_error());
         }
-        let main = libc::fork();
+        // The command shares this process's memory until it calls execve
+        // (CLONE_VM | CLONE_VFORK, as posix_spawn does): no copy of the
+        // address space to make, and no copy-on-write faults, which under
+        // gVisor's ptrace platform cost as much as a second fork. It runs
+        // on a stack in this frame and says why it could not start in
+        // `args.error`, which this process reads once it runs again.
+        let mut args = CommandStart {
+            uid,
+            gid,
+            mask: old,
+            image,
+            error: 0,
+        };
+        let mut stack = [0u8; COMMAND_STACK];
+        let top = stack.as_mut_ptr().add(COMMAND_STACK);
+        // 16-byte alignment, as the x86-64 and aarch64 ABIs require.
+        let top = top.sub(top as usize % 16);
+        let main = libc::clone(
+            start_command,
+            top.cast(),
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            std::ptr::addr_of_mut!(args).cast(),
+        );
         if main < 0 {
             return Err(io::Error::last_os_error());
         }
-        if main == 0 {
-            libc::sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-            return drop_privileges(uid, gid);
+        if args.error != 0 {
+            libc::waitpid(main, std::ptr::null_mut(), 0);
+            return Err(io::Error::from_raw_os_error(args.error));
         }
         // Hold nothing of the agent's or of the command's stdio: the command's
         // pipes must close when the last process of the exec is gone, and
@@ -1108,6 +1133,135 @@ pub fn supervise_exec(
         let status = supervise(main, &set, keep_background, group.is_some());
         exit_like(status)
     }
+}
+
+/// The stack the command runs on between its clone and its execve.
+const COMMAND_STACK: usize = 64 * 1024;
+
+/// What the command's first moments need, in the supervisor's frame.
+struct CommandStart<'a> {
+    uid: u32,
+    gid: u32,
+    mask: libc::sigset_t,
+    image: &'a ExecImage,
+    /// Why the command could not start (an errno), 0 if it did.
+    error: libc::c_int,
+}
+
+/// The command between its clone and its execve: restores the signal
+/// mask, drops to the sandbox user ([`drop_privileges`]) and runs the
+/// program. Only async-signal-safe calls; it shares the supervisor's memory
+/// (which is stopped until this calls execve or exits) and writes nothing
+/// of it but `error`.
+extern "C" fn start_command(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the supervisor's live CommandStart (see
+    // supervise_exec); the supervisor does not run until this process
+    // calls execve or exits, so nothing else touches it.
+    let start = unsafe { &mut *arg.cast::<CommandStart<'_>>() };
+    // SAFETY: restores the mask from a valid set; no memory is written.
+    unsafe { libc::sigprocmask(libc::SIG_SETMASK, &start.mask, std::ptr::null_mut()) };
+    let error = match drop_privileges(start.uid, start.gid) {
+        Err(e) => e.raw_os_error().unwrap_or(libc::EPERM),
+        Ok(()) => {
+            let image = start.image;
+            // SAFETY: the path and both arrays are NUL-terminated and live
+            // in the ExecImage the agent holds until spawn returns.
+            unsafe {
+                libc::execve(
+                    image.path.as_ptr(),
+                    image.argv.as_ptr(),
+                    image.envp.as_ptr(),
+                );
+                *libc::__errno_location()
+            }
+        }
+    };
+    start.error = if error == 0 { libc::ENOEXEC } else { error };
+    // SAFETY: _exit(2) ends this process without running any Rust code.
+    unsafe { libc::_exit(127) }
+}
+
+/// The program an exec's command runs, laid out before the fork: the
+/// command's first moments ([`supervise_exec`]) may not allocate.
+#[derive(Debug)]
+pub struct ExecImage {
+    path: std::ffi::CString,
+    /// The arguments and environment as C strings, owned here; `argv` and
+    /// `envp` point into them and end with a null pointer.
+    _strings: Vec<std::ffi::CString>,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+}
+
+// SAFETY: the raw pointers point into `_strings`, which the image owns and
+// never changes after it is made; sharing or moving it moves only those
+// immutable heap buffers.
+unsafe impl Send for ExecImage {}
+// SAFETY: as for Send: nothing in the image is ever written after `new`.
+unsafe impl Sync for ExecImage {}
+
+impl ExecImage {
+    /// `program` (found on the `PATH` of `env` unless it has a slash) with
+    /// `argv` (its first element is the program's name as given) and the
+    /// environment `env`. A string with a NUL byte is `InvalidInput`; a
+    /// program not found is `NotFound`.
+    pub fn new<'a>(
+        program: &str,
+        argv: &[String],
+        env: impl IntoIterator<Item = (&'a String, &'a String)>,
+    ) -> io::Result<Self> {
+        use std::ffi::CString;
+        let nul = |_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in a command");
+        let env: Vec<CString> = env
+            .into_iter()
+            .map(|(k, v)| CString::new(format!("{k}={v}")).map_err(nul))
+            .collect::<io::Result<_>>()?;
+        let path_var = env
+            .iter()
+            .find_map(|e| e.to_bytes().strip_prefix(b"PATH="))
+            .map(|p| String::from_utf8_lossy(p).into_owned());
+        let path = CString::new(find_program(program, path_var.as_deref())?).map_err(nul)?;
+        let args: Vec<CString> = argv
+            .iter()
+            .map(|a| CString::new(a.as_str()).map_err(nul))
+            .collect::<io::Result<_>>()?;
+        let argv_ptrs = args
+            .iter()
+            .map(|a| a.as_ptr())
+            .chain([std::ptr::null()])
+            .collect();
+        let envp = env
+            .iter()
+            .map(|e| e.as_ptr())
+            .chain([std::ptr::null()])
+            .collect();
+        let mut strings = args;
+        strings.extend(env);
+        Ok(Self {
+            path,
+            _strings: strings,
+            argv: argv_ptrs,
+            envp,
+        })
+    }
+}
+
+/// `program` as execve wants it: itself if it has a slash, else the first
+/// executable file of that name on `path` (`/usr/bin:/bin` without one).
+fn find_program(program: &str, path: Option<&str>) -> io::Result<String> {
+    use std::os::unix::fs::PermissionsExt;
+    if program.contains('/') {
+        return Ok(program.to_string());
+    }
+    if program.is_empty() {
+        return Err(io::Error::from_raw_os_error(libc::ENOENT));
+    }
+    path.unwrap_or("/usr/bin:/bin")
+        .split(':')
+        .map(|dir| if dir.is_empty() { "." } else { dir })
+        .map(|dir| format!("{dir}/{program}"))
+        .find(|p| fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))
 }
 
 /// The descriptors of an exec's own cgroup (gVisor's pids hierarchy),
