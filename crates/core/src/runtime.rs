@@ -367,9 +367,9 @@ impl Runtime {
         if !opts.mounts.is_empty() && isolation != Isolation::Jail {
             return unsupported("mount volumes");
         }
-        // Only the jail's setup refuses a symlink a saved layer planted;
-        // gVisor's root is composed by this (host) process.
-        if !opts.state_layers.is_empty() && isolation != Isolation::Jail {
+        // The jail's setup and gVisor's host-side composition refuse a
+        // symlink a saved layer planted; a microVM cannot lay them.
+        if !opts.state_layers.is_empty() && isolation == Isolation::Microvm {
             return unsupported("start from saved files");
         }
         // Standbys already have their own network namespace, and are of the

@@ -622,8 +622,8 @@ impl<'a> Service<'a> {
     /// persistent sandbox on a daemon that hibernates idle ones
     /// (`--idle-hibernate`), else deletion.
     pub(crate) fn on_idle(self, r: &crate::registry::Record, lineage: &Lineage) -> OnIdle {
-        // Only the jail saves files, so only it hibernates.
-        if r.isolation != runcell_core::backend::Isolation::Jail {
+        // Only the jail and gVisor save files, so only they hibernate.
+        if r.isolation == runcell_core::backend::Isolation::Microvm {
             return OnIdle::Delete;
         }
         lineage

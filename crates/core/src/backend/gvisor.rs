@@ -158,6 +158,9 @@ pub enum GvisorError {
     /// No live sandbox with that id.
     #[error("Sandbox {0} is not running.")]
     NotRunning(String),
+    /// Copying the sandbox's writable layer failed.
+    #[error("Could not save the sandbox's files.")]
+    Export(#[source] runcell_jail::layer::LayerError),
     /// The sandbox's state file is unreadable.
     #[error("The state of sandbox {0} is unreadable.")]
     BadState(String, #[source] serde_json::Error),
@@ -1047,6 +1050,14 @@ impl Instance for GvisorSandbox {
 
     fn is_frozen(&self) -> bool {
         self.cgroup.is_frozen()
+    }
+
+    // The writable layer is on the host (`rootfs/upper`, written through
+    // by the gofer): a copy of it, taken while the sandbox is frozen or
+    // after it stopped.
+    fn export_layer(&self, dest: &Path) -> Result<u64, BackendError> {
+        runcell_jail::gvisor::export_layer(&self.dir.join(ROOTFS_DIR), dest)
+            .map_err(|e| GvisorError::Export(e).into())
     }
 }
 
