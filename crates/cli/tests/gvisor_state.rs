@@ -63,14 +63,8 @@ async fn gvisor_sandboxes_snapshot_fork_and_hibernate_their_files() {
     for s in [&id, &from, &child] {
         d.delete(s).await;
     }
-    let (s, _) = d
-        .send_json(
-            Method::DELETE,
-            &format!("/v1/snapshots/{}", snap["id"].as_str().unwrap()),
-            json!({}),
-        )
-        .await;
-    assert_eq!(s, 204);
+    let snap_path = format!("/v1/snapshots/{}", snap["id"].as_str().unwrap());
+    assert_eq!(d.status(Method::DELETE, &snap_path, None).await, 204);
     // Nothing is left: no sandbox directory (runsc's state, mounts), no layer.
     for s in [&id, &from, &child] {
         wait_gone(&data.join("sandboxes-gvisor").join(s)).await;
