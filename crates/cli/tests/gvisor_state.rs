@@ -17,7 +17,10 @@ async fn gvisor_sandboxes_snapshot_fork_and_hibernate_their_files() {
         .create(json!({"isolation": "gvisor", "ttl_seconds": 600, "persistent": true}))
         .await;
     let (s, body) = d
-        .exec(&id, "echo kept > ~/f && mkdir -p ~/deep/er && echo d > ~/deep/er/x")
+        .exec(
+            &id,
+            "echo kept > ~/f && mkdir -p ~/deep/er && echo d > ~/deep/er/x",
+        )
         .await;
     assert_eq!(s, 200, "{body}");
 
@@ -43,7 +46,10 @@ async fn gvisor_sandboxes_snapshot_fork_and_hibernate_their_files() {
     let (_, body) = d.exec(&child, "cat ~/f && echo mine > ~/child").await;
     assert_eq!(body["stdout"], "kept\n", "{body}");
     let (_, body) = d.exec(&id, "ls ~").await;
-    assert!(!body["stdout"].as_str().unwrap().contains("child"), "{body}");
+    assert!(
+        !body["stdout"].as_str().unwrap().contains("child"),
+        "{body}"
+    );
 
     // Hibernation keeps the files; the next call wakes it.
     assert_eq!(
@@ -57,7 +63,11 @@ async fn gvisor_sandboxes_snapshot_fork_and_hibernate_their_files() {
     );
     assert_eq!(d.sandbox(&id).await["status"], "hibernated");
     let (s, body) = d.exec(&id, "cat ~/f").await;
-    assert_eq!((s, body["stdout"].as_str()), (200, Some("kept\n")), "{body}");
+    assert_eq!(
+        (s, body["stdout"].as_str()),
+        (200, Some("kept\n")),
+        "{body}"
+    );
     assert_eq!(d.sandbox(&id).await["isolation"], "gvisor");
 
     for s in [&id, &from, &child] {
@@ -73,4 +83,99 @@ async fn gvisor_sandboxes_snapshot_fork_and_hibernate_their_files() {
         .map(|d| d.flatten().map(|e| e.file_name()).collect())
         .unwrap_or_default();
     assert!(layers.is_empty(), "layers left: {layers:?}");
+}
+
+/// Hibernation of a gVisor sandbox checkpoints its memory (`runsc
+/// checkpoint`): a code context's variables and a background process are
+/// still there after the wake, also when the daemon was SIGKILLed and
+/// restarted in between, and a second round works as the first.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hibernated_gvisor_sandbox_wakes_with_its_memory_even_after_a_sigkill() {
+    let data = data_dir("gv-mem");
+    let port = free_port();
+    let mut d = Daemon::start(&data, port, &[]);
+    let id = d
+        .create(json!({"isolation": "gvisor", "ttl_seconds": 600}))
+        .await;
+    let s = d.create_session(&id, json!({"language": "python"})).await;
+    let sid = s["id"].as_str().unwrap().to_string();
+    let run = |d: &Daemon, code: &str| {
+        d.req(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/repl/sessions/{sid}/run"),
+        )
+        .json(&json!({ "code": code }))
+    };
+    let ok = |rb: reqwest::RequestBuilder| async move {
+        let r = rb.send().await.unwrap();
+        let status = r.status().as_u16();
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(status, 200, "{v}");
+        v
+    };
+    ok(run(&d, "x = 42")).await;
+    let (s, body) = d
+        .exec(
+            &id,
+            // (It leaves the exec's session before the exec ends.)
+            "setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $! > ~/bg; sleep 0.5",
+        )
+        .await;
+    assert_eq!(s, 200, "{body}");
+    let (_, body) = d.exec(&id, "kill -0 $(cat ~/bg) && echo alive").await;
+    assert_eq!(body["stdout"], "alive\n", "before: {body}");
+
+    let hibernate_path = format!("/v1/sandboxes/{id}/hibernate");
+    assert_eq!(
+        d.status(Method::POST, &hibernate_path, Some(json!({})))
+            .await,
+        204
+    );
+    assert_eq!(d.sandbox(&id).await["status"], "hibernated");
+    assert!(data.join("memory").join(&id).is_dir(), "no memory image");
+    // Its processes are gone from the host while it sleeps.
+    assert!(!data.join("sandboxes-gvisor").join(&id).exists());
+
+    d.kill9();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let d = Daemon::start(&data, port, &[]);
+    // A cell wakes it, and the variable is still there.
+    let v = ok(run(&d, "print(x)")).await;
+    assert_eq!(v["stdout"], "42\n", "{v}");
+    let view = d.sandbox(&id).await;
+    // Nothing was lost (the field is left out when false).
+    assert_eq!(view["status"], "running", "{view}");
+    assert_ne!(view["state_lost"], true, "{view}");
+    // So is the background process.
+    let (_, body) = d.exec(&id, "kill -0 $(cat ~/bg) && echo alive").await;
+    assert_eq!(body["stdout"], "alive\n", "{body}");
+    assert!(
+        !data.join("memory").join(&id).exists(),
+        "the image was kept"
+    );
+
+    // Again: the agent listens again after every restore.
+    assert_eq!(
+        d.status(Method::POST, &hibernate_path, Some(json!({})))
+            .await,
+        204
+    );
+    assert_eq!(
+        d.status(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/wake"),
+            Some(json!({}))
+        )
+        .await,
+        204
+    );
+    let v = ok(run(&d, "x += 1\nprint(x)")).await;
+    assert_eq!(v["stdout"], "43\n", "{v}");
+
+    d.delete(&id).await;
+    wait_gone(&data.join("sandboxes-gvisor").join(&id)).await;
+    let left: Vec<_> = std::fs::read_dir(data.join("memory"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "memory images left: {left:?}");
 }

@@ -45,6 +45,13 @@ pub const SETUP_SOCKET: &str = "/run/runcell/host/setup.sock";
 /// the sandbox's host directory, `agent.sock`).
 pub const AGENT_SOCKET: &str = "/run/runcell/host/agent.sock";
 
+/// Written by the agent once it holds no host socket, so the host may
+/// checkpoint the sandbox (`runsc checkpoint` cannot save one).
+pub const QUIESCED_MARKER: &str = "/run/runcell/host/quiesced";
+
+/// Written by the host to let a quiesced agent listen and serve again.
+pub const RESUME_MARKER: &str = "/run/runcell/host/resume";
+
 /// Where the agent binary is bind-mounted (read-only, root-owned).
 pub const AGENT_PATH: &str = "/run/runcell/agent";
 
@@ -333,24 +340,34 @@ pub fn export_layer(stage: &Path, dest: &Path) -> Result<u64, crate::layer::Laye
 
 /// `cp -a` (no symlink followed; owners, modes, xattrs, device nodes and
 /// hard links kept) of the directory `src` as `dst`.
-fn copy_tree(src: &Path, dst: &Path, one_file_system: bool) -> Result<(), crate::layer::LayerError> {
+fn copy_tree(
+    src: &Path,
+    dst: &Path,
+    one_file_system: bool,
+) -> Result<(), crate::layer::LayerError> {
     let mut cmd = std::process::Command::new("cp");
     cmd.arg("-a");
     if one_file_system {
         cmd.arg("--one-file-system");
     }
-    let out = cmd.arg("--").arg(src).arg(dst).output().map_err(|e| {
-        crate::layer::LayerError::Copy {
-            what: src.display().to_string(),
-            stderr: e.to_string(),
-        }
-    })?;
+    let out =
+        cmd.arg("--")
+            .arg(src)
+            .arg(dst)
+            .output()
+            .map_err(|e| crate::layer::LayerError::Copy {
+                what: src.display().to_string(),
+                stderr: e.to_string(),
+            })?;
     if out.status.success() {
         Ok(())
     } else {
         Err(crate::layer::LayerError::Copy {
             what: src.display().to_string(),
-            stderr: String::from_utf8_lossy(&out.stderr).chars().take(4096).collect(),
+            stderr: String::from_utf8_lossy(&out.stderr)
+                .chars()
+                .take(4096)
+                .collect(),
         })
     }
 }

@@ -158,6 +158,9 @@ pub enum GvisorError {
     /// No live sandbox with that id.
     #[error("Sandbox {0} is not running.")]
     NotRunning(String),
+    /// A checkpoint could not be taken.
+    #[error("The gVisor sandbox could not be checkpointed: {0}")]
+    Checkpoint(String),
     /// Copying the sandbox's writable layer failed.
     #[error("Could not save the sandbox's files.")]
     Export(#[source] runcell_jail::layer::LayerError),
@@ -495,6 +498,19 @@ struct StateFile {
     cgroup_parent: String,
 }
 
+/// Writes `<dir>/gvisor.json`, whole or not at all: a sweeping process
+/// must not take a half-written file for a dead sandbox.
+fn write_state(dir: &Path, state: &StateFile) -> Result<(), GvisorError> {
+    let state_path = dir.join(STATE_FILE);
+    let tmp_path = dir.join("gvisor.json.tmp");
+    fs::write(
+        &tmp_path,
+        serde_json::to_vec(state).expect("state serializes"),
+    )
+    .map_err(io_err(&tmp_path))?;
+    fs::rename(&tmp_path, &state_path).map_err(io_err(&state_path))
+}
+
 fn check_id(id: &str) -> Result<(), GvisorError> {
     runcell_jail::check_id(id).map_err(|_| GvisorError::BadId(id.into()))
 }
@@ -740,17 +756,31 @@ impl GvisorPrepared {
             log.push(PathBuf::from(debug).join(""));
             cmd.args(["--debug", "--strace"]).arg(log);
         }
+        let out = log.try_clone().map_err(io_err(&log_path))?;
+        cmd.stdin(Stdio::null()).stdout(out).stderr(log);
+        if let Some(image) = &spec.memory_image {
+            // The sandbox's processes and agent go on where they were; the
+            // agent already has its spec.
+            cmd.arg("restore")
+                .arg("--image-path")
+                .arg(image)
+                .arg("--detach")
+                .arg("--bundle")
+                .arg(&bundle)
+                .arg("--pid-file")
+                .arg(&pid_file)
+                .arg(&self.id);
+            run_checked(&mut cmd, "restore", &log_path, CHECKPOINT_TIMEOUT)?;
+            return self.finish_restore(&log_path, &pid_file, egress, t0);
+        }
         cmd.arg("run")
             .arg("--detach")
             .arg("--bundle")
             .arg(&bundle)
             .arg("--pid-file")
             .arg(&pid_file)
-            .arg(&self.id)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().map_err(io_err(&log_path))?)
-            .stderr(log);
-        run_checked(&mut cmd, "run", &log_path)?;
+            .arg(&self.id);
+        run_checked(&mut cmd, "run", &log_path, SETUP_TIMEOUT)?;
         let t_run = t0.elapsed();
         let pid: i32 = fs::read_to_string(&pid_file)
             .map_err(io_err(&pid_file))?
@@ -813,16 +843,7 @@ impl GvisorPrepared {
             start_time,
             cgroup_parent: self.backend.cgroup_parent.clone(),
         };
-        // Whole or not at all: a sweeping process must not take a
-        // half-written file for a dead sandbox.
-        let state_path = dir.join(STATE_FILE);
-        let tmp_path = dir.join("gvisor.json.tmp");
-        fs::write(
-            &tmp_path,
-            serde_json::to_vec(&state).expect("state serializes"),
-        )
-        .map_err(io_err(&tmp_path))?;
-        fs::rename(&tmp_path, &state_path).map_err(io_err(&state_path))?;
+        write_state(&dir, &state)?;
         tracing::debug!(
             sandbox = %self.id,
             rootfs_us = runcell_protocol::units::micros(t_rootfs),
@@ -839,6 +860,79 @@ impl GvisorPrepared {
             cgroup: self.cgroup.clone(),
             backend: self.backend.clone(),
             _host_end: spec.tied_to_process.then_some(host_end),
+            egress: egress.map(|(l, _)| l),
+        })
+    }
+
+    /// The end of a start by `runsc restore`: lets the restored agent
+    /// listen again ([`runcell_jail::gvisor::RESUME_MARKER`]) and waits
+    /// until it does.
+    fn finish_restore(
+        mut self,
+        log_path: &Path,
+        pid_file: &Path,
+        egress: Option<(UnixListener, PathBuf)>,
+        t0: Instant,
+    ) -> Result<GvisorSandbox, GvisorError> {
+        let t_restore = t0.elapsed();
+        let pid: i32 = fs::read_to_string(pid_file)
+            .map_err(io_err(pid_file))?
+            .trim()
+            .parse()
+            .map_err(|_| {
+                io_err(pid_file)(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "runsc wrote no pid",
+                ))
+            })?;
+        let start_time =
+            start_time(pid).ok_or_else(|| GvisorError::AgentDied(log_tail(log_path)))?;
+        let host = self.dir.join(HOST_SUBDIR);
+        let resume = host.join(marker_name(runcell_jail::gvisor::RESUME_MARKER));
+        let socket = host.join("agent.sock");
+        let _ = fs::remove_file(&socket);
+        fs::write(&resume, b"").map_err(io_err(&resume))?;
+        let deadline = Instant::now() + SETUP_TIMEOUT;
+        loop {
+            if !resume.exists() && socket.exists() {
+                let short =
+                    runcell_jail::socket::SocketPath::new(&socket).map_err(io_err(&socket))?;
+                if UnixStream::connect(short.path()).is_ok() {
+                    break;
+                }
+            }
+            if !alive(pid, start_time) {
+                return Err(GvisorError::AgentDied(log_tail(log_path)));
+            }
+            if Instant::now() >= deadline {
+                return Err(GvisorError::ReadyTimeout(SETUP_TIMEOUT, log_tail(log_path)));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        write_state(
+            &self.dir,
+            &StateFile {
+                id: self.id.clone(),
+                pid,
+                start_time,
+                cgroup_parent: self.backend.cgroup_parent.clone(),
+            },
+        )?;
+        tracing::debug!(
+            sandbox = %self.id,
+            restore_us = runcell_protocol::units::micros(t_restore),
+            resume_us = runcell_protocol::units::micros(t0.elapsed() - t_restore),
+            "gvisor sandbox restored"
+        );
+        self.armed = false;
+        Ok(GvisorSandbox {
+            id: self.id.clone(),
+            dir: self.dir.clone(),
+            pid,
+            start_time,
+            cgroup: self.cgroup.clone(),
+            backend: self.backend.clone(),
+            _host_end: None,
             egress: egress.map(|(l, _)| l),
         })
     }
@@ -1052,6 +1146,10 @@ impl Instance for GvisorSandbox {
         self.cgroup.is_frozen()
     }
 
+    fn checkpoint(&self, image: &Path) -> Result<(), BackendError> {
+        Ok(self.checkpoint_to(image)?)
+    }
+
     // The writable layer is on the host (`rootfs/upper`, written through
     // by the gofer): a copy of it, taken while the sandbox is frozen or
     // after it stopped.
@@ -1060,6 +1158,110 @@ impl Instance for GvisorSandbox {
             .map_err(|e| GvisorError::Export(e).into())
     }
 }
+
+impl GvisorSandbox {
+    /// `runsc checkpoint` into `image`, once the agent dropped its host
+    /// sockets (runsc cannot save one: "Cannot save endpoint with bound
+    /// host socket"). The sandbox is stopped afterwards, also when runsc
+    /// failed part-way.
+    fn checkpoint_to(&self, image: &Path) -> Result<(), GvisorError> {
+        let t0 = Instant::now();
+        let host = self.dir.join(HOST_SUBDIR);
+        let quiesced = host.join(marker_name(runcell_jail::gvisor::QUIESCED_MARKER));
+        let resume = host.join(marker_name(runcell_jail::gvisor::RESUME_MARKER));
+        let log_path = self.dir.join("agent.log");
+        let log = |what: &str| -> Result<fs::File, GvisorError> {
+            let _ = what;
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o600)
+                .open(&log_path)
+                .map_err(io_err(&log_path))
+        };
+        if self.cgroup.is_frozen() {
+            self.cgroup.thaw()?;
+        }
+        let _ = fs::remove_file(&quiesced);
+        let _ = fs::remove_file(&resume);
+        let out = log("kill")?;
+        run_checked(
+            self.backend
+                .runsc_cmd(&self.dir)
+                .args(["kill", &self.id, "USR1"])
+                .stdin(Stdio::null())
+                .stdout(out.try_clone().map_err(io_err(&log_path))?)
+                .stderr(out),
+            "kill USR1",
+            &log_path,
+            SETUP_TIMEOUT,
+        )?;
+        let deadline = Instant::now() + QUIESCE_TIMEOUT;
+        while !quiesced.exists() {
+            if !self.is_alive() {
+                return Err(GvisorError::NotRunning(self.id.clone()));
+            }
+            if Instant::now() >= deadline {
+                // Let it serve again.
+                let _ = fs::write(&resume, b"");
+                return Err(GvisorError::Checkpoint(format!(
+                    "its agent did not let go of its host connections within {QUIESCE_TIMEOUT:?}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let t_quiesce = t0.elapsed();
+        if fs::symlink_metadata(image).is_ok() {
+            let _ = fs::write(&resume, b"");
+            return Err(GvisorError::Io {
+                path: image.to_path_buf(),
+                source: io::Error::from(io::ErrorKind::AlreadyExists),
+            });
+        }
+        fs::create_dir_all(image).map_err(io_err(image))?;
+        fs::set_permissions(image, fs::Permissions::from_mode(0o700)).map_err(io_err(image))?;
+        let out = log("checkpoint")?;
+        let done = run_checked(
+            self.backend
+                .runsc_cmd(&self.dir)
+                .arg("checkpoint")
+                .arg("--image-path")
+                .arg(image)
+                .arg(&self.id)
+                .stdin(Stdio::null())
+                .stdout(out.try_clone().map_err(io_err(&log_path))?)
+                .stderr(out),
+            "checkpoint",
+            &log_path,
+            CHECKPOINT_TIMEOUT,
+        );
+        if let Err(e) = done {
+            let _ = fs::remove_dir_all(image);
+            // A failed checkpoint leaves the container stopped here.
+            let _ = fs::write(&resume, b"");
+            return Err(e);
+        }
+        tracing::debug!(
+            sandbox = %self.id,
+            quiesce_us = runcell_protocol::units::micros(t_quiesce),
+            checkpoint_us = runcell_protocol::units::micros(t0.elapsed() - t_quiesce),
+            "gvisor sandbox checkpointed"
+        );
+        Ok(())
+    }
+}
+
+/// The file name of a marker in the host directory.
+fn marker_name(in_sandbox: &str) -> &str {
+    in_sandbox.rsplit('/').next().unwrap_or(in_sandbox)
+}
+
+/// How long the agent gets to drop its host sockets before a checkpoint.
+const QUIESCE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long `runsc checkpoint` and `runsc restore` may take (a sandbox
+/// with a large memory writes and reads it all; 100 MB took about a second).
+const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Binds `<sockets>/sock` (replacing a dead one), 0600 and owned by root:
 /// only root of the sandbox (the agent) may connect to it.
@@ -1073,12 +1275,17 @@ fn bind_egress(sockets: &Path) -> Result<(UnixListener, PathBuf), GvisorError> {
 
 /// Runs a runsc command whose output goes to `log`; fails with the log's
 /// tail if it fails or outlives [`SETUP_TIMEOUT`].
-fn run_checked(cmd: &mut Command, what: &str, log: &Path) -> Result<(), GvisorError> {
+fn run_checked(
+    cmd: &mut Command,
+    what: &str,
+    log: &Path,
+    timeout: Duration,
+) -> Result<(), GvisorError> {
     let mut child = cmd.spawn().map_err(|source| GvisorError::RunscExec {
         command: what.into(),
         source,
     })?;
-    let deadline = Instant::now() + SETUP_TIMEOUT;
+    let deadline = Instant::now() + timeout;
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
@@ -1086,7 +1293,7 @@ fn run_checked(cmd: &mut Command, what: &str, log: &Path) -> Result<(), GvisorEr
             Ok(None) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(GvisorError::ReadyTimeout(SETUP_TIMEOUT, log_tail(log)));
+                return Err(GvisorError::ReadyTimeout(timeout, log_tail(log)));
             }
             Err(source) => {
                 return Err(GvisorError::RunscExec {
