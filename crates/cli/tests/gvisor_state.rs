@@ -94,6 +94,23 @@ async fn a_hibernated_gvisor_sandbox_wakes_with_its_memory_even_after_a_sigkill(
     let data = data_dir("gv-mem");
     let port = free_port();
     let mut d = Daemon::start(&data, port, &[]);
+    // What this host was found to do: runsc checkpoint and restore work.
+    let sys: serde_json::Value = d.get_ok("/v1/system").await;
+    let gvisor = sys["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["name"] == "gvisor")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (
+            gvisor["save_files"].as_bool(),
+            gvisor["save_memory"].as_bool()
+        ),
+        (Some(true), Some(true)),
+        "{gvisor}"
+    );
     let id = d
         .create(json!({"isolation": "gvisor", "ttl_seconds": 600}))
         .await;

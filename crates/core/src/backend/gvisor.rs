@@ -337,6 +337,120 @@ pub fn probe_platform(runsc: &Path, platform: Platform, timeout: Duration) -> Re
     result
 }
 
+/// Whether `runsc checkpoint` and `runsc restore` work here on `platform`:
+/// a container running `/bin/sleep` on the host's root (read-only) is
+/// started, checkpointed into an image (which stops it), and restored from
+/// it under the same id, which must then run. Takes about a second; the
+/// error is a sentence with runsc's own words. Runs at most 30 s;
+/// everything it started is killed and removed.
+pub fn probe_checkpoint(runsc: &Path, platform: Platform) -> Result<(), String> {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "runcell-runsc-ckpt-probe-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let result = checkpoint_round_trip(runsc, platform, &dir);
+    let until = Instant::now() + Duration::from_secs(2);
+    loop {
+        let left = processes_mentioning(&dir);
+        if left.is_empty() || Instant::now() >= until {
+            break;
+        }
+        for pid in left {
+            kill_pid(pid);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = fs::remove_dir_all(&dir);
+    result
+}
+
+fn checkpoint_round_trip(runsc: &Path, platform: Platform, dir: &Path) -> Result<(), String> {
+    let bundle = dir.join("bundle");
+    let image = dir.join("image");
+    let log = dir.join("log");
+    fs::create_dir_all(&bundle)
+        .map_err(|e| format!("Could not make {}: {e}.", bundle.display()))?;
+    let config = serde_json::json!({
+        "ociVersion": "1.0.2",
+        "process": {"user": {"uid": 65534, "gid": 65534}, "args": ["/bin/sleep", "60"],
+                    "env": ["PATH=/usr/bin:/bin"], "cwd": "/"},
+        "root": {"path": "/", "readonly": true},
+        "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
+        "linux": {"namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"},
+                                 {"type": "mount"}, {"type": "network"}]},
+    });
+    fs::write(bundle.join("config.json"), config.to_string())
+        .map_err(|e| format!("Could not write the probe's bundle: {e}."))?;
+    let step = |args: &[&std::ffi::OsStr], what: &str| -> Result<(), String> {
+        let out =
+            fs::File::create(&log).map_err(|e| format!("Could not write the probe's log: {e}."))?;
+        let mut cmd = Command::new(runsc);
+        cmd.arg("--root")
+            .arg(dir.join("state"))
+            .args(["--network=none", "--platform", platform.as_str()])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().map_err(|e| e.to_string())?)
+            .stderr(out);
+        run_checked(&mut cmd, what, &log, Duration::from_secs(30)).map_err(|e| {
+            // runsc's first line of failure (its Go stack traces follow).
+            let text = e.to_string();
+            let short = text
+                .lines()
+                .find(|l| l.contains("failed") || l.contains("error"))
+                .unwrap_or(&text)
+                .chars()
+                .take(600)
+                .collect::<String>();
+            format!("`runsc {what}` does not work here: {short}")
+        })
+    };
+    let os = |s: &str| std::ffi::OsString::from(s);
+    let (b, i) = (
+        bundle.clone().into_os_string(),
+        image.clone().into_os_string(),
+    );
+    let id = os("probe");
+    step(
+        &[&os("run"), &os("--detach"), &os("--bundle"), &b, &id],
+        "run",
+    )?;
+    step(
+        &[&os("checkpoint"), &os("--image-path"), &i, &id],
+        "checkpoint",
+    )?;
+    step(&[&os("delete"), &id], "delete")?;
+    step(
+        &[
+            &os("restore"),
+            &os("--detach"),
+            &os("--bundle"),
+            &b,
+            &os("--image-path"),
+            &i,
+            &id,
+        ],
+        "restore",
+    )?;
+    let state = Command::new(runsc)
+        .arg("--root")
+        .arg(dir.join("state"))
+        .args(["state", "probe"])
+        .output()
+        .map_err(|e| format!("Could not run `runsc state`: {e}."))?;
+    let text = String::from_utf8_lossy(&state.stdout);
+    if text.contains("\"running\"") {
+        Ok(())
+    } else {
+        Err(format!(
+            "`runsc restore` left the container not running: {}",
+            text.trim()
+        ))
+    }
+}
+
 /// Sandboxes in gVisor containers (runsc), on the host's cgroups.
 #[derive(Debug, Clone)]
 pub struct GvisorBackend {

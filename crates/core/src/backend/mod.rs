@@ -33,8 +33,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use gvisor::{
-    find_runsc, host_pids, probe, probe_platform, GvisorBackend, GvisorError, GvisorInfo, Platform,
-    SENTRY_MEMORY,
+    find_runsc, host_pids, probe, probe_checkpoint, probe_platform, GvisorBackend, GvisorError,
+    GvisorInfo, Platform, SENTRY_MEMORY,
 };
 pub use jail::JailBackend;
 pub use microvm::{MicrovmBackend, MicrovmConfig, MicrovmError, MicrovmInfo};
