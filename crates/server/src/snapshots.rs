@@ -10,8 +10,11 @@
 //! forks cost one copy of what the parent wrote, not ten). Layers no
 //! snapshot or live sandbox uses are removed ([`Layers::collect`]).
 //!
-//! Processes and memory are not saved (the jail cannot checkpoint them):
-//! answers say `memory: false`.
+//! Snapshots and forks save files, not processes and memory (the jail
+//! cannot checkpoint them, nor can this gVisor without stopping the
+//! sandbox): answers say `memory: false`. A gVisor sandbox hibernates with
+//! its memory (`runsc checkpoint` into `<data>/memory/<id>`), and its wake
+//! restores it.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
