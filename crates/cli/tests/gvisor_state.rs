@@ -152,6 +152,7 @@ async fn a_hibernated_gvisor_sandbox_wakes_with_its_memory_even_after_a_sigkill(
     assert!(data.join("memory").join(&id).is_dir(), "no memory image");
     // Its processes are gone from the host while it sleeps.
     assert!(!data.join("sandboxes-gvisor").join(&id).exists());
+    assert_eq!(leftovers(&data, &id), Vec::<String>::new());
 
     d.kill9();
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
@@ -191,8 +192,33 @@ async fn a_hibernated_gvisor_sandbox_wakes_with_its_memory_even_after_a_sigkill(
 
     d.delete(&id).await;
     wait_gone(&data.join("sandboxes-gvisor").join(&id)).await;
+    assert_eq!(leftovers(&data, &id), Vec::<String>::new());
     let left: Vec<_> = std::fs::read_dir(data.join("memory"))
         .map(|d| d.flatten().map(|e| e.file_name()).collect())
         .unwrap_or_default();
     assert!(left.is_empty(), "memory images left: {left:?}");
+}
+
+/// What sandbox `id` of the daemon in `data` still has on the host: its
+/// processes (runsc's sentry and gofer name its directory) and its cgroup.
+fn leftovers(data: &std::path::Path, id: &str) -> Vec<String> {
+    let dir = data.join("sandboxes-gvisor").join(id);
+    let needle = dir.to_string_lossy().into_owned();
+    let mut left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&needle))
+        .collect();
+    for cg in [
+        format!("/sys/fs/cgroup/runcell-gvisor/{id}"),
+        format!("/sys/fs/cgroup/memory/runcell-gvisor/{id}"),
+    ] {
+        if std::path::Path::new(&cg).exists() {
+            left.push(cg);
+        }
+    }
+    left
 }
