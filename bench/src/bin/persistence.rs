@@ -334,8 +334,8 @@ async fn main() {
     gvisor_rows(&api, &data, m).await;
 }
 
-/// gVisor hibernation with memory: hibernate (quiesce + `runsc checkpoint`
-/// + the files) and wake to a cell that reads a variable set before
+/// gVisor hibernation with memory: hibernate (quiesce, `runsc checkpoint`
+/// and the files) and wake to a cell that reads a variable set before
 /// (`runsc restore`), for an idle Python context and one holding 100 MB;
 /// the baseline is `runsc checkpoint` and `runsc restore` run directly on
 /// a plain container whose Python holds the same.
