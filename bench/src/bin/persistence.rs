@@ -4,7 +4,9 @@
 //! ~200 MB writable layer (as installed packages: thousands of files), and
 //! the disk ten forks of the big one take beside ten full copies. The
 //! baseline in the same run is `cp -a` of the same tree on the host: what
-//! a full copy costs.
+//! a full copy costs. Then gVisor's hibernation with memory (an idle Python
+//! context and one holding 100 MB), beside `runsc checkpoint` and `runsc
+//! restore` run directly on a plain container holding the same.
 //!
 //! Run with `sudo ./scripts/bench.sh --persistence [--iterations N]`.
 
@@ -26,6 +28,9 @@ struct Args {
     /// Megabytes of "installed packages" in the big sandbox.
     #[arg(long, default_value_t = 200)]
     layer_mb: u64,
+    /// Only the gVisor rows (hibernation with memory and its baseline).
+    #[arg(long)]
+    gvisor_only: bool,
 }
 
 fn pct(sorted: &[Duration], p: f64) -> f64 {
@@ -187,6 +192,10 @@ async fn main() {
         daemon,
         http: reqwest::Client::new(),
     };
+    if args.gvisor_only {
+        gvisor_rows(&api, &data, n).await;
+        return;
+    }
     println!("# runcell persistence benchmark ({n} iterations, jail, host template)\n");
     println!("| operation | p50 ms | p95 ms | n |\n|---|---:|---:|---:|");
 
@@ -321,4 +330,162 @@ async fn main() {
     let _ = std::fs::remove_dir_all(&copy_dst);
 
     api.delete(&big).await;
+
+    gvisor_rows(&api, &data, m).await;
+}
+
+/// gVisor hibernation with memory: hibernate (quiesce, `runsc checkpoint`
+/// and the files) and wake to a cell that reads a variable set before
+/// (`runsc restore`), for an idle Python context and one holding 100 MB;
+/// the baseline is `runsc checkpoint` and `runsc restore` run directly on
+/// a plain container whose Python holds the same.
+async fn gvisor_rows(api: &Api, data: &std::path::Path, m: usize) {
+    println!("\n# gVisor: hibernation with memory ({m} iterations)\n");
+    println!("| operation | p50 ms | p95 ms | n |\n|---|---:|---:|---:|");
+    for mb in [0u64, 100] {
+        let v = api
+            .ok(
+                Method::POST,
+                "/v1/sandboxes",
+                json!({"isolation": "gvisor", "ttl_seconds": 3600,
+                       "limits": {"memory_mb": 1024}}),
+                201,
+            )
+            .await;
+        let sb = v["id"].as_str().expect("id").to_string();
+        let s = api
+            .ok(
+                Method::POST,
+                &format!("/v1/sandboxes/{sb}/repl/sessions"),
+                json!({"language": "python"}),
+                201,
+            )
+            .await;
+        let cell = format!(
+            "/v1/sandboxes/{sb}/repl/sessions/{}/run",
+            s["id"].as_str().expect("session id")
+        );
+        let code = format!("import os\nx = 42\nbig = os.urandom({mb} << 20)");
+        api.ok(Method::POST, &cell, json!({"code": code}), 200)
+            .await;
+        let (mut hib, mut wake) = (Vec::new(), Vec::new());
+        for _ in 0..m {
+            let (d, _) = api
+                .timed(Method::POST, &format!("/v1/sandboxes/{sb}/hibernate"), 204)
+                .await;
+            hib.push(d);
+            let t = Instant::now();
+            let v = api
+                .ok(Method::POST, &cell, json!({"code": "print(x)"}), 200)
+                .await;
+            wake.push(t.elapsed());
+            assert_eq!(v["stdout"], "42\n", "the variable was lost: {v}");
+        }
+        row(
+            &format!("gVisor hibernate with memory (Python holding {mb} MB)"),
+            hib,
+        );
+        row(
+            &format!("gVisor wake to a cell reading a variable ({mb} MB)"),
+            wake,
+        );
+        api.delete(&sb).await;
+    }
+    for mb in [0u64, 100] {
+        let (ckpt, restore) = runsc_baseline(data, mb, m);
+        row(
+            &format!("baseline: `runsc checkpoint` of a plain container (Python holding {mb} MB)"),
+            ckpt,
+        );
+        row(
+            &format!("baseline: `runsc restore` of it ({mb} MB)"),
+            restore,
+        );
+    }
+}
+
+/// `runsc checkpoint` and `runsc restore` run directly, `m` times each,
+/// on a container (the host's root, read-only) whose Python holds `mb` MB.
+fn runsc_baseline(data: &std::path::Path, mb: u64, m: usize) -> (Vec<Duration>, Vec<Duration>) {
+    let dir = data.join(format!("bench-runsc-{mb}"));
+    let bundle = dir.join("bundle");
+    let image = dir.join("image");
+    std::fs::create_dir_all(&bundle).expect("bundle dir");
+    let code = format!("import os, time\nx = 42\nbig = os.urandom({mb} << 20)\nopen('/dev/shm/ready', 'w').close()\ntime.sleep(3600)");
+    let config = json!({
+        "ociVersion": "1.0.2",
+        "process": {"user": {"uid": 0, "gid": 0}, "args": ["/usr/bin/python3", "-c", code],
+                    "env": ["PATH=/usr/bin:/bin"], "cwd": "/"},
+        "root": {"path": "/", "readonly": true},
+        "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
+                   {"destination": "/dev/shm", "type": "tmpfs", "source": "shm"}],
+        "linux": {"namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"},
+                                 {"type": "mount"}, {"type": "network"}]},
+    });
+    std::fs::write(bundle.join("config.json"), config.to_string()).expect("config");
+    let runsc = |args: &[&str]| -> bool {
+        Command::new("runsc")
+            .arg("--root")
+            .arg(dir.join("state"))
+            .args(["--network=none"])
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("runsc")
+            .success()
+    };
+    let b = bundle.display().to_string();
+    let i = image.display().to_string();
+    assert!(
+        runsc(&["run", "--detach", "--bundle", &b, "c"]),
+        "runsc run"
+    );
+    // Until the Python holds its memory (a file in its own /dev/shm).
+    let until = Instant::now() + Duration::from_secs(60);
+    while !Command::new("runsc")
+        .arg("--root")
+        .arg(dir.join("state"))
+        .args(["exec", "c", "/bin/test", "-e", "/dev/shm/ready"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        assert!(
+            Instant::now() < until,
+            "the baseline container never got ready"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (mut ckpt, mut restore) = (Vec::new(), Vec::new());
+    for _ in 0..m {
+        let _ = std::fs::remove_dir_all(&image);
+        let t = Instant::now();
+        assert!(
+            runsc(&["checkpoint", "--image-path", &i, "c"]),
+            "runsc checkpoint"
+        );
+        ckpt.push(t.elapsed());
+        assert!(runsc(&["delete", "c"]), "runsc delete");
+        let t = Instant::now();
+        assert!(
+            runsc(&[
+                "restore",
+                "--detach",
+                "--bundle",
+                &b,
+                "--image-path",
+                &i,
+                "c"
+            ]),
+            "runsc restore"
+        );
+        restore.push(t.elapsed());
+    }
+    let _ = runsc(&["kill", "c", "KILL"]);
+    std::thread::sleep(Duration::from_millis(200));
+    let _ = runsc(&["delete", "--force", "c"]);
+    let _ = std::fs::remove_dir_all(&dir);
+    (ckpt, restore)
 }

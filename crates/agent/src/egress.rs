@@ -105,15 +105,23 @@ async fn forward(listener: TcpListener) {
         };
         tokio::spawn(async move {
             let _ = tcp.set_nodelay(true);
+            // A host socket: a checkpoint closes it (the client sees its
+            // connection reset).
+            let _open = crate::checkpoint::open();
+            if crate::checkpoint::is_quiescing() {
+                return;
+            }
             match UnixStream::connect(EGRESS_SOCKET).await {
                 Ok(mut unix) => {
-                    let _ = tokio::io::copy_bidirectional_with_sizes(
-                        &mut tcp,
-                        &mut unix,
-                        64 << 10,
-                        64 << 10,
-                    )
-                    .await;
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional_with_sizes(
+                            &mut tcp,
+                            &mut unix,
+                            64 << 10,
+                            64 << 10,
+                        ) => {}
+                        () = crate::checkpoint::quiesced() => {}
+                    }
                 }
                 Err(e) => tracing::warn!("could not reach the egress socket: {e}"),
             }

@@ -15,6 +15,7 @@
 //! In a microVM guest it starts as `runcell-agent vm-init` instead (see
 //! [`vm`]).
 
+mod checkpoint;
 mod context;
 mod egress;
 mod exec;
@@ -163,7 +164,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(server::run(boot, confinement)) {
+    match runtime.block_on(server::run(boot, confinement, gvisor)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");

@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::reaper::Reaper;
 use crate::shared::{send, send_error, Outbox, Shared};
-use crate::{context, egress, exec, files, procs};
+use crate::{checkpoint, context, egress, exec, files, procs};
 
 /// Errors that stop the agent.
 #[derive(Debug, thiserror::Error)]
@@ -49,13 +49,31 @@ struct Agent {
 pub trait Conn: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Conn for T {}
 
-/// Serves, on the listener the jail's host bound, until shutdown.
-pub async fn run(boot: Bootstrap, confinement: Confinement) -> Result<(), ServeError> {
+/// Serves, on the listener the jail's host bound, until shutdown. With
+/// `checkpointable` (gVisor), `SIGUSR1` makes it drop every host socket for
+/// a checkpoint and listen again once resumed ([`checkpoint`]).
+pub async fn run(
+    boot: Bootstrap,
+    confinement: Confinement,
+    checkpointable: bool,
+) -> Result<(), ServeError> {
     let std_listener = StdListener::from(boot.listener);
     std_listener
         .set_nonblocking(true)
         .map_err(ServeError::Listener)?;
-    let listener = UnixListener::from_std(std_listener).map_err(ServeError::Listener)?;
+    let mut listener = UnixListener::from_std(std_listener).map_err(ServeError::Listener)?;
+    if checkpointable {
+        let mut usr1 =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
+                .map_err(ServeError::Listener)?;
+        tokio::spawn(async move {
+            while usr1.recv().await.is_some() {
+                if !checkpoint::is_quiescing() {
+                    checkpoint::begin();
+                }
+            }
+        });
+    }
     let std_sock = std::os::unix::net::UnixStream::from(boot.setup);
     std_sock
         .set_nonblocking(true)
@@ -64,7 +82,28 @@ pub async fn run(boot: Bootstrap, confinement: Confinement) -> Result<(), ServeE
     let (tx, rx) = mpsc::channel::<Box<dyn Conn>>(16);
     tokio::spawn(async move {
         loop {
-            let (stream, _) = match listener.accept().await {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                () = checkpoint::quiesced() => {
+                    // No host socket may stay open: the listener goes
+                    // first, then the connections close, then the host
+                    // checkpoints; once resumed, listen again.
+                    drop(listener);
+                    checkpoint::hold().await;
+                    listener = loop {
+                        let _ = std::fs::remove_file(runcell_jail::gvisor::AGENT_SOCKET);
+                        match UnixListener::bind(runcell_jail::gvisor::AGENT_SOCKET) {
+                            Ok(l) => break l,
+                            Err(e) => {
+                                tracing::error!("could not listen again after a checkpoint: {e}");
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                            }
+                        }
+                    };
+                    continue;
+                }
+            };
+            let (stream, _) = match accepted {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::warn!("accept failed: {e}");
@@ -165,10 +204,18 @@ async fn enforce_deadline(mut rx: watch::Receiver<Option<u64>>) {
 }
 
 async fn connection(agent: Arc<Agent>, conn: u64, stream: Box<dyn Conn>) {
+    // Counted until both halves are gone (declared first, dropped last).
+    let _open = checkpoint::open();
     let (mut rd, mut wr) = tokio::io::split(stream);
     let (tx, mut rx) = mpsc::channel::<Frame<ServerMessage>>(64);
     let writer = tokio::spawn(async move {
-        while let Some(frame) = rx.recv().await {
+        loop {
+            // A checkpoint closes the connection, queued replies and all.
+            let frame = tokio::select! {
+                f = rx.recv() => f,
+                () = checkpoint::quiesced() => None,
+            };
+            let Some(frame) = frame else { break };
             match write_frame(&mut wr, &frame).await {
                 Ok(()) => {}
                 // Nothing was written: answer that request with an error and
@@ -207,7 +254,11 @@ async fn connection(agent: Arc<Agent>, conn: u64, stream: Box<dyn Conn>) {
     )
     .await;
     loop {
-        let frame: Frame<ClientMessage> = match read_frame(&mut rd).await {
+        let read = tokio::select! {
+            r = read_frame(&mut rd) => r,
+            () = checkpoint::quiesced() => Ok(None),
+        };
+        let frame: Frame<ClientMessage> = match read {
             Ok(Some(f)) => f,
             Ok(None) => break,
             Err(e) => {

@@ -78,6 +78,9 @@ pub struct SandboxOptions {
     pub state_layers: Vec<PathBuf>,
     /// Host directories bound into the sandbox (volumes; the jail only).
     pub mounts: Vec<BindMount>,
+    /// A memory image to restore ([`Sandbox::checkpoint`]; gVisor only),
+    /// with `state_layers` the files it had then and `id` its id.
+    pub memory_image: Option<PathBuf>,
 }
 
 impl Default for SandboxOptions {
@@ -92,6 +95,7 @@ impl Default for SandboxOptions {
             id: None,
             state_layers: Vec::new(),
             mounts: Vec::new(),
+            memory_image: None,
         }
     }
 }
@@ -238,6 +242,7 @@ impl Runtime {
             egress,
             state_layers: opts.state_layers.clone(),
             mounts: opts.mounts.clone(),
+            memory_image: opts.memory_image.clone(),
         }
     }
 
@@ -367,10 +372,13 @@ impl Runtime {
         if !opts.mounts.is_empty() && isolation != Isolation::Jail {
             return unsupported("mount volumes");
         }
-        // Only the jail's setup refuses a symlink a saved layer planted;
-        // gVisor's root is composed by this (host) process.
-        if !opts.state_layers.is_empty() && isolation != Isolation::Jail {
+        // The jail's setup and gVisor's host-side composition refuse a
+        // symlink a saved layer planted; a microVM cannot lay them.
+        if !opts.state_layers.is_empty() && isolation == Isolation::Microvm {
             return unsupported("start from saved files");
+        }
+        if opts.memory_image.is_some() && isolation != Isolation::Gvisor {
+            return unsupported("restore its memory");
         }
         // Standbys already have their own network namespace, and are of the
         // default backend. A sandbox with a given id is prepared for it,

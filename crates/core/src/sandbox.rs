@@ -235,6 +235,37 @@ impl Sandbox {
         Ok(saved?)
     }
 
+    /// Saves its processes and memory into the new directory `image`
+    /// (gVisor: `runsc checkpoint`, after its agent dropped every host
+    /// socket), then its files into the new directory `layer` as
+    /// [`Sandbox::save_layer`] does. The sandbox's processes have ended
+    /// afterwards, whatever the outcome: destroy it. A start with both
+    /// (`SandboxOptions::memory_image`, `state_layers`) goes on where it
+    /// was. Returns the bytes the layer takes and whether the memory was
+    /// saved: when it could not be, the files still are (nothing is left
+    /// at `image`), and the error says why not.
+    pub fn checkpoint(
+        &self,
+        image: &std::path::Path,
+        layer: &std::path::Path,
+    ) -> Result<(u64, Result<(), Error>), Error> {
+        let jail = self.jail();
+        let memory = jail.checkpoint(image).map_err(Error::from);
+        if memory.is_err() {
+            let _ = std::fs::remove_dir_all(image);
+            // Whatever runs still must not write while its files are copied.
+            if jail.is_alive() && !jail.is_frozen() {
+                jail.freeze()?;
+            }
+        }
+        let saved = jail.export_layer(layer);
+        if saved.is_err() {
+            let _ = std::fs::remove_dir_all(layer);
+            let _ = std::fs::remove_dir_all(image);
+        }
+        Ok((saved?, memory))
+    }
+
     /// The network policy and egress counters; `None` for a sandbox made
     /// without egress (or re-attached after a restart, whose egress socket
     /// died with the previous process).

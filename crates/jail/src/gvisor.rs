@@ -45,6 +45,13 @@ pub const SETUP_SOCKET: &str = "/run/runcell/host/setup.sock";
 /// the sandbox's host directory, `agent.sock`).
 pub const AGENT_SOCKET: &str = "/run/runcell/host/agent.sock";
 
+/// Written by the agent once it holds no host socket, so the host may
+/// checkpoint the sandbox (`runsc checkpoint` cannot save one).
+pub const QUIESCED_MARKER: &str = "/run/runcell/host/quiesced";
+
+/// Written by the host to let a quiesced agent listen and serve again.
+pub const RESUME_MARKER: &str = "/run/runcell/host/resume";
+
 /// Where the agent binary is bind-mounted (read-only, root-owned).
 pub const AGENT_PATH: &str = "/run/runcell/agent";
 
@@ -334,8 +341,140 @@ pub fn compose_rootfs(spec: &InitSpec, stage: &Path) -> Result<PathBuf, SetupErr
         mkdir(&stage.join(d), 0o755)?;
     }
     overlay_template(spec, stage, &root, overlay_layers_absolute, false)?;
+    if !spec.state_layers.is_empty() {
+        refuse_planted_symlinks(&spec.user.home, &root)?;
+    }
     populate(spec, &root, stage)?;
     Ok(root)
+}
+
+/// The paths under a gVisor sandbox's root that this (host) process
+/// creates, writes or mounts on while composing it, or that runsc binds
+/// from the host (`/tmp`'s source is the root's own `tmp`).
+const SETUP_PATHS: [&str; 18] = [
+    "proc",
+    "dev",
+    "etc",
+    "tmp",
+    "var/tmp",
+    "run",
+    "run/runcell",
+    "run/runcell/host",
+    "run/runcell/egress",
+    "run/runcell/agent",
+    "run/runcell/gvisor-shim.so",
+    "root",
+    "etc/passwd",
+    "etc/group",
+    "etc/hostname",
+    "etc/hosts",
+    "etc/resolv.conf",
+    "etc/nsswitch.conf",
+];
+
+/// Fails if a saved layer (what a sandbox wrote) made a path the host
+/// composes through a symlink. The jail's setup runs in the sandbox's own
+/// mount namespace; this runs in the daemon's, where such a link would
+/// steer a write or a mount onto the host's own files.
+fn refuse_planted_symlinks(home: &str, root: &Path) -> Result<(), SetupError> {
+    for rel in SETUP_PATHS
+        .iter()
+        .copied()
+        .chain([home.trim_start_matches('/')])
+    {
+        let mut at = root.to_path_buf();
+        for c in Path::new(rel).components() {
+            let std::path::Component::Normal(name) = c else {
+                continue;
+            };
+            at.push(name);
+            if fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink()) {
+                return Err(step(format!("preparing /{rel}"))(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "a saved layer made it a symlink",
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Copies the writable layer of a gVisor sandbox composed at `stage` (by
+/// [`compose_rootfs`]) into `dest` (which must not exist), in the state
+/// layer format of [`crate::layer`]: `root/` is what was written over the
+/// root, `upper/<key>/` what was written over each host path of the
+/// `host` template. The sandbox's writes reach the host's files at once
+/// (gVisor's gofer writes through, mapped files included), so the copy is
+/// current once the sandbox is frozen or stopped. Returns the bytes the
+/// copy takes on disk.
+pub fn export_layer(stage: &Path, dest: &Path) -> Result<u64, crate::layer::LayerError> {
+    use crate::inside::STATE_ROOT;
+    use crate::layer::LayerError;
+    let upper = stage.join("upper");
+    fs::metadata(&upper).map_err(LayerError::Unreachable)?;
+    if fs::symlink_metadata(dest).is_ok() {
+        return Err(LayerError::Exists(dest.to_path_buf()));
+    }
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| LayerError::Io { path, source }
+    };
+    fs::create_dir_all(dest).map_err(io(dest))?;
+    let overlaid = upper.join(STATE_ROOT);
+    if overlaid.is_dir() {
+        copy_tree(&overlaid, &dest.join(STATE_ROOT), false)?;
+    } else {
+        // The `host` template's root is the stage's own directory, with
+        // the host paths mounted on it: those are other file systems.
+        copy_tree(&stage.join(STATE_ROOT), &dest.join(STATE_ROOT), true)?;
+    }
+    for entry in fs::read_dir(&upper).map_err(LayerError::Unreachable)? {
+        let entry = entry.map_err(LayerError::Unreachable)?;
+        if entry.file_name() == STATE_ROOT {
+            continue;
+        }
+        fs::create_dir_all(dest.join("upper")).map_err(io(dest))?;
+        copy_tree(
+            &entry.path(),
+            &dest.join("upper").join(entry.file_name()),
+            false,
+        )?;
+    }
+    Ok(crate::layer::disk_usage(dest))
+}
+
+/// `cp -a` (no symlink followed; owners, modes, xattrs, device nodes and
+/// hard links kept) of the directory `src` as `dst`.
+fn copy_tree(
+    src: &Path,
+    dst: &Path,
+    one_file_system: bool,
+) -> Result<(), crate::layer::LayerError> {
+    let mut cmd = std::process::Command::new("cp");
+    cmd.arg("-a");
+    if one_file_system {
+        cmd.arg("--one-file-system");
+    }
+    let out =
+        cmd.arg("--")
+            .arg(src)
+            .arg(dst)
+            .output()
+            .map_err(|e| crate::layer::LayerError::Copy {
+                what: src.display().to_string(),
+                stderr: e.to_string(),
+            })?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(crate::layer::LayerError::Copy {
+            what: src.display().to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr)
+                .chars()
+                .take(4096)
+                .collect(),
+        })
+    }
 }
 
 /// Overlays a layered template's layers (topmost first) at `target`, with
@@ -557,6 +696,27 @@ mod tests {
         assert_eq!(owner("as-nobody"), (65534, 65534));
         assert_eq!(owner("main-thread"), (0, 0));
         assert_eq!(owner("as-root-again"), (0, 0));
+    }
+
+    #[test]
+    fn a_symlink_a_saved_layer_planted_on_a_setup_path_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        fs::create_dir_all(root.join("etc")).unwrap();
+        fs::create_dir_all(root.join("home/u")).unwrap();
+        refuse_planted_symlinks("/home/u", root).unwrap();
+        // /tmp's source is bound by runsc from the host: a link to / would
+        // hand the sandbox the host's root.
+        std::os::unix::fs::symlink("/", root.join("tmp")).unwrap();
+        let e = refuse_planted_symlinks("/home/u", root).unwrap_err();
+        assert!(e.to_string().contains("/tmp"), "{e}");
+        fs::remove_file(root.join("tmp")).unwrap();
+        std::os::unix::fs::symlink("/etc/shadow", root.join("etc/hosts")).unwrap();
+        assert!(refuse_planted_symlinks("/home/u", root).is_err());
+        fs::remove_file(root.join("etc/hosts")).unwrap();
+        fs::remove_dir(root.join("home/u")).unwrap();
+        std::os::unix::fs::symlink("/root", root.join("home/u")).unwrap();
+        assert!(refuse_planted_symlinks("/home/u", root).is_err());
     }
 
     #[test]

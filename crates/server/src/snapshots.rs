@@ -10,8 +10,11 @@
 //! forks cost one copy of what the parent wrote, not ten). Layers no
 //! snapshot or live sandbox uses are removed ([`Layers::collect`]).
 //!
-//! Processes and memory are not saved (the jail cannot checkpoint them):
-//! answers say `memory: false`.
+//! Snapshots and forks save files, not processes and memory (the jail
+//! cannot checkpoint them, nor can this gVisor without stopping the
+//! sandbox): answers say `memory: false`. A gVisor sandbox hibernates with
+//! its memory (`runsc checkpoint` into `<data>/memory/<id>`), and its wake
+//! restores it.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -69,6 +72,10 @@ pub struct Lineage {
     /// The volumes it has.
     #[serde(default)]
     pub volumes: Vec<crate::volumes::VolumeAttach>,
+    /// It is hibernated with its memory (`<data>/memory/<id>`, gVisor): a
+    /// wake restores its processes and code contexts.
+    #[serde(default)]
+    pub memory_image: bool,
 }
 
 /// A snapshot's record.
@@ -622,8 +629,8 @@ impl<'a> Service<'a> {
     /// persistent sandbox on a daemon that hibernates idle ones
     /// (`--idle-hibernate`), else deletion.
     pub(crate) fn on_idle(self, r: &crate::registry::Record, lineage: &Lineage) -> OnIdle {
-        // Only the jail saves files, so only it hibernates.
-        if r.isolation != runcell_core::backend::Isolation::Jail {
+        // Only the jail and gVisor save files, so only they hibernate.
+        if r.isolation == runcell_core::backend::Isolation::Microvm {
             return OnIdle::Delete;
         }
         lineage
@@ -646,6 +653,9 @@ impl<'a> Service<'a> {
         let _one = one.lock().await;
         if state.entry(&id).is_none() {
             return Ok(());
+        }
+        if e.sandbox.isolation() == runcell_core::backend::Isolation::Gvisor {
+            return self.hibernate_with_memory(e, &id).await;
         }
         // Frozen first, so nothing is written between the copy and the end.
         if !e.sandbox.is_paused() {
@@ -695,6 +705,89 @@ impl<'a> Service<'a> {
         Ok(())
     }
 
+    /// Where a sandbox hibernated with its memory keeps it.
+    fn memory_image(self, id: &str) -> PathBuf {
+        memory_dir(&self.0.config.data_dir).join(id)
+    }
+
+    /// Hibernates a gVisor sandbox (the caller holds its lock): its
+    /// processes and memory are checkpointed to its memory image and its
+    /// files saved as a layer. Where the checkpoint fails (runsc's error is
+    /// logged), the files still are, and the wake says `state_lost`.
+    async fn hibernate_with_memory(self, e: Arc<Entry>, id: &str) -> Result<(), ApiError> {
+        let state = self.0;
+        let key = format!("l-{}", uuid::Uuid::new_v4());
+        state
+            .saving_layers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key.clone());
+        let saved = Saved {
+            key,
+            bytes: 0,
+            state,
+        };
+        let layers = self.layers();
+        let image = self.memory_image(id);
+        for dir in [&layers.dir, &memory_dir(&state.config.data_dir)] {
+            std::fs::create_dir_all(dir).map_err(|err| {
+                ApiError::internal(format!("The state directory could not be made: {err}"))
+            })?;
+        }
+        let _ = std::fs::remove_dir_all(&image);
+        let dest = layers.path(&saved.key);
+        let entry = e.clone();
+        let img = image.clone();
+        let started = std::time::Instant::now();
+        let done = tokio::task::spawn_blocking(move || entry.sandbox.checkpoint(&img, &dest))
+            .await
+            .map_err(|err| ApiError::internal(format!("Hibernating failed: {err}")))?;
+        let (bytes, memory) = done.map_err(|err| {
+            ApiError::internal(format!("The sandbox's files could not be saved: {err}"))
+        })?;
+        let with_memory = match memory {
+            Ok(()) => true,
+            Err(err) => {
+                tracing::warn!(sandbox = %id, "hibernating without memory: {err}");
+                false
+            }
+        };
+        let mut lineage = self.lineage_of(id);
+        lineage.state_layers.insert(0, saved.key.clone());
+        lineage.memory_image = with_memory;
+        let mut record = e
+            .record
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        record.status = "hibernated".into();
+        record.last_activity_ms = now_ms();
+        let recorded = state
+            .registry
+            .with_conn(|c| put_lineage(c, id, &lineage))
+            .map_err(|err| err.to_string())
+            .and_then(|()| state.registry.put(&record).map_err(|err| err.to_string()));
+        drop(e);
+        // Its processes ended with the checkpoint: it goes either way.
+        state.release(id).await;
+        if let Err(err) = recorded {
+            let _ = std::fs::remove_dir_all(layers.path(&lineage.state_layers[0]));
+            let _ = std::fs::remove_dir_all(&image);
+            return Err(ApiError::internal(format!(
+                "The hibernation could not be recorded: {err}"
+            )));
+        }
+        drop(saved);
+        tracing::info!(
+            sandbox = %id,
+            bytes,
+            memory = with_memory,
+            ms = runcell_protocol::units::millis(started.elapsed()),
+            "sandbox hibernated"
+        );
+        Ok(())
+    }
+
     /// The record of a hibernated sandbox of `workspace`.
     pub(crate) fn hibernated(self, workspace: &str, id: &str) -> Option<crate::registry::Record> {
         self.0
@@ -738,33 +831,29 @@ impl<'a> Service<'a> {
         let limits = record.limits.over(state.config.default_limits);
         let network = state.registry.network(id).ok().flatten();
         let started = std::time::Instant::now();
-        let sandbox = state
-            .runtime
-            .create(runcell_core::SandboxOptions {
-                template: template.name.clone(),
-                limits,
-                tied_to_process: false,
-                max_lifetime: Some(state.config.max_lifetime.saturating_sub(
-                    std::time::Duration::from_millis(
-                        u64::try_from(now_ms() - record.created_at * 1000).unwrap_or(0),
-                    ),
-                )),
-                network: Some(network.unwrap_or_default()),
-                isolation: Some(record.isolation),
-                id: Some(id.to_string()),
-                state_layers: self.layers().paths(&lineage.state_layers),
-                mounts: self.volume_binds(workspace, &lineage.volumes)?,
-            })
-            .await
-            .map_err(|e| {
-                ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("auto-wake: the sandbox could not be woken: {e}"),
-                )
-            })?;
+        let opts = runcell_core::SandboxOptions {
+            template: template.name.clone(),
+            limits,
+            tied_to_process: false,
+            max_lifetime: Some(state.config.max_lifetime.saturating_sub(
+                std::time::Duration::from_millis(
+                    u64::try_from(now_ms() - record.created_at * 1000).unwrap_or(0),
+                ),
+            )),
+            network: Some(network.unwrap_or_default()),
+            isolation: Some(record.isolation),
+            id: Some(id.to_string()),
+            state_layers: self.layers().paths(&lineage.state_layers),
+            mounts: self.volume_binds(workspace, &lineage.volumes)?,
+            memory_image: None,
+        };
+        let (sandbox, restored) = self.start_woken(id, &lineage, opts).await?;
         record.status = "running".into();
         record.last_activity_ms = now_ms();
-        lineage.state_lost = true;
+        // Restored memory keeps the code contexts (and whether an earlier
+        // wake lost them); a fresh start loses them.
+        lineage.state_lost = lineage.state_lost || !restored;
+        lineage.memory_image = false;
         let recorded = state
             .registry
             .put(&record)
@@ -789,6 +878,41 @@ impl<'a> Service<'a> {
             .insert(id.to_string(), entry.clone());
         tracing::info!(sandbox = %id, ms = runcell_protocol::units::millis(started.elapsed()), "sandbox woken");
         Ok(entry)
+    }
+
+    /// Starts a hibernated sandbox again: from its memory image where it
+    /// has one (gVisor; `true`), else, or if the restore fails, afresh on
+    /// its files. The image is used up either way.
+    async fn start_woken(
+        self,
+        id: &str,
+        lineage: &Lineage,
+        opts: runcell_core::SandboxOptions,
+    ) -> Result<(runcell_core::Sandbox, bool), ApiError> {
+        let state = self.0;
+        let image = self.memory_image(id);
+        let mut restored = None;
+        if lineage.memory_image && image.is_dir() {
+            let mut with = opts.clone();
+            with.memory_image = Some(image.clone());
+            match state.runtime.create(with).await {
+                Ok(s) => restored = Some(s),
+                Err(e) => {
+                    tracing::warn!(sandbox = %id, "its memory could not be restored; waking it on its files: {e}");
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&image);
+        if let Some(s) = restored {
+            return Ok((s, true));
+        }
+        let sandbox = state.runtime.create(opts).await.map_err(|e| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("auto-wake: the sandbox could not be woken: {e}"),
+            )
+        })?;
+        Ok((sandbox, false))
     }
 
     /// The hibernated sandboxes of `workspace` with every metadata pair.
@@ -829,6 +953,7 @@ impl<'a> Service<'a> {
             .end(id, "deleted", reason)
             .map_err(|e| ApiError::internal(format!("The deletion could not be recorded: {e}")))?;
         self.collect_layers();
+        let _ = std::fs::remove_dir_all(self.memory_image(id));
         tracing::info!(sandbox = %id, reason, "hibernated sandbox deleted");
         Ok(())
     }
@@ -895,8 +1020,29 @@ pub fn collect_unused(state: &AppState) -> usize {
     state.registry.with_conn(|c| layers.collect(c, &saving))
 }
 
+/// Where memory images of hibernated sandboxes live.
+fn memory_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("memory")
+}
+
 /// Removes unused layers at start (what a killed daemon left half-made).
 pub fn collect_at_start(state: &AppState) {
+    // Memory images of sandboxes no longer hibernated (a half-made one, or
+    // one whose wake or deletion a killed daemon did not finish).
+    let hibernated: HashSet<String> = state
+        .registry
+        .with_status("hibernated")
+        .unwrap_or_default()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    if let Ok(dir) = std::fs::read_dir(memory_dir(&state.config.data_dir)) {
+        for e in dir.flatten() {
+            if !hibernated.contains(e.file_name().to_string_lossy().as_ref()) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
     let layers = Layers::new(&state.config.data_dir);
     // Nothing is being saved yet: whatever no record names is a leftover.
     let n = state

@@ -326,6 +326,15 @@ impl AppState {
             .clone()
     }
 
+    /// Whether a hibernation or wake of `id` holds its lock right now.
+    fn in_transition(&self, id: &str) -> bool {
+        self.transitions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(id)
+            .is_some_and(|l| l.try_lock().is_err())
+    }
+
     /// Reaps expired and dead sandboxes. Runs every half second.
     ///
     /// Work in progress (an exec, a stream, a code cell, a file transfer) is
@@ -352,7 +361,11 @@ impl AppState {
             if now.saturating_sub(r.created_at.saturating_mul(1000)) > max {
                 expired.push((id.clone(), "maximum lifetime reached"));
             } else if !e.sandbox.is_alive() {
-                expired.push((id.clone(), "sandbox stopped"));
+                // One being hibernated may stop on purpose (a gVisor
+                // checkpoint ends its processes): its hibernation goes on.
+                if !self.in_transition(id) {
+                    expired.push((id.clone(), "sandbox stopped"));
+                }
             } else if working {
                 busy.push(e.clone());
             } else if e.sandbox.is_paused() {

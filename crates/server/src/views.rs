@@ -425,8 +425,9 @@ pub struct BackendView {
     pub pause: bool,
     /// Its sandboxes' files can be saved: snapshots, forks, hibernation.
     pub save_files: bool,
-    /// Running processes and memory are saved too (a snapshot, fork or
-    /// hibernation restores them).
+    /// Running processes and memory are saved too, where it was verified
+    /// here (gVisor: a hibernation checkpoints them and a wake restores
+    /// them; `state_detail` says which operations).
     pub save_memory: bool,
     /// What is saved, or why not.
     pub state_detail: String,

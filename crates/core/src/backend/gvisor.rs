@@ -160,6 +160,12 @@ pub enum GvisorError {
     /// No live sandbox with that id.
     #[error("Sandbox {0} is not running.")]
     NotRunning(String),
+    /// A checkpoint could not be taken.
+    #[error("The gVisor sandbox could not be checkpointed: {0}")]
+    Checkpoint(String),
+    /// Copying the sandbox's writable layer failed.
+    #[error("Could not save the sandbox's files.")]
+    Export(#[source] runcell_jail::layer::LayerError),
     /// The sandbox's state file is unreadable.
     #[error("The state of sandbox {0} is unreadable.")]
     BadState(String, #[source] serde_json::Error),
@@ -337,6 +343,120 @@ pub fn probe_platform(runsc: &Path, platform: Platform, timeout: Duration) -> Re
     result
 }
 
+/// Whether `runsc checkpoint` and `runsc restore` work here on `platform`:
+/// a container running `/bin/sleep` on the host's root (read-only) is
+/// started, checkpointed into an image (which stops it), and restored from
+/// it under the same id, which must then run. Takes about a second; the
+/// error is a sentence with runsc's own words. Runs at most 30 s;
+/// everything it started is killed and removed.
+pub fn probe_checkpoint(runsc: &Path, platform: Platform) -> Result<(), String> {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "runcell-runsc-ckpt-probe-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let result = checkpoint_round_trip(runsc, platform, &dir);
+    let until = Instant::now() + Duration::from_secs(2);
+    loop {
+        let left = processes_mentioning(&dir);
+        if left.is_empty() || Instant::now() >= until {
+            break;
+        }
+        for pid in left {
+            kill_pid(pid);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = fs::remove_dir_all(&dir);
+    result
+}
+
+fn checkpoint_round_trip(runsc: &Path, platform: Platform, dir: &Path) -> Result<(), String> {
+    let bundle = dir.join("bundle");
+    let image = dir.join("image");
+    let log = dir.join("log");
+    fs::create_dir_all(&bundle)
+        .map_err(|e| format!("Could not make {}: {e}.", bundle.display()))?;
+    let config = serde_json::json!({
+        "ociVersion": "1.0.2",
+        "process": {"user": {"uid": 65534, "gid": 65534}, "args": ["/bin/sleep", "60"],
+                    "env": ["PATH=/usr/bin:/bin"], "cwd": "/"},
+        "root": {"path": "/", "readonly": true},
+        "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
+        "linux": {"namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"},
+                                 {"type": "mount"}, {"type": "network"}]},
+    });
+    fs::write(bundle.join("config.json"), config.to_string())
+        .map_err(|e| format!("Could not write the probe's bundle: {e}."))?;
+    let step = |args: &[&std::ffi::OsStr], what: &str| -> Result<(), String> {
+        let out =
+            fs::File::create(&log).map_err(|e| format!("Could not write the probe's log: {e}."))?;
+        let mut cmd = Command::new(runsc);
+        cmd.arg("--root")
+            .arg(dir.join("state"))
+            .args(["--network=none", "--platform", platform.as_str()])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().map_err(|e| e.to_string())?)
+            .stderr(out);
+        run_checked(&mut cmd, what, &log, Duration::from_secs(30)).map_err(|e| {
+            // runsc's first line of failure (its Go stack traces follow).
+            let text = e.to_string();
+            let short = text
+                .lines()
+                .find(|l| l.contains("failed") || l.contains("error"))
+                .unwrap_or(&text)
+                .chars()
+                .take(600)
+                .collect::<String>();
+            format!("`runsc {what}` does not work here: {short}")
+        })
+    };
+    let os = |s: &str| std::ffi::OsString::from(s);
+    let (b, i) = (
+        bundle.clone().into_os_string(),
+        image.clone().into_os_string(),
+    );
+    let id = os("probe");
+    step(
+        &[&os("run"), &os("--detach"), &os("--bundle"), &b, &id],
+        "run",
+    )?;
+    step(
+        &[&os("checkpoint"), &os("--image-path"), &i, &id],
+        "checkpoint",
+    )?;
+    step(&[&os("delete"), &id], "delete")?;
+    step(
+        &[
+            &os("restore"),
+            &os("--detach"),
+            &os("--bundle"),
+            &b,
+            &os("--image-path"),
+            &i,
+            &id,
+        ],
+        "restore",
+    )?;
+    let state = Command::new(runsc)
+        .arg("--root")
+        .arg(dir.join("state"))
+        .args(["state", "probe"])
+        .output()
+        .map_err(|e| format!("Could not run `runsc state`: {e}."))?;
+    let text = String::from_utf8_lossy(&state.stdout);
+    if text.contains("\"running\"") {
+        Ok(())
+    } else {
+        Err(format!(
+            "`runsc restore` left the container not running: {}",
+            text.trim()
+        ))
+    }
+}
+
 /// Sandboxes in gVisor containers (runsc), on the host's cgroups.
 #[derive(Debug, Clone)]
 pub struct GvisorBackend {
@@ -502,6 +622,19 @@ struct StateFile {
     pid: i32,
     start_time: u64,
     cgroup_parent: String,
+}
+
+/// Writes `<dir>/gvisor.json`, whole or not at all: a sweeping process
+/// must not take a half-written file for a dead sandbox.
+fn write_state(dir: &Path, state: &StateFile) -> Result<(), GvisorError> {
+    let state_path = dir.join(STATE_FILE);
+    let tmp_path = dir.join("gvisor.json.tmp");
+    fs::write(
+        &tmp_path,
+        serde_json::to_vec(state).expect("state serializes"),
+    )
+    .map_err(io_err(&tmp_path))?;
+    fs::rename(&tmp_path, &state_path).map_err(io_err(&state_path))
 }
 
 fn check_id(id: &str) -> Result<(), GvisorError> {
@@ -767,17 +900,31 @@ impl GvisorPrepared {
             log.push(PathBuf::from(debug).join(""));
             cmd.args(["--debug", "--strace"]).arg(log);
         }
+        let out = log.try_clone().map_err(io_err(&log_path))?;
+        cmd.stdin(Stdio::null()).stdout(out).stderr(log);
+        if let Some(image) = &spec.memory_image {
+            // The sandbox's processes and agent go on where they were; the
+            // agent already has its spec.
+            cmd.arg("restore")
+                .arg("--image-path")
+                .arg(image)
+                .arg("--detach")
+                .arg("--bundle")
+                .arg(&bundle)
+                .arg("--pid-file")
+                .arg(&pid_file)
+                .arg(&self.id);
+            run_checked(&mut cmd, "restore", &log_path, CHECKPOINT_TIMEOUT)?;
+            return self.finish_restore(&log_path, &pid_file, egress, t0);
+        }
         cmd.arg("run")
             .arg("--detach")
             .arg("--bundle")
             .arg(&bundle)
             .arg("--pid-file")
             .arg(&pid_file)
-            .arg(&self.id)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().map_err(io_err(&log_path))?)
-            .stderr(log);
-        run_checked(&mut cmd, "run", &log_path)?;
+            .arg(&self.id);
+        run_checked(&mut cmd, "run", &log_path, SETUP_TIMEOUT)?;
         let t_run = t0.elapsed();
         let pid: i32 = fs::read_to_string(&pid_file)
             .map_err(io_err(&pid_file))?
@@ -840,16 +987,7 @@ impl GvisorPrepared {
             start_time,
             cgroup_parent: self.backend.cgroup_parent.clone(),
         };
-        // Whole or not at all: a sweeping process must not take a
-        // half-written file for a dead sandbox.
-        let state_path = dir.join(STATE_FILE);
-        let tmp_path = dir.join("gvisor.json.tmp");
-        fs::write(
-            &tmp_path,
-            serde_json::to_vec(&state).expect("state serializes"),
-        )
-        .map_err(io_err(&tmp_path))?;
-        fs::rename(&tmp_path, &state_path).map_err(io_err(&state_path))?;
+        write_state(&dir, &state)?;
         tracing::debug!(
             sandbox = %self.id,
             rootfs_us = runcell_protocol::units::micros(t_rootfs),
@@ -866,6 +1004,79 @@ impl GvisorPrepared {
             cgroup: self.cgroup.clone(),
             backend: self.backend.clone(),
             _host_end: spec.tied_to_process.then_some(host_end),
+            egress: egress.map(|(l, _)| l),
+        })
+    }
+
+    /// The end of a start by `runsc restore`: lets the restored agent
+    /// listen again ([`runcell_jail::gvisor::RESUME_MARKER`]) and waits
+    /// until it does.
+    fn finish_restore(
+        mut self,
+        log_path: &Path,
+        pid_file: &Path,
+        egress: Option<(UnixListener, PathBuf)>,
+        t0: Instant,
+    ) -> Result<GvisorSandbox, GvisorError> {
+        let t_restore = t0.elapsed();
+        let pid: i32 = fs::read_to_string(pid_file)
+            .map_err(io_err(pid_file))?
+            .trim()
+            .parse()
+            .map_err(|_| {
+                io_err(pid_file)(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "runsc wrote no pid",
+                ))
+            })?;
+        let start_time =
+            start_time(pid).ok_or_else(|| GvisorError::AgentDied(log_tail(log_path)))?;
+        let host = self.dir.join(HOST_SUBDIR);
+        let resume = host.join(marker_name(runcell_jail::gvisor::RESUME_MARKER));
+        let socket = host.join("agent.sock");
+        let _ = fs::remove_file(&socket);
+        fs::write(&resume, b"").map_err(io_err(&resume))?;
+        let deadline = Instant::now() + SETUP_TIMEOUT;
+        loop {
+            if !resume.exists() && socket.exists() {
+                let short =
+                    runcell_jail::socket::SocketPath::new(&socket).map_err(io_err(&socket))?;
+                if UnixStream::connect(short.path()).is_ok() {
+                    break;
+                }
+            }
+            if !alive(pid, start_time) {
+                return Err(GvisorError::AgentDied(log_tail(log_path)));
+            }
+            if Instant::now() >= deadline {
+                return Err(GvisorError::ReadyTimeout(SETUP_TIMEOUT, log_tail(log_path)));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        write_state(
+            &self.dir,
+            &StateFile {
+                id: self.id.clone(),
+                pid,
+                start_time,
+                cgroup_parent: self.backend.cgroup_parent.clone(),
+            },
+        )?;
+        tracing::debug!(
+            sandbox = %self.id,
+            restore_us = runcell_protocol::units::micros(t_restore),
+            resume_us = runcell_protocol::units::micros(t0.elapsed() - t_restore),
+            "gvisor sandbox restored"
+        );
+        self.armed = false;
+        Ok(GvisorSandbox {
+            id: self.id.clone(),
+            dir: self.dir.clone(),
+            pid,
+            start_time,
+            cgroup: self.cgroup.clone(),
+            backend: self.backend.clone(),
+            _host_end: None,
             egress: egress.map(|(l, _)| l),
         })
     }
@@ -1062,7 +1273,123 @@ impl Instance for GvisorSandbox {
     fn is_frozen(&self) -> bool {
         self.cgroup.is_frozen()
     }
+
+    fn checkpoint(&self, image: &Path) -> Result<(), BackendError> {
+        Ok(self.checkpoint_to(image)?)
+    }
+
+    // The writable layer is on the host (`rootfs/upper`, written through
+    // by the gofer): a copy of it, taken while the sandbox is frozen or
+    // after it stopped.
+    fn export_layer(&self, dest: &Path) -> Result<u64, BackendError> {
+        runcell_jail::gvisor::export_layer(&self.dir.join(ROOTFS_DIR), dest)
+            .map_err(|e| GvisorError::Export(e).into())
+    }
 }
+
+impl GvisorSandbox {
+    /// `runsc checkpoint` into `image`, once the agent dropped its host
+    /// sockets (runsc cannot save one: "Cannot save endpoint with bound
+    /// host socket"). The sandbox is stopped afterwards, also when runsc
+    /// failed part-way.
+    fn checkpoint_to(&self, image: &Path) -> Result<(), GvisorError> {
+        let t0 = Instant::now();
+        let host = self.dir.join(HOST_SUBDIR);
+        let quiesced = host.join(marker_name(runcell_jail::gvisor::QUIESCED_MARKER));
+        let resume = host.join(marker_name(runcell_jail::gvisor::RESUME_MARKER));
+        let log_path = self.dir.join("agent.log");
+        let log = |what: &str| -> Result<fs::File, GvisorError> {
+            let _ = what;
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o600)
+                .open(&log_path)
+                .map_err(io_err(&log_path))
+        };
+        if self.cgroup.is_frozen() {
+            self.cgroup.thaw()?;
+        }
+        let _ = fs::remove_file(&quiesced);
+        let _ = fs::remove_file(&resume);
+        let out = log("kill")?;
+        run_checked(
+            self.backend
+                .runsc_cmd(&self.dir)
+                .args(["kill", &self.id, "USR1"])
+                .stdin(Stdio::null())
+                .stdout(out.try_clone().map_err(io_err(&log_path))?)
+                .stderr(out),
+            "kill USR1",
+            &log_path,
+            SETUP_TIMEOUT,
+        )?;
+        let deadline = Instant::now() + QUIESCE_TIMEOUT;
+        while !quiesced.exists() {
+            if !self.is_alive() {
+                return Err(GvisorError::NotRunning(self.id.clone()));
+            }
+            if Instant::now() >= deadline {
+                // Let it serve again.
+                let _ = fs::write(&resume, b"");
+                return Err(GvisorError::Checkpoint(format!(
+                    "its agent did not let go of its host connections within {QUIESCE_TIMEOUT:?}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let t_quiesce = t0.elapsed();
+        if fs::symlink_metadata(image).is_ok() {
+            let _ = fs::write(&resume, b"");
+            return Err(GvisorError::Io {
+                path: image.to_path_buf(),
+                source: io::Error::from(io::ErrorKind::AlreadyExists),
+            });
+        }
+        fs::create_dir_all(image).map_err(io_err(image))?;
+        fs::set_permissions(image, fs::Permissions::from_mode(0o700)).map_err(io_err(image))?;
+        let out = log("checkpoint")?;
+        let done = run_checked(
+            self.backend
+                .runsc_cmd(&self.dir)
+                .arg("checkpoint")
+                .arg("--image-path")
+                .arg(image)
+                .arg(&self.id)
+                .stdin(Stdio::null())
+                .stdout(out.try_clone().map_err(io_err(&log_path))?)
+                .stderr(out),
+            "checkpoint",
+            &log_path,
+            CHECKPOINT_TIMEOUT,
+        );
+        if let Err(e) = done {
+            let _ = fs::remove_dir_all(image);
+            // A failed checkpoint leaves the container stopped here.
+            let _ = fs::write(&resume, b"");
+            return Err(e);
+        }
+        tracing::debug!(
+            sandbox = %self.id,
+            quiesce_us = runcell_protocol::units::micros(t_quiesce),
+            checkpoint_us = runcell_protocol::units::micros(t0.elapsed() - t_quiesce),
+            "gvisor sandbox checkpointed"
+        );
+        Ok(())
+    }
+}
+
+/// The file name of a marker in the host directory.
+fn marker_name(in_sandbox: &str) -> &str {
+    in_sandbox.rsplit('/').next().unwrap_or(in_sandbox)
+}
+
+/// How long the agent gets to drop its host sockets before a checkpoint.
+const QUIESCE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long `runsc checkpoint` and `runsc restore` may take (a sandbox
+/// with a large memory writes and reads it all; 100 MB took about a second).
+const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Binds `<sockets>/sock` (replacing a dead one), 0600 and owned by root:
 /// only root of the sandbox (the agent) may connect to it.
@@ -1076,12 +1403,17 @@ fn bind_egress(sockets: &Path) -> Result<(UnixListener, PathBuf), GvisorError> {
 
 /// Runs a runsc command whose output goes to `log`; fails with the log's
 /// tail if it fails or outlives [`SETUP_TIMEOUT`].
-fn run_checked(cmd: &mut Command, what: &str, log: &Path) -> Result<(), GvisorError> {
+fn run_checked(
+    cmd: &mut Command,
+    what: &str,
+    log: &Path,
+    timeout: Duration,
+) -> Result<(), GvisorError> {
     let mut child = cmd.spawn().map_err(|source| GvisorError::RunscExec {
         command: what.into(),
         source,
     })?;
-    let deadline = Instant::now() + SETUP_TIMEOUT;
+    let deadline = Instant::now() + timeout;
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
@@ -1089,7 +1421,7 @@ fn run_checked(cmd: &mut Command, what: &str, log: &Path) -> Result<(), GvisorEr
             Ok(None) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(GvisorError::ReadyTimeout(SETUP_TIMEOUT, log_tail(log)));
+                return Err(GvisorError::ReadyTimeout(timeout, log_tail(log)));
             }
             Err(source) => {
                 return Err(GvisorError::RunscExec {

@@ -34,8 +34,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use gvisor::{
-    find_runsc, host_pids, probe, probe_platform, GvisorBackend, GvisorError, GvisorInfo, Platform,
-    SENTRY_MEMORY,
+    find_runsc, host_pids, probe, probe_checkpoint, probe_platform, GvisorBackend, GvisorError,
+    GvisorInfo, Platform, SENTRY_MEMORY,
 };
 pub use jail::JailBackend;
 pub use microvm::{MicrovmBackend, MicrovmConfig, MicrovmError, MicrovmInfo};
@@ -166,6 +166,11 @@ pub struct StartSpec {
     pub state_layers: Vec<PathBuf>,
     /// Host directories bound into the sandbox (volumes).
     pub mounts: Vec<BindMount>,
+    /// A memory image ([`Instance::checkpoint`]) to restore instead of
+    /// starting afresh: the sandbox's processes (and its agent, with the
+    /// spec it started with) go on where they were. Its files must be
+    /// those it had then (`state_layers`).
+    pub memory_image: Option<PathBuf>,
 }
 
 /// How the host reaches a sandbox's agent.
@@ -289,6 +294,18 @@ pub trait Instance: Send + Sync + fmt::Debug {
         Err(BackendError::Unsupported {
             isolation: self.isolation(),
             what: "save its files",
+        })
+    }
+
+    /// Saves its processes and memory into the new directory `image`, for
+    /// [`StartSpec::memory_image`]; its processes end (their files stay
+    /// where [`Instance::export_layer`] copies them from). On failure the
+    /// sandbox may have ended too.
+    fn checkpoint(&self, image: &std::path::Path) -> Result<(), BackendError> {
+        let _ = image;
+        Err(BackendError::Unsupported {
+            isolation: self.isolation(),
+            what: "save its memory",
         })
     }
 

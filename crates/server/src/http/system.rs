@@ -70,6 +70,11 @@ pub(crate) async fn system(State(state): St) -> Json<SystemView> {
     };
     let default = state.runtime.default_isolation();
     let runs = state.runtime.isolations();
+    let gvisor_memory = if runs.contains(&runcell_core::backend::Isolation::Gvisor) {
+        Some(gvisor_checkpoint().await)
+    } else {
+        None
+    };
     Json(SystemView {
         kernel: h.kernel.clone(),
         cgroup_version: h.cgroups.version.clone(),
@@ -101,6 +106,7 @@ pub(crate) async fn system(State(state): St) -> Json<SystemView> {
             .map(|b| {
                 let isolation = b.name.parse().ok();
                 let jail = isolation == Some(runcell_core::backend::Isolation::Jail);
+                let gvisor = isolation == Some(runcell_core::backend::Isolation::Gvisor);
                 let freezer = h.cgroups.version.contains("v2")
                     || h.cgroups.controllers.iter().any(|c| c == "freezer");
                 BackendView {
@@ -109,15 +115,20 @@ pub(crate) async fn system(State(state): St) -> Json<SystemView> {
                     default: isolation == Some(default),
                     detail: b.detail.clone(),
                     pause: isolation != Some(runcell_core::backend::Isolation::Microvm) && freezer,
-                    save_files: jail,
-                    save_memory: false,
+                    save_files: jail || (gvisor && gvisor_memory.is_some()),
+                    save_memory: gvisor && matches!(gvisor_memory, Some(Ok(()))),
                     state_detail: if jail {
                         format!(
                             "files are saved (the writable layer, copied while frozen); processes and memory are not (no checkpointing){}",
                             if freezer { "" } else { "; no cgroup freezer, so no pause" }
                         )
-                    } else if isolation == Some(runcell_core::backend::Isolation::Gvisor) {
-                        "pause works (the host's freezer stops the sentry and gofer); snapshots, forks and hibernation are not implemented for gVisor yet".into()
+                    } else if gvisor {
+                        let files = "pause works (the host's freezer stops the sentry and gofer); snapshots and forks save files (the host-side writable layer), not memory (this runsc's `checkpoint --leave-running` hangs, so a running sandbox cannot be checkpointed and go on)";
+                        match &gvisor_memory {
+                            Some(Ok(())) => format!("{files}; hibernation saves memory too (runsc checkpoint and restore verified here): processes and code contexts go on after the wake"),
+                            Some(Err(why)) => format!("{files}; hibernation saves files only: {why}"),
+                            None => files.to_string(),
+                        }
                     } else {
                         "pause, snapshots, forks and hibernation are not implemented for this backend yet".into()
                     },
@@ -126,4 +137,23 @@ pub(crate) async fn system(State(state): St) -> Json<SystemView> {
             .collect(),
         default_isolation: default.as_str().into(),
     })
+}
+
+/// Whether `runsc checkpoint` and `runsc restore` work here (probed once,
+/// at the first ask: about a second), or runsc's reason why not.
+async fn gvisor_checkpoint() -> Result<(), String> {
+    static PROBED: tokio::sync::OnceCell<Result<(), String>> = tokio::sync::OnceCell::const_new();
+    PROBED
+        .get_or_init(|| async {
+            tokio::task::spawn_blocking(|| {
+                runcell_core::backend::probe_checkpoint(
+                    &runcell_core::backend::find_runsc(None),
+                    runcell_core::backend::Platform::Ptrace,
+                )
+            })
+            .await
+            .unwrap_or_else(|e| Err(format!("The checkpoint probe failed: {e}.")))
+        })
+        .await
+        .clone()
 }

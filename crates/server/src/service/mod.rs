@@ -98,10 +98,12 @@ impl<'a> Service<'a> {
             .runtime
             .backend_for(isolation)
             .map_err(|e| ApiError::bad_request(format!("isolation: {e}")))?;
+        // The jail and gVisor save files; only the jail mounts volumes.
         if isolation != runcell_core::backend::Isolation::Jail {
-            let what = if lineage.on_idle == Some(crate::snapshots::OnIdle::Hibernate) {
+            let saves = isolation == runcell_core::backend::Isolation::Gvisor;
+            let what = if lineage.on_idle == Some(crate::snapshots::OnIdle::Hibernate) && !saves {
                 Some("on_idle: hibernate")
-            } else if !lineage.state_layers.is_empty() {
+            } else if !lineage.state_layers.is_empty() && !saves {
                 Some("from_snapshot")
             } else if !lineage.volumes.is_empty() {
                 Some("volumes")
@@ -109,9 +111,15 @@ impl<'a> Service<'a> {
                 None
             };
             if let Some(what) = what {
-                return Err(ApiError::bad_request(format!(
-                    "{what} needs the jail isolation; a {isolation} sandbox cannot save or mount files yet."
-                )));
+                return Err(ApiError::bad_request(if what == "volumes" {
+                    format!(
+                        "volumes needs the jail isolation; a {isolation} sandbox cannot mount volumes yet."
+                    )
+                } else {
+                    format!(
+                        "{what} needs the jail or gvisor isolation; a {isolation} sandbox cannot save files yet."
+                    )
+                }));
             }
         }
         // Capacity: live sandboxes plus creates in flight.
