@@ -17,8 +17,9 @@
 //! every second. [`forward`] is the HTTP side: routing, placement, listing.
 
 pub mod forward;
+pub mod labels;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -50,6 +51,9 @@ pub struct ClusterConfig {
     /// A node away (no lease) longer than this comes back to find its
     /// sandboxes reported lost: it removes them rather than re-attach.
     pub lost_after: Duration,
+    /// This node's labels (`--node-label key=value`), for placement by a
+    /// create's `node_selector` (checked by [`labels::parse_node_labels`]).
+    pub labels: BTreeMap<String, String>,
 }
 
 /// Errors of cluster mode.
@@ -111,6 +115,10 @@ pub struct NodeInfo {
     pub backends: Vec<String>,
     /// Draining: it takes no creates.
     pub draining: bool,
+    /// Its labels, matched by a create's `node_selector` (absent in the
+    /// records of a version without labels: none).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// An API key as published (its hash, never the key).
@@ -495,6 +503,7 @@ impl Cluster {
                 .map(|b| b.name.to_string())
                 .collect(),
             draining: self.is_draining(),
+            labels: self.config.labels.clone(),
         }
     }
 
