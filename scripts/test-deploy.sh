@@ -35,14 +35,25 @@ check() { # NAME EXPECTED_KINDS -- render args...
   rm -f "$out"
 }
 check "defaults (etcd in the release)" "DaemonSet Service StatefulSet PodDisruptionBudget"
-check "external etcd, microVM, node selector" "DaemonSet Service PodDisruptionBudget" \
-  --set etcd.enabled=false --set 'etcd.endpoints=["etcd-a:2379","etcd-b:2379"]' \
+check "external etcd, microVM, node selector, node labels" "DaemonSet Service PodDisruptionBudget" \
+  --set 'nodeLabels=["zone=a","runcell.dev/tier=gpu"]' --set etcd.enabled=false --set 'etcd.endpoints=["etcd-a:2379","etcd-b:2379"]' \
   --set microvm=true --set 'nodeSelector={"runcell.dev/node":"true"}' --set metrics.scrape=false
 # The rendered chart says what it claims: the external endpoints reach the
 # flag, five etcd members are listed in the initial cluster.
 ext=$(timeout 60 "$PY" "$DEPLOY/render.py" "$DEPLOY/runcell" --set etcd.enabled=false --set 'etcd.endpoints=["etcd-a:2379","etcd-b:2379"]')
 grep -q -- '--cluster=etcd://etcd-a:2379,etcd-b:2379' <<<"$ext" || failed+=("external etcd endpoints not in --cluster")
 grep -q 'kind: StatefulSet' <<<"$ext" && failed+=("etcd.enabled=false still renders a StatefulSet")
+# Node labels: the Kubernetes node name from the downward API by default,
+# and the nodeLabels values, each a --node-label flag.
+labels=$(timeout 60 "$PY" "$DEPLOY/render.py" "$DEPLOY/runcell" --set 'nodeLabels=["zone=a","disk=ssd"]')
+grep -q -- '- --node-label=runcell.dev/k8s-node=$(NODE_NAME)$' <<<"$labels" ||
+  failed+=("the Kubernetes node name is not a --node-label")
+grep -q -- '- --node-label=zone=a$' <<<"$labels" && grep -q -- '- --node-label=disk=ssd$' <<<"$labels" ||
+  failed+=("nodeLabels do not reach --node-label")
+grep -A3 'name: NODE_NAME' <<<"$labels" | grep -q 'fieldPath: spec.nodeName' ||
+  failed+=("NODE_NAME is not the downward API's spec.nodeName")
+nolabel=$(timeout 60 "$PY" "$DEPLOY/render.py" "$DEPLOY/runcell" --set 'nodeNameLabel=')
+grep -q -- '--node-label' <<<"$nolabel" && failed+=("nodeNameLabel empty still renders a --node-label")
 five=$(timeout 60 "$PY" "$DEPLOY/render.py" "$DEPLOY/runcell" --set etcd.replicas=5)
 grep -q -- '--initial-cluster=runcell-etcd-0=http://runcell-etcd-0.runcell-etcd-peer:2380,.*runcell-etcd-4=http://runcell-etcd-4.runcell-etcd-peer:2380$' <<<"$five" ||
   failed+=("etcd.replicas=5 does not list five initial members")

@@ -144,8 +144,9 @@ class Etcd:
 
 
 class Node:
-    def __init__(self, root, name, cluster_url):
+    def __init__(self, root, name, cluster_url, labels=()):
         self.name = name
+        self.labels = list(labels)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.data = tempfile.mkdtemp(prefix=f"runcell-cluster-{name}.", dir="/run")
@@ -171,7 +172,8 @@ class Node:
                 "--max-sandboxes", "12",
                 "--shutdown-grace", "3s",
                 "--lost-after", "20s",
-            ],
+            ]
+            + [f"--node-label={l}" for l in self.labels],
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -227,12 +229,15 @@ def main():
         if not wait_for("etcd quorum", lambda: all(etcd.healthy(i) for i in range(3)), timeout=30):
             raise RuntimeError("etcd did not become healthy:\n" + open(etcd.log).read()[-4000:])
         print(f"== etcd: 3 members ({etcd.url})", flush=True)
+        labels = {"na": ["zone=a"], "nb": ["zone=b", "disk=ssd"], "nc": ["zone=b"]}
         for name in ("na", "nb", "nc"):
-            n = Node(root, name, etcd.url)
+            n = Node(root, name, etcd.url, labels[name])
             n.start()
             nodes.append(n)
         a, b, c = nodes
         print(f"== nodes: {', '.join(f'{n.name} {n.url}' for n in nodes)}", flush=True)
+        placement_by_labels(a, b, c)
+        own_clients(root, a, b, c)
         scenario(etcd, a, b, c)
         for n in nodes:
             sdk_suite(n)
@@ -372,8 +377,14 @@ def scenario(etcd, a, b, c):
             http("DELETE", f"{a.url}/v1/sandboxes/{sid}", a.key)
 
     # Draining: a node that drains takes no creates; its sandboxes go on.
-    s, _, v = http("POST", f"{c.url}/v1/cluster/drain", a.key)
-    check("POST /v1/cluster/drain on C", s == 200 and v.get("draining") is True, f"{s} {v}")
+    # Through a load balancer the node that answers is anyone's: ?node=
+    # names the node to drain, and the request is forwarded to it.
+    s, _, v = http("POST", f"{a.url}/v1/cluster/drain?node=nc", a.key)
+    check("POST /v1/cluster/drain?node=nc through A drains C", s == 200 and v.get("node") == "nc" and v.get("draining") is True, f"{s} {v}")
+    s, _, v = http("GET", f"{a.url}/v1/cluster", a.key)
+    check("A itself is not draining", s == 200 and v.get("draining") is False, f"{s} {v}")
+    s, _, v = http("POST", f"{a.url}/v1/cluster/drain?node=nz", a.key)
+    check("draining a node that is not in the cluster is a 404 naming it", s == 404 and "nz" in json.dumps(v), f"{s} {v}")
     got = wait_for(
         "A to see C draining",
         lambda: any(n["name"] == "nc" and n["draining"] for n in http("GET", a.url + "/v1/cluster", a.key)[2]["nodes"]),
@@ -388,7 +399,8 @@ def scenario(etcd, a, b, c):
             http("DELETE", f"{a.url}/v1/sandboxes/{p[2]['id']}", a.key)
     s, _, r = run(a, a.key, on_c["id"], "echo draining")
     check("a draining node's sandbox still works", s == 200, f"{s} {r}")
-    http("DELETE", f"{c.url}/v1/cluster/drain", a.key)
+    s, _, v = http("DELETE", f"{b.url}/v1/cluster/drain?node=nc", a.key)
+    check("DELETE /v1/cluster/drain?node=nc through B undrains C", s == 200 and v.get("node") == "nc" and v.get("draining") is False, f"{s} {v}")
 
     # Delete through another node.
     s, _, _ = http("DELETE", f"{c.url}/v1/sandboxes/{on_a['id']}", a.key)
@@ -396,16 +408,28 @@ def scenario(etcd, a, b, c):
     s, _, _ = http("GET", f"{b.url}/v1/sandboxes/{on_a['id']}", a.key)
     check("then it is gone through B too (404)", s == 404, s)
 
-    # One etcd member down: nothing changes.
-    etcd.stop(2)
-    s, _, r = run(c, a.key, on_b, "echo still")
-    check("with one etcd member stopped, exec through C on B's sandbox works", s == 200, f"{s} {r}")
-    s, _, x = create(b, a.key, {"node": "na"})
-    check("with one etcd member stopped, a create placed on A through B works", s == 201, f"{s} {x}")
-    if s == 201:
-        http("DELETE", f"{c.url}/v1/sandboxes/{x['id']}", a.key)
-    etcd.start(2, state="existing")
-    wait_for("etcd member 3 back", lambda: etcd.healthy(2), timeout=20)
+    # One etcd member down: nothing changes. The nodes' client balances
+    # over all three endpoints, so many requests (not one) must all work:
+    # a request that goes to the stopped member is retried on another.
+    etcd.stop(0)
+    statuses = []
+    for _ in range(8):
+        statuses.append(run(c, a.key, on_b, "echo still")[0])
+        statuses.append(http("GET", f"{b.url}/v1/sandboxes/{on_b}", a.key)[0])
+        s, _, x = create(b, a.key, {"node": "na"})
+        statuses.append(s)
+        if s == 201:
+            statuses.append(http("DELETE", f"{c.url}/v1/sandboxes/{x['id']}", a.key)[0])
+        time.sleep(0.3)
+    check(
+        "with one etcd member stopped, execs, lookups, creates and deletes through other nodes all work",
+        set(statuses) <= {200, 201, 204} and statuses.count(201) == 8,
+        statuses,
+    )
+    s, _, v = http("GET", f"{a.url}/v1/cluster", a.key)
+    check("with one etcd member stopped, the nodes stay registered", s == 200 and len(v.get("nodes", [])) == 3, f"{s} {v}")
+    etcd.start(0, state="existing")
+    wait_for("etcd member 1 back", lambda: etcd.healthy(0), timeout=20)
 
     # SIGKILL node B mid-exec: its sandboxes are reported lost, nothing hangs,
     # the others are unaffected.
@@ -489,6 +513,282 @@ def scenario(etcd, a, b, c):
     check("B back late: its sandbox is gone from the list", bool(got))
     got = wait_for("B's sandbox directory removed", lambda: not os.path.exists(os.path.join(b.data, "sandboxes", on_b)), timeout=15)
     check("B back late: nothing of the sandbox is left on B", bool(got))
+
+
+def placement_by_labels(a, b, c):
+    """Nodes carry labels (--node-label); a create's node_selector places it
+    on the least loaded node that carries all of them."""
+    print("== placement by node labels", flush=True)
+    want = {"na": {"zone": "a"}, "nb": {"zone": "b", "disk": "ssd"}, "nc": {"zone": "b"}}
+
+    def labels_seen():
+        v = http("GET", a.url + "/v1/cluster", a.key)[2] or {}
+        return {n["name"]: n.get("labels") for n in v.get("nodes", [])}
+
+    got = wait_for("A to see the three nodes' labels", lambda: labels_seen() == want)
+    check("GET /v1/cluster shows each node's labels", bool(got), labels_seen())
+    made = []
+    s, h, sb = create(a, a.key, {"node_selector": {"zone": "b", "disk": "ssd"}})
+    check(
+        "a create through A with node_selector zone=b,disk=ssd lands on nb (the only match)",
+        s == 201 and h.get("x-runcell-node") == "nb",
+        f"{s} {h.get('x-runcell-node')} {sb}",
+    )
+    made.append(sb)
+    where = []
+    for _ in range(3):
+        s, h, sb = create(c, a.key, {"node_selector": {"zone": "b"}})
+        where.append((s, h.get("x-runcell-node")))
+        made.append(sb)
+    check(
+        "creates through C with node_selector zone=b land on nb and nc only, spread by free slots",
+        all(x[0] == 201 for x in where) and {x[1] for x in where} == {"nb", "nc"},
+        where,
+    )
+    s, h, r = create(b, a.key, {"node_selector": {"zone": "z"}})
+    msg = json.dumps(r)
+    check(
+        "a selector no live node matches is a 503 with Retry-After naming the selector and the nodes' labels",
+        s == 503 and h.get("Retry-After") and "zone=z" in msg and "na {zone=a}" in msg
+        and isinstance(r, dict) and r.get("node_selector") == {"zone": "z"},
+        f"{s} {r}",
+    )
+    s, _, r = create(a, a.key, {"node": "na", "node_selector": {"zone": "b"}})
+    check(
+        "a named node that does not match the selector is a 503 saying so",
+        s == 503 and "na" in json.dumps(r) and "zone=b" in json.dumps(r),
+        f"{s} {r}",
+    )
+    for bad in ({"zone": "a b"}, {"-zone": "a"}, "zone=a", {"zone": 1}):
+        s, _, r = create(a, a.key, {"node_selector": bad})
+        check(
+            f"a malformed node_selector {json.dumps(bad)} is a 400 naming the field",
+            s == 400 and "node_selector" in json.dumps(r),
+            f"{s} {r}",
+        )
+    for sb in made:
+        if isinstance(sb, dict) and sb.get("id"):
+            http("DELETE", f"{a.url}/v1/sandboxes/{sb['id']}", a.key)
+    # A node refuses a malformed label at start-up, naming the flag.
+    p = subprocess.run(
+        [RUNCELL, "serve", "--cluster", "etcd://127.0.0.1:1", "--node-label", "zone=a b", "--listen", "127.0.0.1:0",
+         "--data-dir", tempfile.mkdtemp(prefix="runcell-cluster-badlabel.")],
+        capture_output=True, text=True, timeout=30,
+    )
+    check(
+        "runcell serve refuses a malformed --node-label (exit 2, naming the flag)",
+        p.returncode == 2 and "--node-label" in p.stderr,
+        f"{p.returncode} {p.stderr[-300:]}",
+    )
+
+
+def mcp_stdio(url, key, calls):
+    """Runs `runcell mcp` against url and makes the tool calls; returns
+    their results (or an error string)."""
+    proc = subprocess.Popen(
+        [RUNCELL, "mcp", "--url", url, "--api-key", key],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    out = []
+    try:
+        def send(msg):
+            proc.stdin.write(json.dumps(msg) + "\n")
+            proc.stdin.flush()
+
+        def answer(want_id):
+            until = time.time() + 60
+            while time.time() < until:
+                line = proc.stdout.readline()
+                if not line:
+                    return {"error": "runcell mcp closed stdout: " + proc.stderr.read()[-500:]}
+                m = json.loads(line)
+                if m.get("id") == want_id:
+                    return m
+            return {"error": "no answer in 60 s"}
+
+        send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-03-26", "capabilities": {}, "clientInfo": {"name": "cluster-test", "version": "1"}}})
+        answer(1)
+        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        for i, (name, args) in enumerate(calls, start=2):
+            send({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": name, "arguments": args}})
+            out.append(answer(i))
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    return out
+
+
+def mcp_http(url, key, calls):
+    """The daemon's streamable-HTTP MCP endpoint (/mcp): initialize, then
+    the tool calls; returns their results."""
+    def post(msg, session=None):
+        h = {
+            "Authorization": f"Bearer {key}", "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+        }
+        if session:
+            h["Mcp-Session-Id"] = session
+        req = urllib.request.Request(url + "/mcp", data=json.dumps(msg).encode(), method="POST", headers=h)
+        with urllib.request.urlopen(req, timeout=60) as r:
+            sid = r.headers.get("Mcp-Session-Id")
+            if "id" not in msg:
+                return sid, None
+            if r.headers.get_content_type() == "application/json":
+                return sid, json.loads(r.read())
+            for line in r:  # SSE: the answer is a data: line
+                line = line.decode().strip()
+                if line.startswith("data:") and line[5:].strip():
+                    m = json.loads(line[5:])
+                    if m.get("id") == msg["id"]:
+                        return sid, m
+        return sid, None
+
+    session, _ = post({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-03-26", "capabilities": {}, "clientInfo": {"name": "cluster-test", "version": "1"}}})
+    post({"jsonrpc": "2.0", "method": "notifications/initialized"}, session)
+    out = []
+    for i, (name, args) in enumerate(calls, start=2):
+        out.append(post({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": name, "arguments": args}}, session)[1])
+    return out
+
+
+def tool_text(answer):
+    r = (answer or {}).get("result") or {}
+    return "".join(c.get("text", "") for c in r.get("content", []) if isinstance(c, dict)), r.get("isError")
+
+
+def own_clients(root, a, b, c):
+    """runcell's own clients pointed at node C do real work on a sandbox
+    that node A owns: the CLI (exec, cp both ways, get, list, logs and
+    logs -f over SSE), `runcell mcp` and the /mcp endpoint, the TypeScript
+    SDK and the Mastra tool."""
+    print("== runcell's own clients through a node that does not own the sandbox", flush=True)
+    s, h, sb = create(a, a.key, {"node": "na", "metadata": {"suite": f"cluster-{RUN_ID}", "clients": "yes"}})
+    if s != 201:
+        check("a sandbox for the clients is created on A", False, f"{s} {sb}")
+        return
+    sid = sb["id"]
+    conn = ["--url", c.url, "--api-key", a.key]
+
+    def cli(*args, timeout=60, stdin=None):
+        return subprocess.run([RUNCELL, *args], capture_output=True, text=True, timeout=timeout, input=stdin)
+
+    try:
+        p = cli("exec", *conn, sid, "--", "echo cli-ok from sandbox")
+        check("runcell exec --url C on A's sandbox prints its output", p.returncode == 0 and "cli-ok from sandbox" in p.stdout, f"{p.returncode} {p.stdout!r} {p.stderr!r}")
+        p = cli("exec", *conn, sid, "--", "exit 3")
+        check("runcell exec --url C exits with the command's status", p.returncode == 3, f"{p.returncode} {p.stderr!r}")
+        local = os.path.join(root, "cp-in.txt")
+        with open(local, "w") as f:
+            f.write("copied through C\n")
+        p1 = cli("cp", *conn, local, f"{sid}:/tmp/cli.txt")
+        back = os.path.join(root, "cp-out.txt")
+        p2 = cli("cp", *conn, f"{sid}:/tmp/cli.txt", back)
+        ok = p1.returncode == 0 and p2.returncode == 0 and os.path.exists(back) and open(back).read() == "copied through C\n"
+        check("runcell cp --url C copies into and out of A's sandbox", ok, f"{p1.stderr!r} {p2.stderr!r}")
+        s, _, r = run(a, a.key, sid, "cat /tmp/cli.txt")
+        check("the file runcell cp wrote through C is in the sandbox on A", s == 200 and "copied through C" in (r or {}).get("stdout", ""), f"{s} {r}")
+        p = cli("sandbox", "get", *conn, "--json", sid)
+        check("runcell sandbox get --url C shows A's sandbox", p.returncode == 0 and sid in p.stdout, f"{p.returncode} {p.stdout[:300]!r} {p.stderr!r}")
+        p = cli("sandbox", "ls", *conn, "--json", "--meta", "clients=yes")
+        check("runcell sandbox list --url C lists A's sandbox", p.returncode == 0 and sid in p.stdout, f"{p.returncode} {p.stdout[:300]!r} {p.stderr!r}")
+        p = cli("logs", *conn, sid)
+        check("runcell logs --url C shows the output of A's sandbox", p.returncode == 0 and "cli-ok from sandbox" in p.stdout, f"{p.returncode} {p.stdout[-300:]!r} {p.stderr!r}")
+        # logs -f: the SSE stream through C carries a line written later through A.
+        follow = subprocess.Popen([RUNCELL, "logs", "-f", *conn, sid], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        seen = {}
+
+        def reader():
+            for line in follow.stdout:
+                if "followed-line" in line:
+                    seen["at"] = time.time()
+                    return
+
+        th = threading.Thread(target=reader, daemon=True)
+        th.start()
+        time.sleep(1.0)
+        t0 = time.time()
+        run(a, a.key, sid, "echo followed-line")
+        th.join(10)
+        follow.kill()
+        follow.wait(5)
+        check(
+            "runcell logs -f --url C streams (SSE through the forwarding node) a line written later through A",
+            "at" in seen and seen["at"] - t0 < 5,
+            seen,
+        )
+
+        # MCP: runcell mcp (stdio) pointed at C, and C's /mcp endpoint.
+        res = mcp_stdio(c.url, a.key, [
+            ("exec", {"sandbox_id": sid, "command": "echo mcp-stdio-ok; cat /tmp/cli.txt"}),
+            ("write_file", {"sandbox_id": sid, "path": "/tmp/mcp.txt", "content": "from mcp"}),
+            ("read_file", {"sandbox_id": sid, "path": "/tmp/mcp.txt"}),
+        ])
+        texts = [tool_text(r) for r in res]
+        check(
+            "runcell mcp --url C: exec, write_file and read_file on A's sandbox",
+            len(texts) == 3 and "mcp-stdio-ok" in texts[0][0] and "copied through C" in texts[0][0]
+            and not any(t[1] for t in texts) and "from mcp" in texts[2][0],
+            res,
+        )
+        try:
+            res = mcp_http(c.url, a.key, [
+                ("exec", {"sandbox_id": sid, "command": "echo mcp-http-ok; cat /tmp/mcp.txt"}),
+                ("list_sandboxes", {"all": True}),
+            ])
+            texts = [tool_text(r) for r in res]
+            ok = len(texts) == 2 and "mcp-http-ok" in texts[0][0] and "from mcp" in texts[0][0] and sid in texts[1][0] and not texts[0][1]
+        except (OSError, ValueError) as e:
+            ok, res = False, repr(e)
+        check("C's /mcp endpoint: exec and list_sandboxes reach A's sandbox", ok, res)
+
+        # The TypeScript SDK and the Mastra tool, on Node 22.
+        node22 = os.environ.get("RUNCELL_TEST_NODE22")
+        if not node22 or not os.access(node22, os.X_OK):
+            check("Node 22 for the SDK and Mastra checks (scripts/test-cluster.sh sets RUNCELL_TEST_NODE22)", False, node22)
+            return
+        env = dict(os.environ, RUNCELL_URL=c.url, RUNCELL_API_KEY=a.key, SID=sid, REPO=REPO,
+                   NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+        p = subprocess.run([node22, os.path.join(REPO, "tests", "cluster", "ts_sdk.mjs")], env=env,
+                           capture_output=True, text=True, timeout=120)
+        try:
+            r = json.loads(p.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            r = {}
+        check(
+            "the TypeScript SDK through C: connect, exec, streamed exec, files, runCode and list on A's sandbox",
+            p.returncode == 0 and r.get("exec") == "ts-ok\n" and r.get("streamed") == ["one\n", "two\n"]
+            and r.get("file") == "from ts" and r.get("code") == "42" and r.get("listed") is True,
+            f"{p.returncode} {p.stdout[-600:]!r} {p.stderr[-600:]!r}",
+        )
+        # The Mastra tool (per-thread mode) through C finds the thread's
+        # sandbox on A by its metadata (the list comes from etcd) and runs there.
+        thread = f"cluster-thread-{RUN_ID}"
+        s, _, mine = create(a, a.key, {"node": "na", "template": "code-interpreter", "metadata": {
+            "suite": f"cluster-{RUN_ID}", "tool": "runcell-mastra", "mode": "per-thread", "threadId": thread}})
+        if s != 201:
+            check("a Mastra thread sandbox is created on A", False, f"{s} {mine}")
+            return
+        env["THREAD"] = thread
+        p = subprocess.run([node22, os.path.join(REPO, "tests", "cluster", "mastra_tool.mjs")], env=env,
+                           capture_output=True, text=True, timeout=180)
+        try:
+            r = json.loads(p.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            r = {}
+        check(
+            "the Mastra tool through C runs the thread's code in its sandbox on A, state kept between calls",
+            p.returncode == 0 and r.get("sandboxes") == [mine["id"], mine["id"]] and "42" in r.get("second", ""),
+            f"{p.returncode} {p.stdout[-800:]!r} {p.stderr[-800:]!r}",
+        )
+        http("DELETE", f"{a.url}/v1/sandboxes/{mine['id']}", a.key)
+    finally:
+        http("DELETE", f"{a.url}/v1/sandboxes/{sid}", a.key)
 
 
 def sdk_suite(node, what="@pandastack/sdk"):

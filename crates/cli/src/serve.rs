@@ -153,6 +153,18 @@ pub struct ServeArgs {
     /// re-attaching them. [default: 60s]
     #[arg(long, env = "RUNCELL_LOST_AFTER", value_parser = parse_duration, requires = "cluster")]
     lost_after: Option<Duration>,
+    /// A label of this node, key=value (repeatable; the environment
+    /// variable takes a comma-separated list), for creates that ask for a
+    /// `node_selector`. Keys and values follow Kubernetes' label syntax:
+    /// `[dns.prefix/]name`, names and values at most 63 characters of
+    /// letters, digits, '-', '_' and '.', alphanumeric at both ends.
+    #[arg(
+        long = "node-label",
+        env = "RUNCELL_NODE_LABELS",
+        value_delimiter = ',',
+        requires = "cluster"
+    )]
+    node_labels: Vec<String>,
 }
 
 /// The TOML file. Durations and sizes are strings as on the command line.
@@ -406,6 +418,7 @@ fn settings(
                 args.node_name,
                 args.advertise,
                 args.lost_after.unwrap_or(Duration::from_secs(60)),
+                &args.node_labels,
                 config.listen,
             )?),
         },
@@ -420,15 +433,19 @@ fn settings(
     Ok((config, grace))
 }
 
-/// Cluster settings from `--cluster`, `--node-name` and `--advertise`.
+/// Cluster settings from `--cluster`, `--node-name`, `--advertise` and
+/// `--node-label`.
 fn cluster_config(
     url: &str,
     node_name: Option<String>,
     advertise: Option<String>,
     lost_after: Duration,
+    node_labels: &[String],
     listen: SocketAddr,
 ) -> Result<runcell_server::cluster::ClusterConfig, String> {
     let endpoints = runcell_server::cluster::parse_url(url).map_err(|e| e.to_string())?;
+    let labels = runcell_server::cluster::labels::parse_node_labels(node_labels)
+        .map_err(|e| format!("--node-label: {e}"))?;
     let host = if listen.ip().is_unspecified() {
         std::net::IpAddr::from([127, 0, 0, 1])
     } else {
@@ -444,6 +461,7 @@ fn cluster_config(
         advertise: advertise
             .unwrap_or_else(|| format!("http://{}", SocketAddr::new(host, listen.port()))),
         lost_after,
+        labels,
     })
 }
 

@@ -6,7 +6,7 @@
 //! A request that came from another node (`x-runcell-forwarded-by`) is
 //! always served here, so nothing is forwarded twice.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +20,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Map, Value};
 
-use super::{Cluster, NodeInfo};
+use super::{labels, Cluster, NodeInfo};
 use crate::error::ApiError;
 use crate::http::kit::{St, Workspace};
 use crate::state::AppState;
@@ -93,13 +93,16 @@ pub(crate) fn own_views(state: &Arc<AppState>) -> Vec<(String, Value)> {
     out
 }
 
-fn lost(id: &str, node: &str, why: &str) -> Response {
-    let mut err = ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        format!(
+/// A 503 for a request whose node is gone; `id` is the sandbox it was
+/// for, if any (a create placed there, or a drain of that node, has none).
+fn lost(id: Option<&str>, node: &str, why: &str) -> Response {
+    let message = match id {
+        Some(id) => format!(
             "Sandbox {id} is on node {node}, which is lost ({why}); it answers again if the node comes back."
         ),
-    );
+        None => format!("Node {node} is lost ({why}); retry later."),
+    };
+    let mut err = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message);
     err.retry_after = Some(5);
     err.extra = Some(
         [
@@ -158,14 +161,34 @@ pub(crate) async fn layer(State(state): St, req: Request, next: Next) -> Respons
     let method = req.method().clone();
     match (method.clone(), parts.as_slice()) {
         (Method::GET, ["cluster"]) => cluster_view(&cluster).await,
-        (Method::POST, ["cluster", "drain"]) => {
-            cluster.set_draining(true);
-            tracing::info!("draining: this node takes no more creates");
-            cluster_view(&cluster).await
-        }
-        (Method::DELETE, ["cluster", "drain"]) => {
-            cluster.set_draining(false);
-            cluster_view(&cluster).await
+        (Method::POST | Method::DELETE, ["cluster", "drain"]) => {
+            // `?node=NAME` drains another node (through a Service, the node
+            // that answers is anyone's guess): forwarded to it.
+            let target = Query::<HashMap<String, String>>::try_from_uri(&uri)
+                .ok()
+                .and_then(|q| q.0.get("node").cloned())
+                .filter(|n| n != cluster.name());
+            match target {
+                Some(name) if !forwarded => match cluster.node(&name).await {
+                    Ok(Some(n)) => forward(&cluster, &n, None, uri, req).await,
+                    Ok(None) => ApiError::new(
+                        StatusCode::NOT_FOUND,
+                        format!("Node {name} is not in the cluster (no live lease)."),
+                    )
+                    .into_response(),
+                    Err(e) => store_down("the node to drain cannot be looked up", &e),
+                },
+                _ => {
+                    let on = method == Method::POST;
+                    cluster.set_draining(on);
+                    if on {
+                        tracing::info!("draining: this node takes no more creates");
+                    } else {
+                        tracing::info!("no longer draining: this node takes creates again");
+                    }
+                    cluster_view(&cluster).await
+                }
+            }
         }
         (Method::POST, ["sandboxes"]) if forwarded => {
             create_here(&state, &cluster, &ws, req, next).await
@@ -189,8 +212,8 @@ pub(crate) async fn layer(State(state): St, req: Request, next: Next) -> Respons
             match owner {
                 Some(o) if o.workspace == ws.0 && o.node != cluster.name() => {
                     match cluster.node(&o.node).await {
-                        Ok(Some(n)) => forward(&cluster, &n, &id, uri, req).await,
-                        Ok(None) => lost(&id, &o.node, "its lease expired"),
+                        Ok(Some(n)) => forward(&cluster, &n, Some(&id), uri, req).await,
+                        Ok(None) => lost(Some(&id), &o.node, "its lease expired"),
                         Err(e) => store_down("the owner of this sandbox cannot be looked up", &e),
                     }
                 }
@@ -257,8 +280,9 @@ async fn create_here(
 
 /// Places a create: the node named by the body's `node` (or the
 /// `x-runcell-node` header), else the live, non-draining node with the most
-/// free slots that has the template and the isolation asked for (this node
-/// on a tie).
+/// free slots that carries the labels of the body's `node_selector` and has
+/// the template and the isolation asked for (this node on a tie); see
+/// [`choose`].
 async fn place(
     state: &Arc<AppState>,
     cluster: &Arc<Cluster>,
@@ -279,17 +303,17 @@ async fn place(
         }
     };
     let spec: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    let wanted = spec
-        .get("node")
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .or_else(|| {
-            parts
-                .headers
-                .get(NODE_HEADER)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string)
-        });
+    let (wanted, selector) = match placement_fields(&spec) {
+        Ok(f) => f,
+        Err(msg) => return ApiError::bad_request(msg).into_response(),
+    };
+    let wanted = wanted.or_else(|| {
+        parts
+            .headers
+            .get(NODE_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    });
     let template = spec
         .get("template")
         .and_then(Value::as_str)
@@ -310,14 +334,27 @@ async fn place(
     let chosen = match choose(
         &nodes,
         cluster.name(),
-        wanted.as_deref(),
-        &template,
-        isolation.as_deref(),
+        &Wanted {
+            node: wanted.as_deref(),
+            selector: selector.as_ref(),
+            template: &template,
+            isolation: isolation.as_deref(),
+        },
     ) {
         Ok(n) => n,
-        Err(msg) => {
-            let mut err = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, msg);
+        Err(e) => {
+            let mut err = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
             err.retry_after = Some(2);
+            if let Some(sel) = &selector {
+                err.extra = Some(
+                    [(
+                        "node_selector".to_string(),
+                        serde_json::to_value(sel).unwrap_or(Value::Null),
+                    )]
+                    .into_iter()
+                    .collect(),
+                );
+            }
             return err.into_response();
         }
     };
@@ -326,38 +363,140 @@ async fn place(
     if chosen.name == cluster.name() {
         create_here(state, cluster, ws, req, next).await
     } else {
-        forward(cluster, &chosen, "(new)", uri, req).await
+        forward(cluster, &chosen, None, uri, req).await
     }
 }
 
-/// The node a create goes to (see [`place`]).
+/// A create's `node` and `node_selector`.
+type PlacementFields = (Option<String>, Option<BTreeMap<String, String>>);
+
+/// A create's `node` and `node_selector` (both optional, both runcell
+/// extensions of cluster mode); `Err` is a 400's message naming the field.
+fn placement_fields(spec: &Value) -> Result<PlacementFields, String> {
+    let node = match spec.get("node") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err("node must be a node name (a string).".into()),
+    };
+    let selector =
+        match spec.get("node_selector") {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(m)) => {
+                let mut sel = BTreeMap::new();
+                for (k, v) in m {
+                    let Value::String(v) = v else {
+                        return Err(format!(
+                            "node_selector.{k} must be a string (a label value)."
+                        ));
+                    };
+                    sel.insert(k.clone(), v.clone());
+                }
+                labels::check_selector(&sel).map_err(|e| format!("node_selector: {e}"))?;
+                Some(sel)
+            }
+            Some(_) => return Err(
+                "node_selector must be an object of label keys to values, e.g. {\"zone\": \"a\"}."
+                    .into(),
+            ),
+        };
+    Ok((node, selector))
+}
+
+/// What a create asks of its node.
+struct Wanted<'a> {
+    /// A node by name.
+    node: Option<&'a str>,
+    /// Labels the node must carry.
+    selector: Option<&'a BTreeMap<String, String>>,
+    template: &'a str,
+    isolation: Option<&'a str>,
+}
+
+/// Why a create could not be placed (a 503 with Retry-After: nodes come
+/// and go, and drain and undrain).
+#[derive(Debug, thiserror::Error, PartialEq)]
+enum PlaceError {
+    /// The node asked for has no live lease.
+    #[error("Node {0} is not in the cluster (no live lease).")]
+    NoSuchNode(String),
+    /// The node asked for does not match the selector.
+    #[error("Node {node} does not carry the labels node_selector asks for ({selector}); its labels are {labels:?}.")]
+    NodeMismatch {
+        node: String,
+        selector: String,
+        labels: String,
+    },
+    /// No live node matches the selector.
+    #[error("No live node of the cluster carries the labels node_selector asks for ({selector}); the live nodes' labels: {nodes}.")]
+    NoMatch { selector: String, nodes: String },
+    /// Every candidate is full or draining.
+    #[error("No node of the cluster{which} has a free slot (or all are draining); retry later.")]
+    Full { which: String },
+}
+
+/// The node a create goes to (see [`place`]): the one named, which must
+/// match the selector if there is one; else, among the live nodes that
+/// match the selector, not draining and with a free slot, those that have
+/// the template and the isolation (any of them when none has: the node
+/// answers the usual 400/404), the one with the most free slots (this node
+/// on a tie).
 fn choose(
     nodes: &HashMap<String, NodeInfo>,
     me: &str,
-    wanted: Option<&str>,
-    template: &str,
-    isolation: Option<&str>,
-) -> Result<NodeInfo, String> {
-    if let Some(w) = wanted {
-        return nodes
+    want: &Wanted<'_>,
+) -> Result<NodeInfo, PlaceError> {
+    let fits_selector = |n: &NodeInfo| want.selector.is_none_or(|s| labels::matches(&n.labels, s));
+    if let Some(w) = want.node {
+        let n = nodes
             .get(w)
-            .cloned()
-            .ok_or_else(|| format!("Node {w} is not in the cluster (no live lease)."));
+            .ok_or_else(|| PlaceError::NoSuchNode(w.into()))?;
+        if !fits_selector(n) {
+            return Err(PlaceError::NodeMismatch {
+                node: w.into(),
+                selector: want.selector.map(labels::show).unwrap_or_default(),
+                labels: labels::show(&n.labels),
+            });
+        }
+        return Ok(n.clone());
     }
-    let open: Vec<&NodeInfo> = nodes
-        .values()
+    let matching: Vec<&NodeInfo> = nodes.values().filter(|n| fits_selector(n)).collect();
+    if let Some(sel) = want.selector {
+        if matching.is_empty() {
+            let mut all: Vec<String> = nodes
+                .values()
+                .map(|n| format!("{} {{{}}}", n.name, labels::show(&n.labels)))
+                .collect();
+            all.sort();
+            return Err(PlaceError::NoMatch {
+                selector: labels::show(sel),
+                nodes: if all.is_empty() {
+                    "none".into()
+                } else {
+                    all.join(", ")
+                },
+            });
+        }
+    }
+    let open: Vec<&NodeInfo> = matching
+        .into_iter()
         .filter(|n| !n.draining && n.free > 0)
         .collect();
     if open.is_empty() {
-        return Err(
-            "No node of the cluster has a free slot (or all are draining); retry later.".into(),
-        );
+        return Err(PlaceError::Full {
+            which: want
+                .selector
+                .map(|s| format!(" matching node_selector ({})", labels::show(s)))
+                .unwrap_or_default(),
+        });
     }
     let fits: Vec<&NodeInfo> = open
         .iter()
         .copied()
-        .filter(|n| n.templates.iter().any(|t| t == template))
-        .filter(|n| isolation.is_none_or(|i| n.backends.iter().any(|b| b == i)))
+        .filter(|n| n.templates.iter().any(|t| t == want.template))
+        .filter(|n| {
+            want.isolation
+                .is_none_or(|i| n.backends.iter().any(|b| b == i))
+        })
         .collect();
     // No node has it: any open node answers (with the usual 400/404).
     let pool = if fits.is_empty() { open } else { fits };
@@ -369,14 +508,16 @@ fn choose(
                 .then_with(|| b.name.cmp(&a.name))
         })
         .cloned()
-        .ok_or_else(|| "No node fits.".into())
+        .ok_or(PlaceError::Full {
+            which: String::new(),
+        })
 }
 
 /// Forwards a request to `node`, streaming both bodies.
 async fn forward(
     cluster: &Arc<Cluster>,
     node: &NodeInfo,
-    id: &str,
+    id: Option<&str>,
     uri: Uri,
     req: Request,
 ) -> Response {
@@ -536,40 +677,172 @@ mod tests {
             templates: templates.iter().map(|t| t.to_string()).collect(),
             backends: vec!["jail".into()],
             draining,
+            labels: BTreeMap::new(),
         }
+    }
+
+    fn labelled(mut n: NodeInfo, pairs: &[(&str, &str)]) -> NodeInfo {
+        n.labels = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        n
+    }
+
+    fn by_name(list: Vec<NodeInfo>) -> HashMap<String, NodeInfo> {
+        list.into_iter().map(|n| (n.name.clone(), n)).collect()
+    }
+
+    fn want<'a>(
+        node: Option<&'a str>,
+        selector: Option<&'a BTreeMap<String, String>>,
+        template: &'a str,
+        isolation: Option<&'a str>,
+    ) -> Wanted<'a> {
+        Wanted {
+            node,
+            selector,
+            template,
+            isolation,
+        }
+    }
+
+    fn sel(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
     fn creates_go_to_the_least_loaded_node_that_has_the_template() {
-        let nodes: HashMap<String, NodeInfo> = [
+        let nodes = by_name(vec![
             node("a", 3, &["host"], false),
             node("b", 7, &["host"], true),
             node("c", 5, &["host"], false),
             node("d", 6, &["other"], false),
-        ]
-        .into_iter()
-        .map(|n| (n.name.clone(), n))
-        .collect();
-        assert_eq!(choose(&nodes, "a", None, "host", None).unwrap().name, "c");
-        assert_eq!(choose(&nodes, "a", None, "other", None).unwrap().name, "d");
+        ]);
+        let pick = |w: Wanted<'_>| choose(&nodes, "a", &w).map(|n| n.name);
+        assert_eq!(pick(want(None, None, "host", None)).unwrap(), "c");
+        assert_eq!(pick(want(None, None, "other", None)).unwrap(), "d");
+        assert_eq!(pick(want(Some("a"), None, "host", None)).unwrap(), "a");
+        assert!(pick(want(None, None, "host", Some("microvm"))).is_ok());
         assert_eq!(
-            choose(&nodes, "a", Some("a"), "host", None).unwrap().name,
-            "a"
+            pick(want(Some("zz"), None, "host", None)),
+            Err(PlaceError::NoSuchNode("zz".into()))
         );
-        assert!(choose(&nodes, "a", None, "host", Some("microvm")).is_ok());
-        assert!(choose(&nodes, "a", Some("zz"), "host", None).is_err());
     }
 
     #[test]
     fn a_tie_stays_on_this_node() {
-        let nodes: HashMap<String, NodeInfo> = [
+        let nodes = by_name(vec![
             node("a", 4, &["host"], false),
             node("b", 4, &["host"], false),
-        ]
-        .into_iter()
-        .map(|n| (n.name.clone(), n))
-        .collect();
-        assert_eq!(choose(&nodes, "b", None, "host", None).unwrap().name, "b");
-        assert_eq!(choose(&nodes, "a", None, "host", None).unwrap().name, "a");
+        ]);
+        let w = want(None, None, "host", None);
+        assert_eq!(choose(&nodes, "b", &w).unwrap().name, "b");
+        assert_eq!(choose(&nodes, "a", &w).unwrap().name, "a");
+    }
+
+    #[test]
+    fn a_selector_limits_placement_to_the_nodes_that_carry_its_labels() {
+        let nodes = by_name(vec![
+            labelled(node("a", 9, &["host"], false), &[("zone", "a")]),
+            labelled(
+                node("b", 2, &["host"], false),
+                &[("zone", "b"), ("disk", "ssd")],
+            ),
+            labelled(node("c", 5, &["host"], false), &[("zone", "b")]),
+            labelled(
+                node("d", 8, &["host"], true),
+                &[("zone", "b"), ("disk", "ssd")],
+            ),
+        ]);
+        let zone_b = sel(&[("zone", "b")]);
+        let ssd_b = sel(&[("zone", "b"), ("disk", "ssd")]);
+        let pick = |w: Wanted<'_>| choose(&nodes, "a", &w);
+        // The least loaded of the matching nodes, not of all nodes.
+        assert_eq!(
+            pick(want(None, Some(&zone_b), "host", None)).unwrap().name,
+            "c"
+        );
+        // Every pair must match; a draining match is skipped.
+        assert_eq!(
+            pick(want(None, Some(&ssd_b), "host", None)).unwrap().name,
+            "b"
+        );
+        // An empty selector is no constraint.
+        assert_eq!(
+            pick(want(None, Some(&sel(&[])), "host", None))
+                .unwrap()
+                .name,
+            "a"
+        );
+        // A named node must match the selector too.
+        assert_eq!(
+            pick(want(Some("c"), Some(&zone_b), "host", None))
+                .unwrap()
+                .name,
+            "c"
+        );
+        let e = pick(want(Some("a"), Some(&zone_b), "host", None)).unwrap_err();
+        assert!(matches!(e, PlaceError::NodeMismatch { .. }), "{e}");
+        assert!(
+            e.to_string().contains("zone=b") && e.to_string().contains("zone=a"),
+            "{e}"
+        );
+        // No match names the selector and the labels the nodes have.
+        let e = pick(want(None, Some(&sel(&[("zone", "c")])), "host", None))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("(zone=c)") && e.contains("b {disk=ssd,zone=b}"),
+            "{e}"
+        );
+        // Matches that are all full or draining: full, naming the selector.
+        let full = by_name(vec![
+            labelled(node("a", 0, &["host"], false), &[("zone", "a")]),
+            labelled(node("b", 5, &["host"], true), &[("zone", "a")]),
+            labelled(node("c", 5, &["host"], false), &[("zone", "c")]),
+        ]);
+        let e = choose(
+            &full,
+            "a",
+            &want(None, Some(&sel(&[("zone", "a")])), "host", None),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("free slot") && e.contains("zone=a"), "{e}");
+    }
+
+    #[test]
+    fn placement_fields_are_checked_naming_the_field() {
+        let ok =
+            placement_fields(&serde_json::json!({"node": "a", "node_selector": {"zone": "a"}}))
+                .unwrap();
+        assert_eq!(ok, (Some("a".into()), Some(sel(&[("zone", "a")]))));
+        assert_eq!(placement_fields(&Value::Null).unwrap(), (None, None));
+        for (body, field) in [
+            (serde_json::json!({"node": 3}), "node "),
+            (
+                serde_json::json!({"node_selector": "zone=a"}),
+                "node_selector must",
+            ),
+            (
+                serde_json::json!({"node_selector": {"zone": 1}}),
+                "node_selector.zone",
+            ),
+            (
+                serde_json::json!({"node_selector": {"-zone": "a"}}),
+                "node_selector: ",
+            ),
+            (
+                serde_json::json!({"node_selector": {"zone": "a b"}}),
+                "node_selector: ",
+            ),
+        ] {
+            let e = placement_fields(&body).unwrap_err();
+            assert!(e.starts_with(field), "{body}: {e}");
+        }
     }
 }

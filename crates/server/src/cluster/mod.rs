@@ -17,8 +17,9 @@
 //! every second. [`forward`] is the HTTP side: routing, placement, listing.
 
 pub mod forward;
+pub mod labels;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -50,6 +51,9 @@ pub struct ClusterConfig {
     /// A node away (no lease) longer than this comes back to find its
     /// sandboxes reported lost: it removes them rather than re-attach.
     pub lost_after: Duration,
+    /// This node's labels (`--node-label key=value`), for placement by a
+    /// create's `node_selector` (checked by [`labels::parse_node_labels`]).
+    pub labels: BTreeMap<String, String>,
 }
 
 /// Errors of cluster mode.
@@ -111,6 +115,10 @@ pub struct NodeInfo {
     pub backends: Vec<String>,
     /// Draining: it takes no creates.
     pub draining: bool,
+    /// Its labels, matched by a create's `node_selector` (absent in the
+    /// records of a version without labels: none).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// An API key as published (its hash, never the key).
@@ -224,6 +232,42 @@ fn record_key(workspace: &str, id: &str) -> String {
     format!("{PREFIX}ws/{}/{id}", hex(workspace))
 }
 
+/// gRPC's UNAVAILABLE status code.
+const GRPC_UNAVAILABLE: i32 = 14;
+/// Tries of one request-path etcd request while members are unreachable.
+const TRIES: u32 = 3;
+
+/// Whether an etcd request failed because the member it went to could not
+/// be reached (a stopped member of a cluster that still has a quorum).
+fn unreachable(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::TransportError(_) => true,
+        etcd_client::Error::GRpcStatus(s) => i32::from(s.code()) == GRPC_UNAVAILABLE,
+        _ => false,
+    }
+}
+
+/// Runs an etcd request, again (up to [`TRIES`] in all) when the member it
+/// went to was unreachable: the client balances over every endpoint, and
+/// the next try goes to a member that answers. Without this, stopping one
+/// member of three failed the requests that happened to go to it.
+async fn retrying<T, F, Fut>(client: &Client, mut request: F) -> Result<T, etcd_client::Error>
+where
+    F: FnMut(Client) -> Fut,
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let mut tries = 1;
+    loop {
+        match request(client.clone()).await {
+            Err(e) if tries < TRIES && unreachable(&e) => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            r => return r,
+        }
+    }
+}
+
 impl Cluster {
     /// Connects to etcd (lazily: a node starts while etcd is down, and
     /// serves its own sandboxes until it is back).
@@ -245,6 +289,29 @@ impl Cluster {
             background: EtcdOps::default(),
             http: forward::http_client(),
         }))
+    }
+
+    /// A range read, retried on an unreachable member (see [`retrying`]).
+    async fn get(
+        &self,
+        key: String,
+        options: Option<GetOptions>,
+    ) -> Result<etcd_client::GetResponse, etcd_client::Error> {
+        retrying(&self.client, |mut c| {
+            let (key, options) = (key.clone(), options.clone());
+            async move { c.get(key, options).await }
+        })
+        .await
+    }
+
+    /// A transaction of `ops`, retried on an unreachable member.
+    async fn txn(&self, ops: Vec<TxnOp>) -> Result<(), etcd_client::Error> {
+        retrying(&self.client, |mut c| {
+            let txn = Txn::new().and_then(ops.clone());
+            async move { c.txn(txn).await }
+        })
+        .await
+        .map(drop)
     }
 
     /// This node's name.
@@ -292,9 +359,12 @@ impl Cluster {
             return Ok(Some(n));
         }
         let key = format!("{PREFIX}nodes/{name}");
-        let mut c = self.client.clone();
         self.ops.read();
-        let resp = c.get(key.clone(), None).await?;
+        let resp = retrying(&self.client, |mut c| {
+            let key = key.clone();
+            async move { c.get(key, None).await }
+        })
+        .await?;
         resp.kvs()
             .first()
             .map(|kv| {
@@ -307,9 +377,8 @@ impl Cluster {
     }
 
     async fn read_nodes(&self) -> Result<(), ClusterError> {
-        let mut c = self.client.clone();
         self.background.read();
-        let resp = c
+        let resp = self
             .get(
                 format!("{PREFIX}nodes/"),
                 Some(GetOptions::new().with_prefix()),
@@ -334,9 +403,12 @@ impl Cluster {
     /// Who owns sandbox `id`.
     pub async fn owner(&self, id: &str) -> Result<Option<Owner>, ClusterError> {
         let key = sandbox_key(id);
-        let mut c = self.client.clone();
         self.ops.read();
-        let resp = c.get(key.clone(), None).await?;
+        let resp = retrying(&self.client, |mut c| {
+            let key = key.clone();
+            async move { c.get(key, None).await }
+        })
+        .await?;
         resp.kvs()
             .first()
             .map(|kv| {
@@ -353,14 +425,13 @@ impl Cluster {
         &self,
         workspace: &str,
     ) -> Result<Vec<SandboxRecord>, ClusterError> {
-        let mut c = self.client.clone();
+        let prefix = format!("{PREFIX}ws/{}/", hex(workspace));
         self.ops.read();
-        let resp = c
-            .get(
-                format!("{PREFIX}ws/{}/", hex(workspace)),
-                Some(GetOptions::new().with_prefix()),
-            )
-            .await?;
+        let resp = retrying(&self.client, |mut c| {
+            let prefix = prefix.clone();
+            async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
+        })
+        .await?;
         Ok(resp
             .kvs()
             .iter()
@@ -383,9 +454,13 @@ impl Cluster {
         let record = match cached {
             Some(r) => Some(r),
             None => {
-                let mut c = self.client.clone();
+                let key = format!("{PREFIX}keys/{hash}");
                 self.ops.read();
-                let resp = c.get(format!("{PREFIX}keys/{hash}"), None).await?;
+                let resp = retrying(&self.client, |mut c| {
+                    let key = key.clone();
+                    async move { c.get(key, None).await }
+                })
+                .await?;
                 resp.kvs()
                     .first()
                     .and_then(|kv| serde_json::from_slice::<KeyRecord>(kv.value()).ok())
@@ -398,9 +473,8 @@ impl Cluster {
 
     /// Reads every node's keys into the local copy.
     async fn read_keys(&self) -> Result<(), ClusterError> {
-        let mut c = self.client.clone();
         self.background.read();
-        let resp = c
+        let resp = self
             .get(
                 format!("{PREFIX}keys/"),
                 Some(GetOptions::new().with_prefix()),
@@ -442,12 +516,14 @@ impl Cluster {
         })
         .unwrap_or_default();
         let mut published = self.published.lock().await;
-        let mut c = self.client.clone();
         self.ops.write();
-        c.txn(Txn::new().and_then(vec![
-            TxnOp::put(sandbox_key(&id), owner, None),
-            TxnOp::put(record_key(workspace, &id), record.clone(), None),
-        ]))
+        retrying(&self.client, |mut c| {
+            let txn = Txn::new().and_then(vec![
+                TxnOp::put(sandbox_key(&id), owner.clone(), None),
+                TxnOp::put(record_key(workspace, &id), record.clone(), None),
+            ]);
+            async move { c.txn(txn).await }
+        })
         .await?;
         published.insert(id, (workspace.into(), record));
         Ok(())
@@ -456,12 +532,14 @@ impl Cluster {
     /// Removes one sandbox of this node from etcd (after a delete).
     pub async fn unpublish(&self, workspace: &str, id: &str) -> Result<(), ClusterError> {
         let mut published = self.published.lock().await;
-        let mut c = self.client.clone();
         self.ops.write();
-        c.txn(Txn::new().and_then(vec![
-            TxnOp::delete(sandbox_key(id), None),
-            TxnOp::delete(record_key(workspace, id), None),
-        ]))
+        retrying(&self.client, |mut c| {
+            let txn = Txn::new().and_then(vec![
+                TxnOp::delete(sandbox_key(id), None),
+                TxnOp::delete(record_key(workspace, id), None),
+            ]);
+            async move { c.txn(txn).await }
+        })
         .await?;
         published.remove(id);
         Ok(())
@@ -495,14 +573,18 @@ impl Cluster {
                 .map(|b| b.name.to_string())
                 .collect(),
             draining: self.is_draining(),
+            labels: self.config.labels.clone(),
         }
     }
 
     /// Registers this node under a new lease; returns the lease.
     async fn register(&self, state: &AppState) -> Result<i64, ClusterError> {
-        let mut c = self.client.clone();
         self.background.write();
-        let lease = c.lease_grant(LEASE_TTL_SECONDS, None).await?.id();
+        let lease = retrying(&self.client, |mut c| async move {
+            c.lease_grant(LEASE_TTL_SECONDS, None).await
+        })
+        .await?
+        .id();
         self.put_info(state, lease).await?;
         Ok(lease)
     }
@@ -511,9 +593,8 @@ impl Cluster {
     /// (outside the lease, for [`Cluster::came_back_late`]).
     async fn put_info(&self, state: &AppState, lease: i64) -> Result<(), ClusterError> {
         let info = serde_json::to_string(&self.info(state)).unwrap_or_default();
-        let mut c = self.client.clone();
         self.background.write();
-        c.txn(Txn::new().and_then(vec![
+        self.txn(vec![
             TxnOp::put(
                 format!("{PREFIX}nodes/{}", self.name()),
                 info,
@@ -524,7 +605,7 @@ impl Cluster {
                 crate::state::now_ms().to_string(),
                 None,
             ),
-        ]))
+        ])
         .await?;
         Ok(())
     }
@@ -532,9 +613,10 @@ impl Cluster {
     /// Whether this node was away (not seen) longer than `lost_after`:
     /// its sandboxes were reported lost meanwhile.
     async fn came_back_late(&self) -> Result<Option<i64>, ClusterError> {
-        let mut c = self.client.clone();
         self.background.read();
-        let resp = c.get(format!("{PREFIX}seen/{}", self.name()), None).await?;
+        let resp = self
+            .get(format!("{PREFIX}seen/{}", self.name()), None)
+            .await?;
         let seen = resp
             .kvs()
             .first()
@@ -604,13 +686,12 @@ impl Cluster {
                 .collect()
         };
         for (h, r) in changed {
-            let mut c = self.client.clone();
             self.background.write();
-            c.put(
+            self.txn(vec![TxnOp::put(
                 format!("{PREFIX}keys/{h}"),
                 serde_json::to_string(&r).unwrap_or_default(),
                 None,
-            )
+            )])
             .await?;
             self.keys
                 .lock()
@@ -643,9 +724,8 @@ impl Cluster {
         let mut published = self.published.lock().await;
         if first {
             // What etcd says this node owns, from before a restart.
-            let mut c = self.client.clone();
             self.background.read();
-            let resp = c
+            let resp = self
                 .get(
                     format!("{PREFIX}sandbox/"),
                     Some(GetOptions::new().with_prefix()),
@@ -662,12 +742,11 @@ impl Cluster {
                         .trim_start_matches(&format!("{PREFIX}sandbox/"))
                         .to_string();
                     if !now.contains_key(&id) {
-                        let mut c = self.client.clone();
                         self.background.write();
-                        c.txn(Txn::new().and_then(vec![
+                        self.txn(vec![
                             TxnOp::delete(sandbox_key(&id), None),
                             TxnOp::delete(record_key(&owner.workspace, &id), None),
-                        ]))
+                        ])
                         .await?;
                         tracing::info!(sandbox = %id, "removed from the cluster: it did not survive this node's restart");
                     }
@@ -683,12 +762,11 @@ impl Cluster {
             let Some((ws, _)) = published.remove(&id) else {
                 continue;
             };
-            let mut c = self.client.clone();
             self.background.write();
-            c.txn(Txn::new().and_then(vec![
+            self.txn(vec![
                 TxnOp::delete(sandbox_key(&id), None),
                 TxnOp::delete(record_key(&ws, &id), None),
-            ]))
+            ])
             .await?;
         }
         for (id, (ws, record)) in now {
@@ -700,12 +778,11 @@ impl Cluster {
                 workspace: ws.clone(),
             })
             .unwrap_or_default();
-            let mut c = self.client.clone();
             self.background.write();
-            c.txn(Txn::new().and_then(vec![
+            self.txn(vec![
                 TxnOp::put(sandbox_key(&id), owner, None),
                 TxnOp::put(record_key(&ws, &id), record.clone(), None),
-            ]))
+            ])
             .await?;
             published.insert(id, (ws, record));
         }
@@ -739,8 +816,10 @@ impl Cluster {
                                 }
                             }
                             let id = me.register(&state).await?;
-                            let mut c = me.client.clone();
-                            let (keeper, stream) = c.lease_keep_alive(id).await?;
+                            let (keeper, stream) = retrying(&me.client, |mut c| async move {
+                                c.lease_keep_alive(id).await
+                            })
+                            .await?;
                             tracing::info!(node = %me.name(), lease = id, "registered in the cluster");
                             lease = Some((id, keeper, stream));
                         }

@@ -55,6 +55,21 @@ pub(crate) struct CreateReq {
     /// `read_only`. A volume has one read-write sandbox at a time.
     #[serde(default)]
     volumes: Vec<crate::volumes::VolumeAttach>,
+    /// Cluster mode (runcell extension): the node to create the sandbox on,
+    /// by name (`GET /v1/cluster` lists the nodes). One without a live
+    /// lease is a 503. A single node ignores it.
+    // Read by the cluster layer (`cluster::forward::place`) from the body.
+    #[allow(dead_code)]
+    node: Option<String>,
+    /// Cluster mode (runcell extension): labels the node must carry, e.g.
+    /// `{"zone": "a"}` (every pair must match, as a Kubernetes
+    /// `nodeSelector`; nodes get theirs from `runcell serve --node-label`).
+    /// The least loaded matching node gets the sandbox; no live matching
+    /// node is a 503 naming the selector and the nodes' labels, a
+    /// malformed selector (Kubernetes label syntax) a 400. A single node
+    /// checks its syntax and ignores it.
+    #[serde(default)]
+    node_selector: Option<BTreeMap<String, String>>,
 }
 
 impl From<CreateReq> for CreateSpec {
@@ -172,12 +187,16 @@ pub(crate) struct CreatedView {
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", operation_id = "createSandbox", request_body = CreateReq,
-    responses((status = 409, description = "A volume asked for read-write is attached read-write elsewhere", body = ErrorView), (status = 404, description = "from_snapshot names no snapshot of the key's workspace", body = ErrorView), (status = 201, description = "Created and running", body = CreatedView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 413, description = "The request body is larger than the daemon allows", body = ErrorView), (status = 429, description = "A per-workspace quota (sandboxes, memory or disk) is reached; retry after Retry-After seconds", body = ErrorView, headers(("Retry-After" = u64, description = "Seconds to wait"))), (status = 503, description = "No capacity, or the sandbox failed to start; retry after Retry-After seconds", body = ErrorView, headers(("Retry-After" = u64, description = "Seconds to wait")))))]
+    responses((status = 409, description = "A volume asked for read-write is attached read-write elsewhere", body = ErrorView), (status = 404, description = "from_snapshot names no snapshot of the key's workspace", body = ErrorView), (status = 201, description = "Created and running", body = CreatedView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 413, description = "The request body is larger than the daemon allows", body = ErrorView), (status = 429, description = "A per-workspace quota (sandboxes, memory or disk) is reached; retry after Retry-After seconds", body = ErrorView, headers(("Retry-After" = u64, description = "Seconds to wait"))), (status = 503, description = "No capacity, or the sandbox failed to start, or (cluster mode) no live node is named by `node` or matches `node_selector` (the message names them); retry after Retry-After seconds", body = ErrorView, headers(("Retry-After" = u64, description = "Seconds to wait")))))]
 pub(crate) async fn create(
     axum::extract::State(state): St,
     Extension(ws): Extension<Workspace>,
     JsonBody(req): JsonBody<CreateReq>,
 ) -> AppResult<(StatusCode, Json<CreatedView>)> {
+    if let Some(selector) = &req.node_selector {
+        crate::cluster::labels::check_selector(selector)
+            .map_err(|e| crate::error::ApiError::bad_request(format!("node_selector: {e}")))?;
+    }
     let created = Service(&state).create_sandbox(&ws.0, req.into()).await?;
     let mut sandbox = sandbox_view(&state, &created.entry);
     sandbox.boot_ms = Some(runcell_protocol::units::millis(created.boot));
