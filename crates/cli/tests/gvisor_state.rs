@@ -131,11 +131,14 @@ async fn a_hibernated_gvisor_sandbox_wakes_with_its_memory_even_after_a_sigkill(
         v
     };
     ok(run(&d, "x = 42")).await;
+    // A process the exec leaves running on purpose (`background`).
     let (s, body) = d
-        .exec(
+        .exec_json(
             &id,
-            // (It leaves the exec's session before the exec ends.)
-            "setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $! > ~/bg; sleep 0.5",
+            json!({
+                "cmd": "sleep 600 </dev/null >/dev/null 2>&1 & echo $! > ~/bg",
+                "background": true,
+            }),
         )
         .await;
     assert_eq!(s, 200, "{body}");
