@@ -113,6 +113,8 @@ const INO_LOOKUP: u64 = ioc(
     std::mem::size_of::<InoLookupArgs>(),
 );
 const FS_INFO: u64 = ioc(IOC_READ, 31, std::mem::size_of::<FsInfoArgs>());
+const START_SYNC: u64 = ioc(IOC_READ, 24, std::mem::size_of::<u64>());
+const WAIT_SYNC: u64 = ioc(IOC_WRITE, 22, std::mem::size_of::<u64>());
 
 const SUBVOL_RDONLY: u64 = 1 << 1;
 const QUOTA_ENABLE: u64 = 1;
@@ -302,20 +304,39 @@ pub fn referenced_bytes(path: &Path) -> Option<u64> {
 /// references plus what is reserved for writes not yet committed is within
 /// 1% (at least 1 MiB) of the limit, so a write failed or would fail with
 /// `EDQUOT`. `None` where it has no limit or the counters are unreadable.
+/// The counters move at transaction commits: what a sandbox deleted since
+/// the last one still counts. So a layer that looks full is checked again
+/// after a commit (not a flush of every file's data: rare, and cheap).
 pub fn at_limit(path: &Path) -> Option<bool> {
     let q = qgroup_dir(path)?;
     let limit = read_u64(&q.join("max_referenced")).filter(|l| *l > 0)?;
-    let used = [
-        "referenced",
-        "rsv_data",
-        "rsv_meta_prealloc",
-        "rsv_meta_pertrans",
-    ]
-    .iter()
-    .filter_map(|f| read_u64(&q.join(f)))
-    .fold(0u64, u64::saturating_add);
     let margin = (limit / 100).max(1 << 20);
-    Some(used.saturating_add(margin) >= limit)
+    let full = || {
+        let used = [
+            "referenced",
+            "rsv_data",
+            "rsv_meta_prealloc",
+            "rsv_meta_pertrans",
+        ]
+        .iter()
+        .filter_map(|f| read_u64(&q.join(f)))
+        .fold(0u64, u64::saturating_add);
+        used.saturating_add(margin) >= limit
+    };
+    if !full() {
+        return Some(false);
+    }
+    commit(path).ok()?;
+    Some(full())
+}
+
+/// Commits the current transaction of the file system of `path` and waits
+/// for it (`BTRFS_IOC_START_SYNC`, `BTRFS_IOC_WAIT_SYNC`).
+fn commit(path: &Path) -> io::Result<()> {
+    let dir = open_dir(path)?;
+    let mut transid = 0u64;
+    ioctl(&dir, START_SYNC, &mut transid)?;
+    ioctl(&dir, WAIT_SYNC, &mut transid)
 }
 
 fn read_u64(path: &Path) -> Option<u64> {
@@ -362,5 +383,7 @@ mod tests {
         assert_eq!(QGROUP_LIMIT, 0x8030_942b);
         assert_eq!(INO_LOOKUP, 0xd000_9412);
         assert_eq!(FS_INFO, 0x8400_941f);
+        assert_eq!(START_SYNC, 0x8008_9418);
+        assert_eq!(WAIT_SYNC, 0x4008_9416);
     }
 }

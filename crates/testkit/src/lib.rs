@@ -321,6 +321,15 @@ impl Drop for Daemon {
                         .is_ok_and(|s| s.success());
                     mounted |= !ok && std::fs::read_dir(&mnt).is_ok_and(|mut d| d.next().is_some());
                 }
+                // The btrfs layer store (`--layer-store btrfs`) too.
+                let store = self.data.join("store");
+                if std::fs::read_dir(&store).is_ok_and(|mut d| d.next().is_some()) {
+                    let ok = Command::new("umount")
+                        .arg(&store)
+                        .status()
+                        .is_ok_and(|s| s.success());
+                    mounted |= !ok;
+                }
                 if !mounted {
                     let _ = std::fs::remove_dir_all(&self.data);
                 }
