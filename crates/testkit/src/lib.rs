@@ -19,8 +19,10 @@ use reqwest::Method;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
-/// How long a daemon may take to listen after it was started.
-const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a daemon may take to listen after it was started: more than
+/// the 20 s its KVM probe may wait for a test guest that never boots (a
+/// loaded host), which it does before it listens.
+const START_TIMEOUT: Duration = Duration::from_secs(45);
 /// How long a daemon may take to exit after SIGTERM before it is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
