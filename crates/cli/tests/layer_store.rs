@@ -95,7 +95,7 @@ async fn btrfs_saves_are_snapshots_forks_are_private_and_nothing_is_left() {
             json!({"count": 3}),
         )
         .await;
-    assert_eq!(s, 200, "{tree}");
+    assert_eq!(s, 201, "{tree}");
     let kids: Vec<String> = tree["children"]
         .as_array()
         .unwrap()
@@ -229,4 +229,14 @@ async fn btrfs_saves_are_snapshots_forks_are_private_and_nothing_is_left() {
     let stages = names(&store.join("stages"));
     assert!(!all.iter().any(|id| stages.contains(id)), "{stages:?}");
     wait_names(&store.join("states"), &[]).await;
+
+    // The store stays mounted after its daemon (for its next start).
+    drop(d);
+    let ok = std::process::Command::new("umount")
+        .arg(&store)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "could not unmount {}", store.display());
+    std::fs::remove_dir_all(&data).unwrap();
 }

@@ -1122,6 +1122,7 @@ mod tests {
             setup_timeout: Duration::from_secs(1),
             agent_log: None,
             host_network: false,
+            stage_store: None,
         }
     }
 
