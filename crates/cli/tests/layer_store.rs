@@ -198,6 +198,14 @@ async fn btrfs_saves_are_snapshots_forks_are_private_and_nothing_is_left() {
     // Live sandboxes kept their stages and files; the hibernated one wakes.
     let (_, body) = d.exec(&kids[1], "cat ~/mine").await;
     assert_eq!(body["stdout"], "1\n", "{body}");
+    // A re-attached sandbox saves as before (its stage is in its state file).
+    let (s, grandkid) = d
+        .post(&format!("/v1/sandboxes/{}/fork", kids[1]), json!({}))
+        .await;
+    assert_eq!(s, 201, "{grandkid}");
+    let grandkid = grandkid["id"].as_str().unwrap().to_string();
+    let (_, body) = d.exec(&grandkid, "cat ~/mine ~/base").await;
+    assert_eq!(body["stdout"], "1\nbase\n", "{body}");
     let (s, body) = d.exec(&sleeper, "cat ~/h").await;
     assert_eq!((s, body["stdout"].as_str()), (200, Some("zz\n")), "{body}");
     let restored = d.create(json!({"from_snapshot": snap_id})).await;
@@ -205,7 +213,7 @@ async fn btrfs_saves_are_snapshots_forks_are_private_and_nothing_is_left() {
     assert_eq!(body["stdout"], "base\n40000000\n", "{body}");
 
     // Nothing is left once everything is deleted.
-    let all = [&parent, &small, &sleeper, &restored]
+    let all = [&parent, &small, &sleeper, &restored, &grandkid]
         .into_iter()
         .chain(kids.iter())
         .cloned()
