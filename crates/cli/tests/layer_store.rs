@@ -161,6 +161,20 @@ async fn btrfs_saves_are_snapshots_forks_are_private_and_nothing_is_left() {
         .await;
     assert_eq!(body["stdout"], "ok\n", "{body}");
 
+    // Sandboxed code gets no btrfs ioctl: a subvolume of its own would
+    // escape its stage's limit (and the host's snapshots of it).
+    let (_, body) = d
+        .exec(
+            &small,
+            "btrfs subvolume create /tmp/sv; echo rc=$?; test -e /tmp/sv && echo made",
+        )
+        .await;
+    let out = format!("{}{}", body["stdout"], body["stderr"]);
+    assert!(
+        out.contains("rc=1") && out.contains("Operation not permitted") && !out.contains("made"),
+        "{body}"
+    );
+
     // Hibernation saves a snapshot; the sandbox's stage goes.
     let sleeper = d
         .create(json!({"ttl_seconds": 600, "persistent": true}))
