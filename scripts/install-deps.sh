@@ -31,6 +31,10 @@ have bwrap || need+=(bubblewrap)   # benchmark baseline
 have runsc || need+=(runsc)        # the gVisor backend (crates/core/tests/gvisor.rs) and a benchmark baseline
 have perf || need+=(linux-perf)    # bench.sh --cpu: CPU per run, process trees and kernel threads
 have bc || need+=(bc)              # bench.sh --cpu's arithmetic
+# The btrfs layer store (`runcell serve --layer-store btrfs`): mkfs.btrfs
+# formats its image once (crates/cli/tests/layer_store.rs, the persistence
+# benchmark); everything else is ioctls.
+[ -x /usr/sbin/mkfs.btrfs ] || [ -x /sbin/mkfs.btrfs ] || need+=(btrfs-progs)
 # Cluster mode: the server's etcd client (the etcd-client crate) compiles
 # etcd's protobuf definitions with protoc, which needs the well-known types;
 # scripts/test-cluster.sh runs a three-member etcd.

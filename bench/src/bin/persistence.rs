@@ -2,11 +2,13 @@
 //! serve` on loopback in one run: pause + resume, hibernate, wake to a
 //! usable exec, snapshot and fork of a sandbox holding a small and a
 //! ~200 MB writable layer (as installed packages: thousands of files), and
-//! the disk ten forks of the big one take beside ten full copies. The
-//! baseline in the same run is `cp -a` of the same tree on the host: what
-//! a full copy costs. Then gVisor's hibernation with memory (an idle Python
-//! context and one holding 100 MB), beside `runsc checkpoint` and `runsc
-//! restore` run directly on a plain container holding the same.
+//! the disk ten forks of the big one take beside ten full copies, with
+//! each layer store (`runcell serve --layer-store tmpfs`: saves copy the
+//! sandbox's tmpfs with `cp -a`; `btrfs`: saves are subvolume snapshots).
+//! The baseline in the same run is `cp -a` of the same tree on the host:
+//! what a full copy costs. Then gVisor's hibernation with memory (an idle
+//! Python context and one holding 100 MB), beside `runsc checkpoint` and
+//! `runsc restore` run directly on a plain container holding the same.
 //!
 //! Run with `sudo ./scripts/bench.sh --persistence [--iterations N]`.
 
@@ -28,6 +30,9 @@ struct Args {
     /// Megabytes of "installed packages" in the big sandbox.
     #[arg(long, default_value_t = 200)]
     layer_mb: u64,
+    /// Layer stores to measure, in order.
+    #[arg(long, value_delimiter = ',', default_value = "tmpfs,btrfs")]
+    stores: Vec<String>,
     /// Only the gVisor rows (hibernation with memory and its baseline).
     #[arg(long)]
     gvisor_only: bool,
@@ -150,6 +155,23 @@ async fn save_rows(api: &Api, sb: &str, m: usize) -> (Vec<Duration>, Vec<Duratio
     (snap, fork)
 }
 
+/// Bytes allocated on the file system of `path` (after a sync: btrfs
+/// allocates at commit), for a store whose saves share extents, which
+/// `du` would count once per snapshot.
+fn fs_used(path: &std::path::Path) -> u64 {
+    let _ = Command::new("sync").arg("-f").arg(path).status();
+    let out = Command::new("df")
+        .args(["-B1", "--output=used", "--"])
+        .arg(path)
+        .output()
+        .expect("df");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .nth(1)
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 fn du(path: &std::path::Path) -> u64 {
     let out = Command::new("du")
         .args(["-sb", "--"])
@@ -171,8 +193,12 @@ async fn main() {
         .ok()
         .and_then(|p| p.parent().map(PathBuf::from))
         .expect("own directory");
+    if !args.gvisor_only {
+        jail_rows(&dir, &args, n).await;
+    }
+    // gVisor's hibernation with memory, on a daemon with the default store.
     let data = PathBuf::from(format!(
-        "/run/runcell-bench/persistence-{}",
+        "/run/runcell-bench/persistence-gvisor-{}",
         std::process::id()
     ));
     let _ = std::fs::remove_dir_all(&data);
@@ -192,12 +218,107 @@ async fn main() {
         daemon,
         http: reqwest::Client::new(),
     };
-    if args.gvisor_only {
-        gvisor_rows(&api, &data, n).await;
-        return;
+    gvisor_rows(&api, &data, n.min(5)).await;
+    drop(api);
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+/// The jail's rows with each layer store, and the host copy baseline.
+async fn jail_rows(dir: &std::path::Path, args: &Args, n: usize) {
+    println!("# runcell persistence benchmark ({n} iterations, jail, host template)");
+    for store in &args.stores {
+        let data = PathBuf::from(format!(
+            "/run/runcell-bench/persistence-{store}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&data);
+        suite(dir, &data, store, n, args.layer_mb).await;
+        // The btrfs store stays mounted after its daemon (for its next
+        // start): unmount it before removing the data.
+        let store_mnt = data.join("store");
+        if std::fs::read_dir(&store_mnt).is_ok_and(|mut d| d.next().is_some()) {
+            let _ = Command::new("umount").arg(&store_mnt).status();
+        }
+        let _ = std::fs::remove_dir_all(&data);
     }
-    println!("# runcell persistence benchmark ({n} iterations, jail, host template)\n");
+
+    // Baseline: a full host copy of the same tree.
+    let data = PathBuf::from(format!(
+        "/run/runcell-bench/persistence-copy-{}",
+        std::process::id()
+    ));
+    let copy_src = data.join("bench-copy-src");
+    let copy_dst = data.join("bench-copy-dst");
+    let _ = std::fs::remove_dir_all(&data);
+    let status = Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(fill_code(&copy_src.display().to_string(), args.layer_mb))
+        .status()
+        .expect("python3");
+    assert!(status.success());
+    let mut cp = Vec::new();
+    for _ in 0..n.min(5) {
+        let _ = std::fs::remove_dir_all(&copy_dst);
+        let t = Instant::now();
+        assert!(Command::new("cp")
+            .args(["-a", "--"])
+            .arg(&copy_src)
+            .arg(&copy_dst)
+            .status()
+            .expect("cp")
+            .success());
+        cp.push(t.elapsed());
+    }
+    println!("\n## baseline\n\n| operation | p50 ms | p95 ms | n |\n|---|---:|---:|---:|");
+    row(
+        &format!("host `cp -a` of the {} MB tree", args.layer_mb),
+        cp,
+    );
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+/// Every row with the daemon's `--layer-store store`.
+async fn suite(
+    dir: &std::path::Path,
+    data: &std::path::Path,
+    store: &str,
+    n: usize,
+    layer_mb: u64,
+) {
+    let daemon = Daemon::spawn(
+        &dir.join("runcell"),
+        data,
+        free_port(),
+        [
+            "--standby",
+            "2",
+            "--max-sandboxes",
+            "64",
+            "--auto-build=false",
+            "--layer-store",
+            store,
+        ],
+    );
+    let api = Api {
+        daemon,
+        http: reqwest::Client::new(),
+    };
+    let system: Value = api.daemon.get("/v1/system").await;
+    assert_eq!(system["layer_store"]["kind"], store, "{system}");
+    println!("\n## --layer-store {store}\n");
     println!("| operation | p50 ms | p95 ms | n |\n|---|---:|---:|---:|");
+
+    // What the store costs a create: create to a first exec, then delete
+    // (the standby pool prepares the next one meanwhile).
+    let mut life = Vec::new();
+    for _ in 0..n {
+        let t = Instant::now();
+        let id = api.create().await;
+        api.exec(&id, "true").await;
+        api.delete(&id).await;
+        life.push(t.elapsed());
+    }
+    row("create + first exec + delete", life);
 
     // Pause + resume of an idle sandbox.
     let sb = api.create().await;
@@ -237,12 +358,19 @@ async fn main() {
     // The big layer: ~layer_mb MB of package-like files, written since
     // the sandbox started (all of it in its writable layer).
     let big = api.create().await;
-    api.exec(&big, &fill(args.layer_mb)).await;
-    let mb = args.layer_mb;
+    api.exec(&big, &fill(layer_mb)).await;
+    let mb = layer_mb;
 
-    // Disk: ten forks of it (one fork-tree) share one saved copy.
-    let states = data.join("states");
-    let before = du(&states);
+    // Disk: ten forks of it (one fork-tree) share one saved copy (btrfs:
+    // one snapshot, sharing every extent with the sandbox's own layer).
+    let btrfs = store == "btrfs";
+    let states = if btrfs {
+        data.join("store")
+    } else {
+        data.join("states")
+    };
+    let used = |p: &std::path::Path| if btrfs { fs_used(p) } else { du(p) };
+    let before = used(&states);
     let t = Instant::now();
     let v = api
         .ok(
@@ -261,7 +389,7 @@ async fn main() {
                 .collect()
         })
         .unwrap_or_default();
-    let one = du(&states).saturating_sub(before);
+    let one = used(&states).saturating_sub(before);
     for k in &kids {
         api.delete(k).await;
     }
@@ -283,7 +411,17 @@ async fn main() {
         api.exec(&big, "true").await;
         wake.push(t.elapsed());
     }
-    row(&format!("hibernate ({mb} MB; the first copies it)"), hib);
+    row(
+        &format!(
+            "hibernate ({mb} MB; {})",
+            if btrfs {
+                "a snapshot"
+            } else {
+                "the first copies it"
+            }
+        ),
+        hib,
+    );
     row(&format!("wake to first exec ({mb} MB layer)"), wake);
     let (snap, fork) = save_rows(&api, &big, m).await;
     row(
@@ -292,46 +430,13 @@ async fn main() {
     );
     row(&format!("fork ({mb} MB saved before, nothing since)"), fork);
     println!(
-        "\n{} forks of the {mb} MB sandbox (one fork-tree, {:.0} ms): {:.1} MB of saved layers on disk; ten full copies would be {:.1} MB.",
+        "\n{} forks of the {mb} MB sandbox (one fork-tree right after the write, {:.0} ms): {:.1} MB more on disk; ten full copies would be {:.1} MB.",
         kids.len(),
         tree_ms.as_secs_f64() * 1000.0,
         one as f64 / 1e6,
-        one as f64 * 10.0 / 1e6,
+        mb as f64 * 1.048576 * 10.0,
     );
-
-    // Baseline: a full host copy of the same tree.
-    let copy_src = data.join("bench-copy-src");
-    let copy_dst = data.join("bench-copy-dst");
-    let _ = std::fs::remove_dir_all(&copy_src);
-    let status = Command::new("/usr/bin/python3")
-        .arg("-c")
-        .arg(fill_code(&copy_src.display().to_string(), args.layer_mb))
-        .status()
-        .expect("python3");
-    assert!(status.success());
-    let mut cp = Vec::new();
-    for _ in 0..m {
-        let _ = std::fs::remove_dir_all(&copy_dst);
-        let t = Instant::now();
-        assert!(Command::new("cp")
-            .args(["-a", "--"])
-            .arg(&copy_src)
-            .arg(&copy_dst)
-            .status()
-            .expect("cp")
-            .success());
-        cp.push(t.elapsed());
-    }
-    row(
-        &format!("baseline: host `cp -a` of the {} MB tree", args.layer_mb),
-        cp,
-    );
-    let _ = std::fs::remove_dir_all(&copy_src);
-    let _ = std::fs::remove_dir_all(&copy_dst);
-
     api.delete(&big).await;
-
-    gvisor_rows(&api, &data, m).await;
 }
 
 /// gVisor hibernation with memory: hibernate (quiesce, `runsc checkpoint`

@@ -133,7 +133,7 @@ fn classify(what: &str, path: &str, e: io::Error) -> Failure {
         Some(libc::ELOOP) => message.push_str(
             " The files API does not follow symbolic-link loops or the magic links under /proc/<pid>.",
         ),
-        Some(libc::ENOSPC) => message.push_str(
+        Some(libc::ENOSPC | libc::EDQUOT) => message.push_str(
             " The sandbox's disk (bytes or its number of files) is full; delete files or create the sandbox with a larger disk_mb.",
         ),
         _ => {}

@@ -132,6 +132,13 @@ pub struct ServeArgs {
     /// of times slower: for tests). [default: false]
     #[arg(long, env = "RUNCELL_ALLOW_EMULATION", num_args = 0..=1, default_missing_value = "true")]
     allow_emulation: Option<bool>,
+    /// Where jail sandboxes write: `tmpfs` (a tmpfs each; a snapshot, fork
+    /// or hibernation copies it), `btrfs` (a subvolume each on a btrfs
+    /// image in the data directory, needs mkfs.btrfs; saves are
+    /// copy-on-write snapshots, O(1) whatever was written) or `auto`
+    /// (btrfs where this host can). [default: tmpfs]
+    #[arg(long, env = "RUNCELL_LAYER_STORE")]
+    layer_store: Option<runcell_server::store::LayerStoreKind>,
     /// Cgroup parent of this daemon's sandboxes (two daemons on one host
     /// each take their own). [default: runcell]
     #[arg(long, env = "RUNCELL_CGROUP_PARENT")]
@@ -200,6 +207,7 @@ struct FileConfig {
     auto_build: Option<bool>,
     default_isolation: Option<runcell_core::backend::Isolation>,
     allow_emulation: Option<bool>,
+    layer_store: Option<runcell_server::store::LayerStoreKind>,
 }
 
 fn parse_private(s: &str) -> Result<runcell_egress::PrivateException, String> {
@@ -408,6 +416,10 @@ fn settings(
             .allow_emulation
             .or(file.allow_emulation)
             .unwrap_or(d.allow_emulation),
+        layer_store: args
+            .layer_store
+            .or(file.layer_store)
+            .unwrap_or(d.layer_store),
         cluster: None,
     };
     let config = ServeConfig {

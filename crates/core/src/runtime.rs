@@ -36,6 +36,11 @@ pub struct RuntimeConfig {
     /// for a spec) so creation skips the slow half. For long-lived processes
     /// such as the daemon; 0 for one-shot use.
     pub standby: usize,
+    /// The btrfs layer store's directory of stages (see
+    /// [`runcell_jail::PrepareConfig::stage_store`]): each jail sandbox's
+    /// writable layer is a subvolume there and saving it a snapshot.
+    /// `None`: a tmpfs per sandbox, saved by copying.
+    pub stage_store: Option<PathBuf>,
 }
 
 impl Default for RuntimeConfig {
@@ -48,6 +53,7 @@ impl Default for RuntimeConfig {
             id_map: IdMap::default(),
             agent_log: std::env::var("RUNCELL_AGENT_LOG").ok(),
             standby: 0,
+            stage_store: None,
         }
     }
 }
@@ -140,7 +146,8 @@ impl Runtime {
             config.cgroup_parent.clone(),
             config.id_map,
             config.agent_log.clone(),
-        );
+        )
+        .with_stage_store(config.stage_store.clone());
         Ok(Self::with_backend(config, Arc::new(backend)))
     }
 

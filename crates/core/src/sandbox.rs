@@ -94,7 +94,7 @@ impl ExecOutcome {
         }
         if self.exit.disk_full {
             out.push(format!(
-                "The sandbox's disk is full (limit {}); writes fail with \"No space left on device\".",
+                "The sandbox's disk is full (limit {}); writes fail with \"No space left on device\" (\"Disk quota exceeded\" with the btrfs layer store).",
                 format_size(self.disk_limit)
             ));
         }
@@ -230,7 +230,8 @@ impl Sandbox {
             }
         }
         if saved.is_err() {
-            let _ = std::fs::remove_dir_all(dest);
+            // A half-made copy, or a snapshot (a subvolume).
+            let _ = runcell_jail::btrfs::remove_tree(dest);
         }
         Ok(saved?)
     }
@@ -625,8 +626,14 @@ impl ExecRun<'_> {
                 (Event::ExecStarted { .. }, _) => continue,
                 (Event::Stdout, body) => Ok(RunEvent::Output(Output::Stdout, body)),
                 (Event::Stderr, body) => Ok(RunEvent::Output(Output::Stderr, body)),
-                (Event::ExecExited(exit), _) => {
+                (Event::ExecExited(mut exit), _) => {
                     let after = self.sandbox.counters();
+                    // A btrfs stage: the agent's statvfs sees the whole
+                    // store (and no file count); its qgroup says.
+                    if let Some(full) = self.sandbox.jail().layer_full() {
+                        exit.disk_full = full;
+                        exit.files_full = false;
+                    }
                     let limits = &self.sandbox.limits;
                     let (guest_oom, guest_pids) = (exit.oom_killed, exit.pids_limit);
                     Ok(RunEvent::Done(ExecOutcome {

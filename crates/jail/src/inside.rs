@@ -159,21 +159,27 @@ fn build_root(spec: &InitSpec, enter: Enter) -> Result<(), SetupError> {
     .map_err(step("making mounts private"))?;
 
     let stage = &spec.staging_dir;
-    mount(
-        Some("tmpfs"),
-        stage,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some(
-            format!(
-                "size={},nr_inodes={},mode=0755",
-                spec.disk_bytes.max(1 << 20),
-                inode_limit(spec.disk_bytes)
-            )
-            .as_str(),
-        ),
-    )
-    .map_err(step("mounting the writable layer"))?;
+    // With the btrfs layer store the host made the stage a subvolume of
+    // its own, capped by a qgroup limit (on a `nosuid,nodev` mount): it is
+    // the writable layer as it is. Otherwise a tmpfs of `disk_bytes`.
+    let on_disk = enter == Enter::Pivot && crate::btrfs::is_subvolume(stage);
+    if !on_disk {
+        mount(
+            Some("tmpfs"),
+            stage,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(
+                format!(
+                    "size={},nr_inodes={},mode=0755",
+                    spec.disk_bytes.max(1 << 20),
+                    inode_limit(spec.disk_bytes)
+                )
+                .as_str(),
+            ),
+        )
+        .map_err(step("mounting the writable layer"))?;
+    }
     if enter == Enter::Pivot {
         keep_stage_open(stage)?;
     }
@@ -275,11 +281,7 @@ pub(crate) fn overlay_template(
 ) -> Result<(), SetupError> {
     // A snapshot's (or a hibernated sandbox's) files lie between the
     // template and the writable layer.
-    let state_roots: Vec<PathBuf> = spec
-        .state_layers
-        .iter()
-        .map(|l| l.join(STATE_ROOT))
-        .collect();
+    let state_roots: Vec<PathBuf> = spec.state_layers.iter().map(|l| state_root(l)).collect();
     let upper = stage.join("upper").join(STATE_ROOT);
     let work = stage.join("work").join(STATE_ROOT);
     match &spec.rootfs {
@@ -505,6 +507,21 @@ pub fn host_path_key(p: &Path) -> String {
 /// what was written to the root itself; a `host` template's host paths
 /// have their own, named by [`host_path_key`].
 pub const STATE_ROOT: &str = "root";
+
+/// The directory of state layer `layer` that holds what was written to the
+/// root: `upper/root/` in a snapshot of a btrfs stage whose root was an
+/// overlay (the stage as it was: its `root/` is then the empty mount
+/// point), `root/` otherwise (a copied layer, or a stage whose root was
+/// its own directory). Both are directories the agent made in its stage,
+/// never something a sandbox could have put there.
+pub fn state_root(layer: &Path) -> PathBuf {
+    let overlaid = layer.join("upper").join(STATE_ROOT);
+    if fs::symlink_metadata(&overlaid).is_ok_and(|m| m.is_dir()) {
+        overlaid
+    } else {
+        layer.join(STATE_ROOT)
+    }
+}
 
 /// Keeps the stage (the writable layer's tmpfs) open on [`STAGE_FD`] for
 /// the host to snapshot: after `pivot_root` no path leads to it.

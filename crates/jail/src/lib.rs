@@ -20,6 +20,7 @@
 //!
 //! See docs/SECURITY.md for what each layer stops.
 
+pub mod btrfs;
 pub mod cgroup;
 mod command;
 pub mod confine;

@@ -225,6 +225,10 @@ pub fn deny_list() -> Result<BpfProgram, SeccompError> {
         vec![
             rule(1, SeccompCmpOp::Eq, libc::TIOCSTI)?,
             rule(1, SeccompCmpOp::Eq, libc::TIOCLINUX)?,
+            // Every btrfs ioctl (type 0x94): a subvolume made inside a
+            // stage of the btrfs layer store would escape its qgroup
+            // limit, and the host alone snapshots and deletes stages.
+            rule(1, SeccompCmpOp::MaskedEq(0xff00), 0x9400)?,
         ],
     );
     let filter = SeccompFilter::new(

@@ -39,6 +39,10 @@ pub enum SpawnError {
     /// Copying the sandbox's writable layer failed.
     #[error(transparent)]
     Export(#[from] crate::layer::LayerError),
+    /// The btrfs layer store failed (the stage's subvolume, its limit or
+    /// its snapshot).
+    #[error(transparent)]
+    Store(#[from] crate::btrfs::BtrfsError),
     /// Not running as root.
     #[error(
         "runcell needs root to create sandboxes (it writes uid maps and cgroups); run it as root."
@@ -121,6 +125,11 @@ pub struct PrepareConfig {
     /// builds set this, for `RUN apt-get ...`; such a sandbox never gets an
     /// egress socket.
     pub host_network: bool,
+    /// The btrfs layer store's directory of stages: the sandbox's writable
+    /// layer is the subvolume `<stage_store>/<id>` (made here, capped at
+    /// `disk_bytes` by a qgroup limit at start) instead of a tmpfs, so a
+    /// save is a snapshot of it ([`Jail::export_layer`]). `None`: a tmpfs.
+    pub stage_store: Option<PathBuf>,
 }
 
 /// What [`Standby::start`] needs: what runs in the sandbox and how.
@@ -191,6 +200,9 @@ struct StateFile {
     pid: i32,
     start_time: u64,
     cgroup_parent: String,
+    /// The stage's subvolume (btrfs layer store).
+    #[serde(default)]
+    stage: Option<PathBuf>,
 }
 
 /// A running sandbox (host side).
@@ -201,6 +213,8 @@ pub struct Jail {
     pid: i32,
     pidfd: OwnedFd,
     cgroup: Cgroup,
+    /// The writable layer's subvolume (btrfs layer store), or `None`: a tmpfs.
+    stage: Option<PathBuf>,
     /// Held open for `exit_on_host_close` sandboxes: when it closes, the agent exits.
     _host_end: Option<UnixStream>,
     /// The egress socket's listener, until the host's proxy takes it.
@@ -225,6 +239,7 @@ struct Cleanup {
     dir: PathBuf,
     pid: Option<i32>,
     cgroup: Option<Cgroup>,
+    stage: Option<PathBuf>,
 }
 
 impl Drop for Cleanup {
@@ -242,6 +257,9 @@ impl Drop for Cleanup {
         if let Some(cg) = &self.cgroup {
             let _ = cg.destroy(Duration::from_secs(2));
         }
+        if let Some(stage) = &self.stage {
+            let _ = crate::btrfs::remove_tree(stage);
+        }
         let _ = fs::remove_dir_all(&self.dir);
     }
 }
@@ -254,6 +272,8 @@ impl Drop for Cleanup {
 #[derive(Debug)]
 pub struct Standby {
     id: String,
+    /// The writable layer's subvolume (btrfs layer store).
+    stage: Option<PathBuf>,
     host_network: bool,
     /// The limits it was prepared with, restored when others are refused.
     prepared_limits: Limits,
@@ -295,13 +315,21 @@ impl Standby {
             dir: dir.clone(),
             pid: None,
             cgroup: None,
+            stage: None,
         };
         let staging = dir.join("rootfs");
         fs::create_dir(&staging).map_err(io_err(&staging))?;
         // Root inside (the agent) must reach the staging directory during setup.
         let root = Some(nix::unistd::Uid::from_raw(cfg.id_map.host_base));
         let root_gid = Some(nix::unistd::Gid::from_raw(cfg.id_map.host_base));
-        for d in [&dir, &staging] {
+        let mut owned = vec![dir.clone(), staging.clone()];
+        if let Some(store) = &cfg.stage_store {
+            let stage = store.join(&cfg.id);
+            crate::btrfs::create_subvolume(&stage)?;
+            cleanup.stage = Some(stage.clone());
+            owned.push(stage);
+        }
+        for d in &owned {
             nix::unistd::chown(d.as_path(), root, root_gid).map_err(|e| io_err(d)(e.into()))?;
             fs::set_permissions(d, fs::Permissions::from_mode(0o700)).map_err(io_err(d))?;
         }
@@ -418,7 +446,9 @@ impl Standby {
             attach_us = crate::sys::micros(t0.elapsed() - t_clone),
             "sandbox prepared"
         );
+        let stage = cleanup.stage.clone();
         Ok(Standby {
+            stage,
             id: cfg.id.clone(),
             host_network: cfg.host_network,
             prepared_limits: cfg.limits,
@@ -464,6 +494,9 @@ impl Standby {
         if let Some(cg) = &self.cleanup.cgroup {
             cg.set_limits(&cfg.limits)?;
         }
+        if let Some(stage) = &self.stage {
+            crate::btrfs::limit(stage, cfg.limits.disk_bytes.max(1 << 20))?;
+        }
         // The host's network namespace has no use for the proxy.
         let egress_enabled = match cfg.egress {
             EgressSocket::Socket { enabled } if !self.host_network => Some(enabled),
@@ -487,7 +520,7 @@ impl Standby {
         let spec = InitSpec {
             sandbox_id: self.id.clone(),
             hostname: format!("runcell-{}", &self.id[..self.id.len().min(8)]),
-            staging_dir: dir.join("rootfs"),
+            staging_dir: self.stage.clone().unwrap_or_else(|| dir.join("rootfs")),
             rootfs: cfg.rootfs.clone(),
             disk_bytes: cfg.limits.disk_bytes,
             user: cfg.user.clone(),
@@ -530,6 +563,7 @@ impl Standby {
             pid,
             start_time: start_time(pid).unwrap_or(0),
             cgroup_parent: self.cgroup_parent.clone(),
+            stage: self.stage.clone(),
         };
         // Written whole or not at all (a temporary file renamed over): other
         // processes sweeping the same state directory read it to tell a
@@ -551,6 +585,7 @@ impl Standby {
             pid,
             pidfd: self.pidfd,
             cgroup,
+            stage: self.stage,
             _host_end: cfg.exit_on_host_close.then_some(self.host_end),
             egress: egress.map(|(l, _)| l),
         })
@@ -582,6 +617,7 @@ impl Jail {
             pid: state.pid,
             pidfd,
             cgroup,
+            stage: state.stage,
             _host_end: None,
             egress: None,
         })
@@ -625,9 +661,15 @@ impl Jail {
         age.is_some_and(|a| a > grace)
     }
 
-    /// Removes what is left of a sandbox that is not running (its cgroup and
-    /// directory), or destroys it if it still is.
-    pub fn remove(state_dir: &Path, cgroup_parent: &str, id: &str) -> Result<(), SpawnError> {
+    /// Removes what is left of a sandbox that is not running (its cgroup,
+    /// directory and, with a btrfs layer store, its stage
+    /// `<stage_store>/<id>`), or destroys it if it still is.
+    pub fn remove(
+        state_dir: &Path,
+        cgroup_parent: &str,
+        id: &str,
+        stage_store: Option<&Path>,
+    ) -> Result<(), SpawnError> {
         check_id(id)?;
         if let Ok(jail) = Jail::attach(state_dir, id) {
             return jail.destroy();
@@ -640,6 +682,9 @@ impl Jail {
         let cg = Cgroup::open(hierarchy()?, cgroup_parent, id);
         if cg.exists() {
             cg.destroy(Duration::from_secs(2))?;
+        }
+        if let Some(store) = stage_store {
+            crate::btrfs::remove_tree(&store.join(id)).map_err(io_err(&store.join(id)))?;
         }
         match fs::remove_dir_all(&dir) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(&dir)(e)),
@@ -686,8 +731,39 @@ impl Jail {
     /// template, `upper/<key>/` what was written over each host path. The
     /// sandbox must be frozen, so the copy is one instant of it. Returns
     /// the bytes copied.
+    ///
+    /// With a btrfs layer store the layer is a read-only snapshot of the
+    /// stage's subvolume instead (`dest` must be on the store's file
+    /// system): O(1) whatever the stage holds. It then holds the stage as
+    /// it is (`upper/root/` where the root is an overlay, `root/` where it
+    /// is the stage's own directory), which
+    /// [`crate::inside::state_root`] reads; the bytes returned are what the
+    /// stage references.
     pub fn export_layer(&self, dest: &Path) -> Result<u64, SpawnError> {
-        crate::layer::export(self.pid, dest).map_err(SpawnError::Export)
+        match &self.stage {
+            Some(stage) => {
+                if !self.is_alive() {
+                    return Err(SpawnError::NotRunning(self.id.clone()));
+                }
+                crate::btrfs::snapshot(stage, dest, true)?;
+                Ok(crate::btrfs::referenced_bytes(stage).unwrap_or(0))
+            }
+            None => crate::layer::export(self.pid, dest).map_err(SpawnError::Export),
+        }
+    }
+
+    /// The writable layer's subvolume, with a btrfs layer store.
+    pub fn stage(&self) -> Option<&Path> {
+        self.stage.as_deref()
+    }
+
+    /// Whether the writable layer is at its size limit, where the agent
+    /// cannot tell (a btrfs stage: its `statvfs` shows the whole store,
+    /// and no count of files); `None` for a tmpfs.
+    pub fn layer_full(&self) -> Option<bool> {
+        self.stage
+            .as_deref()
+            .map(|s| crate::btrfs::at_limit(s).unwrap_or(false))
     }
 
     /// The sandbox id.
@@ -736,6 +812,9 @@ impl Jail {
         sys::reap(self.pid);
         let t_kill = t0.elapsed();
         self.cgroup.destroy(Duration::from_secs(5))?;
+        if let Some(stage) = &self.stage {
+            crate::btrfs::remove_tree(stage).map_err(io_err(stage))?;
+        }
         tracing::debug!(
             sandbox = %self.id,
             kill_us = crate::sys::micros(t_kill),
@@ -1043,6 +1122,7 @@ mod tests {
             setup_timeout: Duration::from_secs(1),
             agent_log: None,
             host_network: false,
+            stage_store: None,
         }
     }
 
@@ -1087,7 +1167,7 @@ mod tests {
         let outside = tmp.path().join("precious");
         fs::create_dir_all(&state).unwrap();
         fs::create_dir_all(&outside).unwrap();
-        let err = Jail::remove(&state, "runcell-test", "../precious").unwrap_err();
+        let err = Jail::remove(&state, "runcell-test", "../precious", None).unwrap_err();
         assert!(matches!(err, SpawnError::BadId(_)), "{err}");
         assert!(outside.exists());
         assert!(!Jail::is_dead(&state, "../precious", Duration::ZERO));

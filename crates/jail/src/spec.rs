@@ -119,7 +119,9 @@ pub struct InitSpec {
     /// Host name inside.
     pub hostname: String,
     /// Host directory where the writable layer is mounted (in the sandbox's
-    /// own mount namespace only; the host sees an empty directory).
+    /// own mount namespace only; the host sees an empty directory). Where
+    /// it is a btrfs subvolume (the host's btrfs layer store made it), it
+    /// is the writable layer itself, on disk, and nothing is mounted on it.
     pub staging_dir: PathBuf,
     /// The root filesystem.
     pub rootfs: RootfsSpec,

@@ -17,6 +17,7 @@ mod registry;
 mod service;
 mod snapshots;
 mod state;
+pub mod store;
 mod validate;
 pub mod views;
 mod volumes;
@@ -62,6 +63,9 @@ pub enum ServeError {
     /// Cluster mode could not start.
     #[error(transparent)]
     Cluster(#[from] cluster::ClusterError),
+    /// The layer store (`--layer-store`) could not be set up.
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
     /// Sandboxes could not reach their directories: every create would fail.
     #[error(
         "Sandboxes cannot reach the {what} {dir}: {blocker} (mode {mode:o}, owner {uid}:{gid}) \
@@ -167,8 +171,13 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
     let created = registry
         .with_conn(|c| keys::bootstrap(c, &config.data_dir))
         .map_err(|e| ServeError::DataDir(config.data_dir.clone(), e))?;
+    // Before any sandbox is prepared: a standby's mount namespace is a
+    // copy of the host's at its clone, and must see the store mounted.
+    let layer_store = store::open(&config.data_dir, config.layer_store)?;
+    tracing::info!(layer_store = layer_store.name(), "layer store");
     let runtime = Runtime::new(RuntimeConfig {
         state_dir: config.data_dir.join("sandboxes"),
+        stage_store: layer_store.stages(),
         templates_dir: config.templates_dir.clone(),
         cgroup_parent: config.cgroup_parent.clone(),
         standby: config.standby,

@@ -266,23 +266,58 @@ fn in_use(conn: &Connection) -> Result<HashSet<String>, SnapshotError> {
     Ok(used)
 }
 
-/// The directory of state layers.
+/// The directories of state layers.
 #[derive(Debug, Clone)]
 pub struct Layers {
+    /// Where new layers go: `<data_dir>/states` (copies), or the btrfs
+    /// layer store's `states` (snapshots of stages).
     dir: PathBuf,
+    /// `<data_dir>/states`: copies made with the tmpfs store, still read
+    /// (and collected) after a restart with the btrfs one.
+    copies: PathBuf,
 }
 
 impl Layers {
-    /// Layers under `<data_dir>/states`.
-    pub fn new(data_dir: &Path) -> Self {
+    /// Layers under `<data_dir>/states`, or new ones in `store_states`
+    /// (the btrfs layer store's).
+    pub fn new(data_dir: &Path, store_states: Option<PathBuf>) -> Self {
+        let copies = data_dir.join("states");
         Self {
-            dir: data_dir.join("states"),
+            dir: store_states.unwrap_or_else(|| copies.clone()),
+            copies,
         }
     }
 
-    /// The directory of layer `key`.
+    /// The layers of `state`'s layer store.
+    pub fn of(state: &AppState) -> Self {
+        // The store's `stages` and `states` are siblings.
+        let states = state
+            .runtime
+            .config()
+            .stage_store
+            .as_ref()
+            .and_then(|s| s.parent())
+            .map(|root| root.join("states"));
+        Self::new(&state.config.data_dir, states)
+    }
+
+    /// The directory of layer `key`: in the store it was saved to.
     pub fn path(&self, key: &str) -> PathBuf {
-        self.dir.join(key)
+        let path = self.dir.join(key);
+        if self.dir != self.copies && std::fs::symlink_metadata(&path).is_err() {
+            let copy = self.copies.join(key);
+            if std::fs::symlink_metadata(&copy).is_ok() {
+                return copy;
+            }
+        }
+        path
+    }
+
+    /// Removes layer `key` (a snapshot is deleted as a subvolume).
+    pub fn remove(&self, key: &str) {
+        if let Err(e) = runcell_jail::btrfs::remove_tree(&self.path(key)) {
+            tracing::warn!(layer = %key, "could not remove a state layer: {e}");
+        }
     }
 
     /// The directories of a chain of keys.
@@ -302,12 +337,20 @@ impl Layers {
             }
         };
         let mut removed = 0;
-        for entry in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+        let dirs = if self.dir == self.copies {
+            vec![&self.dir]
+        } else {
+            vec![&self.dir, &self.copies]
+        };
+        let entries = dirs
+            .into_iter()
+            .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten());
+        for entry in entries {
             let name = entry.file_name().to_string_lossy().into_owned();
             if used.contains(&name) || saving.contains(&name) {
                 continue;
             }
-            match std::fs::remove_dir_all(entry.path()) {
+            match runcell_jail::btrfs::remove_tree(&entry.path()) {
                 Ok(()) => removed += 1,
                 Err(e) => {
                     tracing::warn!(layer = %name, "could not remove an unused state layer: {e}")
@@ -357,7 +400,7 @@ impl Drop for Saved<'_> {
 
 impl<'a> Service<'a> {
     fn layers(self) -> Layers {
-        Layers::new(&self.0.config.data_dir)
+        Layers::of(self.0)
     }
 
     /// Removes the layers nothing uses any more.
@@ -462,7 +505,7 @@ impl<'a> Service<'a> {
                 .map_err(registry_err)
         };
         if let Err(err) = recorded {
-            let _ = std::fs::remove_dir_all(self.layers().path(&snap.layers[0]));
+            self.layers().remove(&snap.layers[0]);
             return Err(err);
         }
         tracing::info!(snapshot = %snap.id, sandbox = %snap.sandbox_id, bytes = size, "snapshot taken");
@@ -570,7 +613,7 @@ impl<'a> Service<'a> {
         }
         if children.is_empty() {
             // Nothing uses the new layer.
-            let _ = std::fs::remove_dir_all(self.layers().path(&key));
+            self.layers().remove(&key);
             return Err(last_err.unwrap_or_else(|| ApiError::internal("No fork was made.")));
         }
         Ok(children)
@@ -693,7 +736,7 @@ impl<'a> Service<'a> {
             .map_err(|err| err.to_string())
             .and_then(|()| state.registry.put(&record).map_err(|err| err.to_string()));
         if let Err(err) = recorded {
-            let _ = std::fs::remove_dir_all(self.layers().path(&lineage.state_layers[0]));
+            self.layers().remove(&lineage.state_layers[0]);
             let _ = e.sandbox.resume();
             return Err(ApiError::internal(format!(
                 "The hibernation could not be recorded: {err}"
@@ -1016,7 +1059,7 @@ pub fn collect_unused(state: &AppState) -> usize {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone();
-    let layers = Layers::new(&state.config.data_dir);
+    let layers = Layers::of(state);
     state.registry.with_conn(|c| layers.collect(c, &saving))
 }
 
@@ -1043,7 +1086,7 @@ pub fn collect_at_start(state: &AppState) {
             }
         }
     }
-    let layers = Layers::new(&state.config.data_dir);
+    let layers = Layers::of(state);
     // Nothing is being saved yet: whatever no record names is a leftover.
     let n = state
         .registry

@@ -71,6 +71,8 @@ pub struct ServeConfig {
     pub idle_hibernate: bool,
     /// Cluster mode (`--cluster`): `None` is a single node.
     pub cluster: Option<crate::cluster::ClusterConfig>,
+    /// Where jail sandboxes' writable layers live (`--layer-store`).
+    pub layer_store: crate::store::LayerStoreKind,
 }
 
 impl Default for ServeConfig {
@@ -105,6 +107,7 @@ impl Default for ServeConfig {
             idle_hibernate: false,
             volume_quota_mb: 10 << 10,
             cluster: None,
+            layer_store: Default::default(),
         }
     }
 }

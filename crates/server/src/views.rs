@@ -450,6 +450,21 @@ pub struct SystemView {
     pub backends: Vec<BackendView>,
     /// The isolation of a sandbox that does not ask.
     pub default_isolation: String,
+    /// Where jail sandboxes' writable layers live, and what a save costs.
+    pub layer_store: LayerStoreView,
+}
+
+/// The daemon's layer store (`runcell serve --layer-store`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LayerStoreView {
+    /// `btrfs` (a subvolume per sandbox on a loop-mounted image) or
+    /// `tmpfs` (a tmpfs per sandbox).
+    pub kind: String,
+    /// Saves (snapshots, forks, hibernation) are copy-on-write: O(1)
+    /// whatever the sandbox wrote, and forks share one copy on disk.
+    pub copy_on_write: bool,
+    /// What a save does.
+    pub detail: String,
 }
 
 /// An isolation backend (runcell extension; see `GET /v1/system`).

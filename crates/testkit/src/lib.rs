@@ -19,8 +19,10 @@ use reqwest::Method;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
-/// How long a daemon may take to listen after it was started.
-const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a daemon may take to listen after it was started: more than
+/// the 20 s its KVM probe may wait for a test guest that never boots (a
+/// loaded host), which it does before it listens.
+const START_TIMEOUT: Duration = Duration::from_secs(45);
 /// How long a daemon may take to exit after SIGTERM before it is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -320,6 +322,15 @@ impl Drop for Daemon {
                         .status()
                         .is_ok_and(|s| s.success());
                     mounted |= !ok && std::fs::read_dir(&mnt).is_ok_and(|mut d| d.next().is_some());
+                }
+                // The btrfs layer store (`--layer-store btrfs`) too.
+                let store = self.data.join("store");
+                if std::fs::read_dir(&store).is_ok_and(|mut d| d.next().is_some()) {
+                    let ok = Command::new("umount")
+                        .arg(&store)
+                        .status()
+                        .is_ok_and(|s| s.success());
+                    mounted |= !ok;
                 }
                 if !mounted {
                     let _ = std::fs::remove_dir_all(&self.data);

@@ -23,6 +23,7 @@ pub struct JailBackend {
     cgroup_parent: String,
     id_map: IdMap,
     agent_log: Option<String>,
+    stage_store: Option<PathBuf>,
 }
 
 impl JailBackend {
@@ -43,7 +44,15 @@ impl JailBackend {
             cgroup_parent,
             id_map,
             agent_log,
+            stage_store: None,
         }
+    }
+
+    /// Makes each sandbox's writable layer a btrfs subvolume in
+    /// `stage_store` (the btrfs layer store), or a tmpfs with `None`.
+    pub fn with_stage_store(mut self, stage_store: Option<PathBuf>) -> Self {
+        self.stage_store = stage_store;
+        self
     }
 
     /// The directory holding one subdirectory per sandbox.
@@ -68,6 +77,7 @@ impl Backend for JailBackend {
             setup_timeout: SETUP_TIMEOUT,
             agent_log: self.agent_log.clone(),
             host_network: spec.host_network,
+            stage_store: self.stage_store.clone(),
         };
         Ok(Box::new(Standby::prepare(&cfg)?))
     }
@@ -76,8 +86,17 @@ impl Backend for JailBackend {
         Ok(Box::new(Jail::attach(&self.state_dir, id)?))
     }
 
+    /// Sandboxes with a directory, and stages of the layer store whose
+    /// sandbox has none (left by a host killed while removing one), so
+    /// the daemon's reconcile removes those too.
     fn list(&self) -> Vec<String> {
-        runcell_jail::list_sandboxes(&self.state_dir)
+        let mut ids = runcell_jail::list_sandboxes(&self.state_dir);
+        if let Some(store) = &self.stage_store {
+            ids.extend(runcell_jail::list_sandboxes(store));
+            ids.sort();
+            ids.dedup();
+        }
+        ids
     }
 
     fn is_dead(&self, id: &str, grace: Duration) -> bool {
@@ -85,7 +104,12 @@ impl Backend for JailBackend {
     }
 
     fn remove(&self, id: &str) -> Result<(), BackendError> {
-        Ok(Jail::remove(&self.state_dir, &self.cgroup_parent, id)?)
+        Ok(Jail::remove(
+            &self.state_dir,
+            &self.cgroup_parent,
+            id,
+            self.stage_store.as_deref(),
+        )?)
     }
 }
 
@@ -179,6 +203,10 @@ impl Instance for Jail {
 
     fn export_layer(&self, dest: &Path) -> Result<u64, BackendError> {
         Ok(Jail::export_layer(self, dest)?)
+    }
+
+    fn layer_full(&self) -> Option<bool> {
+        Jail::layer_full(self)
     }
 }
 

@@ -309,6 +309,13 @@ pub trait Instance: Send + Sync + fmt::Debug {
         })
     }
 
+    /// Whether its writable layer is at its size limit, where the host
+    /// knows better than the agent's `statvfs` (a btrfs stage); `None`:
+    /// the agent's report stands.
+    fn layer_full(&self) -> Option<bool> {
+        None
+    }
+
     /// Kills every process in it, waits, and removes everything it had.
     fn destroy(self: Box<Self>) -> Result<(), BackendError>;
 }

@@ -97,6 +97,7 @@ Every error is `{\"error\": \"...\"}` with `application/json`."
         IsolationName,
         LayerView,
         BackendView,
+        LayerStoreView,
         ExecStreamEvent,
         LogEvent,
         SessionView,

@@ -388,8 +388,7 @@ impl<'a> Service<'a> {
         state_layers: &[String],
         mounts: Vec<runcell_core::backend::BindMount>,
     ) -> Result<runcell_core::Sandbox, ApiError> {
-        let state_layers =
-            crate::snapshots::Layers::new(&self.0.config.data_dir).paths(state_layers);
+        let state_layers = crate::snapshots::Layers::of(self.0).paths(state_layers);
         self.0
             .runtime
             .create(SandboxOptions {

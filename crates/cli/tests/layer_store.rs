@@ -1,0 +1,264 @@
+//! The btrfs layer store (`runcell serve --layer-store btrfs`): each
+//! sandbox writes to its own subvolume, and a snapshot, fork or
+//! hibernation is a read-only subvolume snapshot of it. Real daemon, real
+//! HTTP, a real loop-mounted btrfs image; needs root and mkfs.btrfs
+//! (scripts/install-deps.sh installs btrfs-progs).
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{json, Value};
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Waits (up to 10 s) until `dir` holds exactly `want`.
+async fn wait_names(dir: &Path, want: &[&str]) {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let have = names(dir);
+        if have == want {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "{} holds {have:?}, not {want:?}",
+            dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn btrfs_saves_are_snapshots_forks_are_private_and_nothing_is_left() {
+    require_root("the btrfs layer store");
+    assert!(
+        Path::new("/usr/sbin/mkfs.btrfs").exists() || Path::new("/sbin/mkfs.btrfs").exists(),
+        "mkfs.btrfs is missing: scripts/install-deps.sh installs btrfs-progs"
+    );
+    let data = data_dir("btrfs-store");
+    let port = free_port();
+    let args = ["--layer-store", "btrfs"];
+    let mut d = Daemon::start(&data, port, &args);
+    let store = data.join("store");
+
+    let system: Value = d.get("/v1/system").await;
+    assert_eq!(system["layer_store"]["kind"], "btrfs", "{system}");
+    assert_eq!(system["layer_store"]["copy_on_write"], true, "{system}");
+
+    // A sandbox's writable layer is its own subvolume.
+    let parent = d
+        .create(json!({"ttl_seconds": 600, "limits": {"disk_mb": 128}}))
+        .await;
+    assert!(names(&store.join("stages")).contains(&parent));
+    let (s, body) = d
+        .exec(
+            &parent,
+            "echo base > ~/base && mkdir -p /tmp/d && head -c 40000000 /dev/urandom > /tmp/d/big && sync",
+        )
+        .await;
+    assert_eq!(s, 200, "{body}");
+
+    // A snapshot of 40 MB is a subvolume snapshot: no copy.
+    let t = Instant::now();
+    let (s, snap) = d
+        .post(&format!("/v1/sandboxes/{parent}/snapshots"), json!({}))
+        .await;
+    let took = t.elapsed();
+    assert_eq!(s, 201, "{snap}");
+    assert!(
+        took < Duration::from_millis(1000),
+        "a snapshot took {took:?}"
+    );
+    assert!(
+        snap["size_bytes"].as_u64().unwrap() >= 40_000_000,
+        "the snapshot's size is what the sandbox wrote: {snap}"
+    );
+    let snap_id = snap["id"].as_str().unwrap().to_string();
+
+    // Three forks share one layer; what each writes is its own.
+    let (s, tree) = d
+        .post(
+            &format!("/v1/sandboxes/{parent}/fork-tree"),
+            json!({"count": 3}),
+        )
+        .await;
+    assert_eq!(s, 201, "{tree}");
+    let kids: Vec<String> = tree["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(kids.len(), 3, "{tree}");
+    for (i, kid) in kids.iter().enumerate() {
+        let (s, body) = d
+            .exec(
+                kid,
+                &format!("cat ~/base && cmp -s /tmp/d/big /tmp/d/big && echo {i} > ~/mine && rm /tmp/d/big"),
+            )
+            .await;
+        assert_eq!(
+            (s, body["stdout"].as_str()),
+            (200, Some("base\n")),
+            "{body}"
+        );
+    }
+    for (i, kid) in kids.iter().enumerate() {
+        let (_, body) = d.exec(kid, "cat ~/mine; ls /tmp/d").await;
+        assert_eq!(body["stdout"], format!("{i}\n"), "{body}");
+    }
+    let (_, body) = d
+        .exec(&parent, "ls ~; test -f /tmp/d/big && echo kept")
+        .await;
+    assert_eq!(body["stdout"], "base\nkept\n", "{body}");
+
+    // The disk limit is the subvolume's qgroup limit, reported by name,
+    // and the sandbox recovers once it deletes.
+    let small = d
+        .create(json!({"ttl_seconds": 600, "limits": {"disk_mb": 32}}))
+        .await;
+    let (_, body) = d
+        .exec(&small, "head -c 64000000 /dev/zero > /tmp/fill; echo rc=$?")
+        .await;
+    let out = format!("{}{}", body["stdout"], body["stderr"]);
+    assert!(out.contains("Disk quota exceeded"), "{body}");
+    let messages = body["messages"].to_string();
+    assert!(
+        messages.contains("disk is full") && messages.contains("32 MiB"),
+        "{body}"
+    );
+    assert!(!messages.contains("as many files"), "{body}");
+    let r = d
+        .req(
+            reqwest::Method::PUT,
+            &format!("/v1/sandboxes/{small}/fs?path=/tmp/more"),
+        )
+        .body(vec![b'x'; 2 << 20])
+        .send()
+        .await
+        .unwrap();
+    let s = r.status().as_u16();
+    let err = r.text().await.unwrap();
+    assert_eq!(s, 507, "a write beyond the limit: {err}");
+    let (_, body) = d
+        .exec(
+            &small,
+            "rm /tmp/fill && echo ok > /tmp/after && cat /tmp/after",
+        )
+        .await;
+    assert_eq!(body["stdout"], "ok\n", "{body}");
+
+    // Sandboxed code gets no btrfs ioctl: a subvolume of its own would
+    // escape its stage's limit (and the host's snapshots of it).
+    let (_, body) = d
+        .exec(
+            &small,
+            "btrfs subvolume create /tmp/sv; echo rc=$?; test -e /tmp/sv && echo made",
+        )
+        .await;
+    let out = format!("{}{}", body["stdout"], body["stderr"]);
+    assert!(
+        out.contains("rc=1") && out.contains("Operation not permitted") && !out.contains("made"),
+        "{body}"
+    );
+
+    // Hibernation saves a snapshot; the sandbox's stage goes.
+    let sleeper = d
+        .create(json!({"ttl_seconds": 600, "persistent": true}))
+        .await;
+    assert_eq!(d.exec(&sleeper, "echo zz > ~/h").await.0, 200);
+    assert_eq!(
+        d.status(
+            reqwest::Method::POST,
+            &format!("/v1/sandboxes/{sleeper}/hibernate"),
+            Some(json!({}))
+        )
+        .await,
+        204
+    );
+    assert!(!names(&store.join("stages")).contains(&sleeper));
+
+    // What a killed daemon left: a stage with no sandbox, a snapshot no
+    // record names.
+    let orphan_stage = store.join("stages/0rphan-stage");
+    let half = store.join("states/l-00000000-0000-0000-0000-00000000dead");
+    for p in [&orphan_stage, &half] {
+        let ok = std::process::Command::new("btrfs")
+            .args(["-q", "subvolume", "create"])
+            .arg(p)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "could not make {}", p.display());
+    }
+    d.kill9();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let d = Daemon::start(&data, port, &args);
+    assert!(!orphan_stage.exists(), "an orphan stage was left");
+    assert!(!half.exists(), "a half-made layer was left");
+    // Live sandboxes kept their stages and files; the hibernated one wakes.
+    let (_, body) = d.exec(&kids[1], "cat ~/mine").await;
+    assert_eq!(body["stdout"], "1\n", "{body}");
+    // A re-attached sandbox saves as before (its stage is in its state file).
+    let (s, grandkid) = d
+        .post(&format!("/v1/sandboxes/{}/fork", kids[1]), json!({}))
+        .await;
+    assert_eq!(s, 201, "{grandkid}");
+    let grandkid = grandkid["id"].as_str().unwrap().to_string();
+    let (_, body) = d.exec(&grandkid, "cat ~/mine ~/base").await;
+    assert_eq!(body["stdout"], "1\nbase\n", "{body}");
+    let (s, body) = d.exec(&sleeper, "cat ~/h").await;
+    assert_eq!((s, body["stdout"].as_str()), (200, Some("zz\n")), "{body}");
+    let restored = d.create(json!({"from_snapshot": snap_id})).await;
+    let (_, body) = d.exec(&restored, "cat ~/base && wc -c < /tmp/d/big").await;
+    assert_eq!(body["stdout"], "base\n40000000\n", "{body}");
+
+    // Nothing is left once everything is deleted.
+    let all = [&parent, &small, &sleeper, &restored, &grandkid]
+        .into_iter()
+        .chain(kids.iter())
+        .cloned()
+        .collect::<Vec<_>>();
+    for id in &all {
+        d.delete(id).await;
+    }
+    assert_eq!(
+        d.status(
+            reqwest::Method::DELETE,
+            &format!("/v1/snapshots/{snap_id}"),
+            None
+        )
+        .await,
+        204
+    );
+    for id in &all {
+        wait_gone(&data.join("sandboxes").join(id)).await;
+    }
+    // (The stages left are the standbys': sandboxes prepared ahead.)
+    let stages = names(&store.join("stages"));
+    assert!(!all.iter().any(|id| stages.contains(id)), "{stages:?}");
+    wait_names(&store.join("states"), &[]).await;
+
+    // The store stays mounted after its daemon (for its next start).
+    drop(d);
+    let ok = std::process::Command::new("umount")
+        .arg(&store)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "could not unmount {}", store.display());
+    std::fs::remove_dir_all(&data).unwrap();
+}
