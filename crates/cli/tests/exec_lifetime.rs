@@ -156,6 +156,17 @@ async fn a_fork_bomb_that_times_out_is_gone_too() {
         d.delete_all().await;
         return;
     }
+    if gvisor() && v["error"] == "The sandbox is no longer running." {
+        // The same end, where the sandbox was gone before its exec could
+        // read the memory counter: it must then be gone for good. (Known
+        // gap: this answer does not name the memory limit.)
+        let status = d
+            .status(Method::GET, &format!("/v1/sandboxes/{id}"), None)
+            .await;
+        assert_eq!(status, 404, "{v}");
+        d.delete_all().await;
+        return;
+    }
     assert_eq!(v["timed_out"], true, "{v}");
     assert!(
         started.elapsed() < Duration::from_secs(30),
