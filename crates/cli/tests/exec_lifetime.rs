@@ -156,14 +156,15 @@ async fn a_fork_bomb_that_times_out_is_gone_too() {
         d.delete_all().await;
         return;
     }
-    if gvisor() && v["error"] == "The sandbox is no longer running." {
-        // The same end, where the sandbox was gone before its exec could
-        // read the memory counter: it must then be gone for good. (Known
-        // gap: this answer does not name the memory limit.)
-        let status = d
-            .status(Method::GET, &format!("/v1/sandboxes/{id}"), None)
-            .await;
-        assert_eq!(status, 404, "{v}");
+    if gvisor()
+        && v["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("no longer running"))
+    {
+        // The same end, told as an error: it names the limit, and the
+        // sandbox is gone for good, saying why.
+        assert!(v["error"].to_string().contains("ran out of memory"), "{v}");
+        assert_ended_by_memory(&d, &id).await;
         d.delete_all().await;
         return;
     }
@@ -179,6 +180,58 @@ async fn a_fork_bomb_that_times_out_is_gone_too() {
         now <= baseline + 2,
         "{now} processes after the bomb, {baseline} before"
     );
+    d.delete_all().await;
+}
+
+/// A sandbox whose memory limit ended it (a gVisor sandbox is one host
+/// process) is removed, and asking for it says why it ended.
+async fn assert_ended_by_memory(d: &Daemon, id: &str) {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = d
+            .req(Method::GET, &format!("/v1/sandboxes/{id}"))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 404 {
+            let v: Value = r.json().await.unwrap();
+            let reason = v["end_reason"].as_str().unwrap_or_default();
+            assert!(reason.contains("ran out of memory (limit"), "{v}");
+            assert!(v["error"].to_string().contains("ran out of memory"), "{v}");
+            return;
+        }
+        assert!(Instant::now() < until, "the ended sandbox is still listed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_memory_bomb_is_named_and_an_ended_sandbox_says_why() {
+    let d = Daemon::start(&data_dir("lt-oom"), free_port(), &[]);
+    let id = d.create(json!({"limits": {"memory_mb": 128}})).await;
+    let bomb = "python3 -c 'a = []\nwhile True: a.append(bytearray(8 << 20))'";
+    let (status, v) = d.exec(&id, bomb).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["oom_killed"], true, "{v}");
+    assert!(
+        v["messages"]
+            .to_string()
+            .contains("ran out of memory (limit 128 MiB)"),
+        "{v}"
+    );
+    if gvisor() {
+        // The kernel's OOM killer takes the Sentry, so the whole sandbox.
+        assert!(
+            v["messages"].to_string().contains("ends the whole sandbox"),
+            "{v}"
+        );
+        assert_ended_by_memory(&d, &id).await;
+    } else {
+        // The jail's agent outlives its sandbox's OOM.
+        let (status, v) = d.exec(&id, "echo still here").await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["stdout"], "still here\n", "{v}");
+    }
     d.delete_all().await;
 }
 

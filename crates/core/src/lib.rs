@@ -66,6 +66,9 @@ pub enum Error {
     /// The egress socket could not be served.
     #[error("The sandbox's egress socket could not be served.")]
     EgressSocket(#[source] std::io::Error),
+    /// The sandbox ended while a request ran, and its counters say why.
+    #[error("The sandbox is no longer running: {0}.")]
+    Ended(String),
     /// The host cannot run the isolation asked for.
     #[error("This host cannot run {0} sandboxes: {1}.")]
     IsolationUnavailable(backend::Isolation, String),

@@ -155,6 +155,10 @@ pub struct Sandbox {
     limits: SandboxLimits,
     isolation: Isolation,
     pub(crate) egress: Option<EgressHandle>,
+    /// The highest kill counters read so far: they only grow, and a
+    /// sandbox that ended may have lost its cgroup (and their values) to the
+    /// reaper before an exec asks why it ended.
+    seen: std::sync::Mutex<Counters>,
 }
 
 /// A sandbox's egress state and the proxy task serving its socket (stopped
@@ -186,6 +190,7 @@ impl Sandbox {
             limits,
             isolation,
             egress: None,
+            seen: std::sync::Mutex::new(Counters::default()),
         }
     }
 
@@ -330,9 +335,39 @@ impl Sandbox {
         &self.agent
     }
 
-    /// Cgroup counters.
+    /// Cgroup counters. The kill counters never go back, even once the
+    /// cgroup is gone.
     pub fn counters(&self) -> Counters {
-        self.jail().counters()
+        let mut now = self.jail().counters();
+        let mut seen = self
+            .seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        seen.oom_kills = seen.oom_kills.max(now.oom_kills);
+        seen.pids_limit_hits = seen.pids_limit_hits.max(now.pids_limit_hits);
+        now.oom_kills = seen.oom_kills;
+        now.pids_limit_hits = seen.pids_limit_hits;
+        now
+    }
+
+    /// Why a sandbox that is no longer running ended, as far as its
+    /// counters tell: a sentence fragment such as "it ran out of memory
+    /// (limit 512 MiB)", or `None` when they name nothing.
+    pub fn end_cause(&self) -> Option<String> {
+        let c = self.counters();
+        if c.oom_kills > 0 {
+            return Some(format!(
+                "it ran out of memory (limit {})",
+                crate::format_size(self.limits.memory_bytes)
+            ));
+        }
+        if c.pids_limit_hits > 0 {
+            return Some(format!(
+                "it reached its process limit ({})",
+                self.limits.pids
+            ));
+        }
+        None
     }
 
     /// Requests of work in progress on this sandbox (execs, code runs, cells,
@@ -613,13 +648,7 @@ impl ExecRun<'_> {
                 // The agent is gone: if the memory limit took the sandbox
                 // with it (a gVisor sandbox is one host process), say so
                 // by name rather than "connection closed".
-                Ok(Err(ClientError::Closed)) => {
-                    let after = self.sandbox.counters();
-                    if after.oom_kills > self.before.oom_kills {
-                        return Ok(RunEvent::Done(self.ended_by_oom()));
-                    }
-                    return Err(ClientError::Closed.into());
-                }
+                Ok(Err(ClientError::Closed)) => return self.closed().await,
                 Ok(r) => r?,
             };
             return match event {
@@ -656,6 +685,26 @@ impl ExecRun<'_> {
                 }
                 (other, _) => Err(ClientError::Unexpected(Box::new(other)).into()),
             };
+        }
+    }
+
+    /// The answer for a run whose agent went away. The OOM killer counts
+    /// its kill only after sending it, and the sandbox's end can reach the
+    /// channel first: a sandbox that is gone is looked at again for a
+    /// moment before its end is called unexplained.
+    async fn closed(&self) -> Result<RunEvent, Error> {
+        for _ in 0..10 {
+            if self.sandbox.counters().oom_kills > self.before.oom_kills {
+                return Ok(RunEvent::Done(self.ended_by_oom()));
+            }
+            if self.sandbox.is_alive() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        match self.sandbox.end_cause() {
+            Some(cause) if !self.sandbox.is_alive() => Err(Error::Ended(cause)),
+            _ => Err(ClientError::Closed.into()),
         }
     }
 

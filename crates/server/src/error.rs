@@ -87,6 +87,7 @@ impl From<runcell_core::Error> for ApiError {
             Error::Agent(ClientError::Closed) => {
                 ApiError::new(StatusCode::CONFLICT, "The sandbox is no longer running.")
             }
+            Error::Ended(_) => ApiError::new(StatusCode::CONFLICT, e.to_string()),
             _ => {
                 let mut msg = e.to_string();
                 let mut src = std::error::Error::source(&e);

@@ -88,11 +88,14 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Counts a removal.
+    /// Counts a removal. The label is the reason's kind (what precedes a
+    /// `:`), so details a tenant chooses (a limit's value) never make new
+    /// series.
     pub fn reaped(&self, reason: &str) {
+        let kind = reason.split(':').next().unwrap_or(reason);
         self.reaps
             .get_or_create(&ReapLabels {
-                reason: reason.to_string(),
+                reason: kind.to_string(),
             })
             .inc();
     }

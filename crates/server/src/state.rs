@@ -362,12 +362,17 @@ impl AppState {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             if now.saturating_sub(r.created_at.saturating_mul(1000)) > max {
-                expired.push((id.clone(), "maximum lifetime reached"));
+                expired.push((id.clone(), "maximum lifetime reached".to_string()));
             } else if !e.sandbox.is_alive() {
                 // One being hibernated may stop on purpose (a gVisor
                 // checkpoint ends its processes): its hibernation goes on.
                 if !self.in_transition(id) {
-                    expired.push((id.clone(), "sandbox stopped"));
+                    // Read before the removal takes its cgroup.
+                    let reason = match e.sandbox.end_cause() {
+                        Some(cause) => format!("sandbox stopped: {cause}"),
+                        None => "sandbox stopped".to_string(),
+                    };
+                    expired.push((id.clone(), reason));
                 }
             } else if working {
                 busy.push(e.clone());
@@ -390,7 +395,7 @@ impl AppState {
                     }
                 }
                 crate::snapshots::OnIdle::Delete if !r.persistent => {
-                    expired.push((r.id.clone(), "idle ttl expired"));
+                    expired.push((r.id.clone(), "idle ttl expired".to_string()));
                 }
                 crate::snapshots::OnIdle::Delete => {}
             }
@@ -400,7 +405,7 @@ impl AppState {
             let _ = crate::service::Service(self).delete_hibernated(&r, "maximum lifetime reached");
         }
         for (id, reason) in expired {
-            self.remove(&id, reason).await;
+            self.remove(&id, &reason).await;
         }
         self.prune_tombstones(now);
     }
