@@ -154,12 +154,13 @@ pub async fn exec(
     body: Vec<u8>,
     out: &Outbox,
 ) {
+    let received = Instant::now();
     let plan = match plan(agent, what, body) {
         Ok(p) => p,
         Err((kind, msg)) => return send_error(out, id, kind, msg).await,
     };
     let code_file = plan.code_file.clone();
-    run(agent, running, conn, id, plan, out).await;
+    run(agent, running, conn, id, plan, out, received).await;
     if let Some(f) = code_file {
         let _ = std::fs::remove_file(f);
     }
@@ -174,7 +175,17 @@ pub fn use_exec_groups(groups: ExecGroups) {
     let _ = EXEC_GROUPS.set(groups);
 }
 
-async fn run(agent: &Shared, running: &RunningExecs, conn: u64, id: u64, plan: Plan, out: &Outbox) {
+async fn run(
+    agent: &Shared,
+    running: &RunningExecs,
+    conn: u64,
+    id: u64,
+    plan: Plan,
+    out: &Outbox,
+    received: Instant,
+) {
+    let at = |t: Instant| micros(t.duration_since(received));
+    let planned = Instant::now();
     let user = plan.user.clone().unwrap_or_else(|| {
         let u = &agent.spec.user;
         ExecUser {
@@ -227,6 +238,7 @@ async fn run(agent: &Shared, running: &RunningExecs, conn: u64, id: u64, plan: P
         }
         None => None,
     };
+    let grouped = Instant::now();
     // The command as the supervisor starts it: found on the command's own
     // PATH and laid out now, since the supervisor may not allocate.
     let image = match ExecImage::new(&plan.argv[0], &plan.argv, &env) {
@@ -263,7 +275,7 @@ async fn run(agent: &Shared, running: &RunningExecs, conn: u64, id: u64, plan: P
             .await;
         }
     };
-    tracing::debug!(us = micros(started.elapsed()), "exec spawned");
+    let spawned = Instant::now();
     let supervisor = child.id() as i32;
     let exited = agent.reaper.watch(supervisor);
     // spawn returns once the supervisor has forked the command (it closes
@@ -283,6 +295,7 @@ async fn run(agent: &Shared, running: &RunningExecs, conn: u64, id: u64, plan: P
     drop(child);
 
     send(out, id, Event::ExecStarted { pid }, Vec::new()).await;
+    let announced = Instant::now();
 
     if let Some(fd) = stdin {
         let data = plan.stdin;
@@ -306,7 +319,7 @@ async fn run(agent: &Shared, running: &RunningExecs, conn: u64, id: u64, plan: P
 
     let timeout = plan.timeout_ms.map(Duration::from_millis);
     let (exit, timed_out) = wait(agent, supervisor, exited, timeout).await;
-    tracing::debug!(us = micros(started.elapsed()), "exec exited");
+    let reaped = Instant::now();
     // Let the pumps read what is buffered, then stop them even if a background
     // process keeps the pipes open.
     let stop = tokio::spawn(async move {
@@ -317,7 +330,7 @@ async fn run(agent: &Shared, running: &RunningExecs, conn: u64, id: u64, plan: P
     let (err_total, err_trunc) = pump_err.await.unwrap_or((0, false));
     stop.abort();
     running.lock().expect("running lock").remove(&(conn, id));
-    tracing::debug!(us = micros(started.elapsed()), "exec output drained");
+    let drained = Instant::now();
 
     let (exit_code, signal) = match exit {
         Some(Exit::Code(c)) => (Some(c), None),
@@ -345,6 +358,18 @@ async fn run(agent: &Shared, running: &RunningExecs, conn: u64, id: u64, plan: P
         stderr_truncated: err_trunc,
     };
     send(out, id, Event::ExecExited(info), Vec::new()).await;
+    // Where an exec's time goes, from its request's arrival (microseconds).
+    tracing::debug!(
+        planned = at(planned),
+        grouped = at(grouped),
+        started = at(started),
+        spawned = at(spawned),
+        announced = at(announced),
+        reaped = at(reaped),
+        drained = at(drained),
+        answered = at(Instant::now()),
+        "exec done"
+    );
 }
 
 async fn wait(
