@@ -253,10 +253,8 @@ async fn run(
             .await;
         }
     };
-    match &group {
-        Some(g) => cmd.supervise_in_group(user.uid, user.gid, plan.background, g.fds(), image),
-        None => cmd.supervise_as(user.uid, user.gid, plan.background, image),
-    };
+    let fds = group.as_ref().map(|g| g.fds());
+    cmd.supervise_as(user.uid, user.gid, plan.background, fds, image);
     // Limit hits the sandbox's own kernel counts (gVisor, microVM).
     let hits_before = crate::limits::hits();
     let watching = crate::limits::active();

@@ -24,6 +24,11 @@ pub trait SandboxCommand {
     /// command leaves behind when it exits, unless `keep_background`.
     /// `spawn` returns once the supervisor has forked the command.
     ///
+    /// Where orphans do not come back to the supervisor (gVisor), `group`
+    /// is the exec's own cgroup: the supervisor joins it first and kills
+    /// what is listed there ([`inside::ExecGroupFds`]; the descriptors must
+    /// stay open until `spawn` returns).
+    ///
     /// The command is `image` (std's own program and arguments are not
     /// used): std sets up its standard streams, directory and the rest as
     /// usual, then the supervisor starts it.
@@ -32,19 +37,7 @@ pub trait SandboxCommand {
         uid: u32,
         gid: u32,
         keep_background: bool,
-        image: inside::ExecImage,
-    ) -> &mut Self;
-
-    /// [`supervise_as`](Self::supervise_as) where orphans do not come back
-    /// to the supervisor (gVisor): it joins the exec's own cgroup first and
-    /// kills what is listed there ([`inside::ExecGroupFds`]; the descriptors
-    /// must stay open until `spawn` returns).
-    fn supervise_in_group(
-        &mut self,
-        uid: u32,
-        gid: u32,
-        keep_background: bool,
-        group: inside::ExecGroupFds,
+        group: Option<inside::ExecGroupFds>,
         image: inside::ExecImage,
     ) -> &mut Self;
 
@@ -62,30 +55,16 @@ impl SandboxCommand for Command {
         uid: u32,
         gid: u32,
         keep_background: bool,
+        group: Option<inside::ExecGroupFds>,
         image: inside::ExecImage,
     ) -> &mut Self {
         // SAFETY: supervise_exec makes only async-signal-safe syscalls and
-        // never allocates; the closure captures plain integers and the
-        // image, laid out before the fork and only read in the child.
+        // never allocates; the closure captures plain integers (ids, the
+        // group's two descriptor numbers, which the supervisor only writes
+        // to and reads) and the image, laid out before the fork and only
+        // read in the child.
         unsafe {
-            self.pre_exec(move || inside::supervise_exec(uid, gid, keep_background, None, &image))
-        }
-    }
-
-    fn supervise_in_group(
-        &mut self,
-        uid: u32,
-        gid: u32,
-        keep_background: bool,
-        group: inside::ExecGroupFds,
-        image: inside::ExecImage,
-    ) -> &mut Self {
-        // SAFETY: as supervise_as; the closure captures two descriptor
-        // numbers more, which the supervisor only writes to and reads.
-        unsafe {
-            self.pre_exec(move || {
-                inside::supervise_exec(uid, gid, keep_background, Some(group), &image)
-            })
+            self.pre_exec(move || inside::supervise_exec(uid, gid, keep_background, group, &image))
         }
     }
 
