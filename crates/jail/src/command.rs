@@ -140,7 +140,7 @@ mod tests {
         let argv = ["sh", "-c", "exit 7"].map(String::from);
         let image = inside::ExecImage::new("sh", &argv, &env()).unwrap();
         let status = Command::new("/bin/sh")
-            .supervise_as(uid, gid, false, image)
+            .supervise_as(uid, gid, false, None, image)
             .status()
             .unwrap();
         assert_eq!(status.code(), Some(7));
@@ -159,7 +159,7 @@ mod tests {
         let image = inside::ExecImage::new("sh", &argv, &env).unwrap();
         let out = Command::new("ignored")
             .stdout(Stdio::piped())
-            .supervise_as(uid, gid, false, image)
+            .supervise_as(uid, gid, false, None, image)
             .output()
             .unwrap();
         assert!(out.status.success(), "{out:?}");
@@ -183,7 +183,7 @@ mod tests {
         let argv = [path.clone()];
         let image = inside::ExecImage::new(&path, &argv, &env()).unwrap();
         let err = Command::new("ignored")
-            .supervise_as(uid, gid, false, image)
+            .supervise_as(uid, gid, false, None, image)
             .spawn()
             .unwrap_err();
         std::fs::remove_dir_all(&dir).unwrap();
