@@ -88,11 +88,13 @@ use super::{
 /// How long the host waits for runsc to start a container and for its
 /// agent to connect and report ready.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a restored sandbox's agent gets to serve again. A restore that
-/// works is ready within about 1.5 s here (a Python holding 100 MB, p95);
-/// about one in three on this runsc never gets there, and the wake then
-/// falls back to the files (`state_lost`) sooner rather than later.
+/// How long a restored sandbox's agent gets to serve again (once `runsc
+/// restore` returned; it is ready within milliseconds). Past it the wake
+/// falls back to the files (`state_lost`).
 const RESTORE_READY_TIMEOUT: Duration = Duration::from_secs(4);
+/// When a restored agent that does not serve yet is sent `SIGUSR1` (see
+/// [`GvisorPrepared::finish_restore`]).
+const RESTORE_NUDGE_AFTER: Duration = Duration::from_millis(500);
 
 /// Memory the cgroup allows on top of the sandbox's limit, for gVisor's
 /// sentry and its page tables.
@@ -520,6 +522,29 @@ impl GvisorBackend {
         &self.state_dir
     }
 
+    /// `runsc kill <id> USR1`: asks a running agent to quiesce for a
+    /// checkpoint, or a quiesced one to serve again
+    /// (`runcell-agent`'s `checkpoint::signal`). runsc's output goes to
+    /// `log`.
+    fn signal_agent(&self, dir: &Path, id: &str, log: &Path) -> Result<(), GvisorError> {
+        let out = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(log)
+            .map_err(io_err(log))?;
+        run_checked(
+            self.runsc_cmd(dir)
+                .args(["kill", id, "USR1"])
+                .stdin(Stdio::null())
+                .stdout(out.try_clone().map_err(io_err(log))?)
+                .stderr(out),
+            "kill USR1",
+            log,
+            SETUP_TIMEOUT,
+        )
+    }
+
     fn runsc_cmd(&self, dir: &Path) -> Command {
         let mut cmd = Command::new(&self.runsc);
         cmd.arg("--root")
@@ -909,7 +934,19 @@ impl GvisorPrepared {
         cmd.stdin(Stdio::null()).stdout(out).stderr(log);
         if let Some(image) = &spec.memory_image {
             // The sandbox's processes and agent go on where they were; the
-            // agent already has its spec.
+            // agent already has its spec. Its permission to serve again is
+            // there before it runs: a marker written after `runsc restore`
+            // returned came too late for an agent that had already looked
+            // (gVisor caches the miss), about one restore in three.
+            let host = dir.join(HOST_SUBDIR);
+            let resume = host.join(marker_name(runcell_jail::gvisor::RESUME_MARKER));
+            for stale in [
+                host.join("agent.sock"),
+                host.join(marker_name(runcell_jail::gvisor::QUIESCED_MARKER)),
+            ] {
+                let _ = fs::remove_file(stale);
+            }
+            fs::write(&resume, b"").map_err(io_err(&resume))?;
             cmd.arg("restore")
                 .arg("--image-path")
                 .arg(image)
@@ -1013,9 +1050,11 @@ impl GvisorPrepared {
         })
     }
 
-    /// The end of a start by `runsc restore`: lets the restored agent
-    /// listen again ([`runcell_jail::gvisor::RESUME_MARKER`]) and waits
-    /// until it does.
+    /// The end of a start by `runsc restore`: waits until the restored
+    /// agent listens again (it found [`runcell_jail::gvisor::RESUME_MARKER`],
+    /// written before the restore). One that does not within
+    /// [`RESTORE_NUDGE_AFTER`] is also sent `SIGUSR1`, which tells a
+    /// quiesced agent to serve whatever its file lookups saw.
     fn finish_restore(
         mut self,
         log_path: &Path,
@@ -1036,14 +1075,14 @@ impl GvisorPrepared {
             })?;
         let start_time =
             start_time(pid).ok_or_else(|| GvisorError::AgentDied(log_tail(log_path)))?;
-        let host = self.dir.join(HOST_SUBDIR);
-        let resume = host.join(marker_name(runcell_jail::gvisor::RESUME_MARKER));
-        let socket = host.join("agent.sock");
-        let _ = fs::remove_file(&socket);
-        fs::write(&resume, b"").map_err(io_err(&resume))?;
-        let deadline = Instant::now() + RESTORE_READY_TIMEOUT;
+        let socket = self.dir.join(HOST_SUBDIR).join("agent.sock");
+        let since = Instant::now();
+        let deadline = since + RESTORE_READY_TIMEOUT;
+        let mut nudged = false;
         loop {
-            if !resume.exists() && socket.exists() {
+            // Only the restored agent binds it (the host removed what was
+            // left before the restore).
+            if socket.exists() {
                 let short =
                     runcell_jail::socket::SocketPath::new(&socket).map_err(io_err(&socket))?;
                 if UnixStream::connect(short.path()).is_ok() {
@@ -1052,6 +1091,13 @@ impl GvisorPrepared {
             }
             if !alive(pid, start_time) {
                 return Err(GvisorError::AgentDied(log_tail(log_path)));
+            }
+            if !nudged && since.elapsed() >= RESTORE_NUDGE_AFTER {
+                nudged = true;
+                tracing::info!(sandbox = %self.id, "a restored gVisor sandbox does not serve yet; signalling its agent");
+                if let Err(e) = self.backend.signal_agent(&self.dir, &self.id, log_path) {
+                    tracing::warn!(sandbox = %self.id, "could not signal a restored agent: {e}");
+                }
             }
             if Instant::now() >= deadline {
                 return Err(GvisorError::ReadyTimeout(
@@ -1074,6 +1120,7 @@ impl GvisorPrepared {
             sandbox = %self.id,
             restore_us = runcell_protocol::units::micros(t_restore),
             resume_us = runcell_protocol::units::micros(t0.elapsed() - t_restore),
+            nudged,
             "gvisor sandbox restored"
         );
         self.armed = false;
@@ -1320,26 +1367,17 @@ impl GvisorSandbox {
         }
         let _ = fs::remove_file(&quiesced);
         let _ = fs::remove_file(&resume);
-        let out = log("kill")?;
-        run_checked(
-            self.backend
-                .runsc_cmd(&self.dir)
-                .args(["kill", &self.id, "USR1"])
-                .stdin(Stdio::null())
-                .stdout(out.try_clone().map_err(io_err(&log_path))?)
-                .stderr(out),
-            "kill USR1",
-            &log_path,
-            SETUP_TIMEOUT,
-        )?;
+        self.backend.signal_agent(&self.dir, &self.id, &log_path)?;
         let deadline = Instant::now() + QUIESCE_TIMEOUT;
         while !quiesced.exists() {
             if !self.is_alive() {
                 return Err(GvisorError::NotRunning(self.id.clone()));
             }
             if Instant::now() >= deadline {
-                // Let it serve again.
+                // Let it serve again: a second signal (it may have looked
+                // for the marker already, and gVisor caches the miss).
                 let _ = fs::write(&resume, b"");
+                let _ = self.backend.signal_agent(&self.dir, &self.id, &log_path);
                 return Err(GvisorError::Checkpoint(format!(
                     "its agent did not let go of its host connections within {QUIESCE_TIMEOUT:?}"
                 )));
