@@ -29,23 +29,24 @@ pub(crate) struct SnapshotView {
     template: String,
     /// RFC 3339.
     created_at: String,
-    /// Bytes its own layer takes on disk (what the sandbox wrote).
+    /// Bytes its own layer takes on disk (what the sandbox wrote), and its
+    /// memory image where it has one.
     size_bytes: u64,
-    /// Whether memory (running processes) is part of it: never with the
-    /// namespace jail, which saves files only, nor with gVisor, which
-    /// checkpoints memory only to hibernate.
+    /// Whether memory (running processes, code contexts' variables) is
+    /// part of it: never with the namespace jail, which saves files only;
+    /// with gVisor unless the checkpoint failed or the sandbox was paused.
     memory: bool,
 }
 
-fn snapshot_view(s: Snapshot) -> SnapshotView {
+fn snapshot_view(state: &std::sync::Arc<AppState>, s: Snapshot) -> SnapshotView {
     SnapshotView {
+        memory: Service(state).snapshot_has_memory(&s.id),
         id: s.id,
         sandbox_id: s.sandbox_id,
         workspace: s.workspace,
         template: s.template,
         created_at: runcell_core::rfc3339(s.created_ms / 1000),
         size_bytes: s.size_bytes,
-        memory: false,
     }
 }
 
@@ -108,7 +109,7 @@ pub(crate) async fn create(
     OwnedSandbox(e): OwnedSandbox,
 ) -> AppResult<(StatusCode, Json<SnapshotView>)> {
     let snap = Service(&state).snapshot(&ws.0, &e).await?;
-    Ok((StatusCode::CREATED, Json(snapshot_view(snap))))
+    Ok((StatusCode::CREATED, Json(snapshot_view(&state, snap))))
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -130,7 +131,10 @@ pub(crate) async fn list(
         .with_conn(|c| crate::snapshots::list(c, &ws.0, q.sandbox_id.as_deref()))
         .map_err(|e| ApiError::internal(e.to_string()))?;
     Ok(Json(SnapshotList {
-        snapshots: snaps.into_iter().map(snapshot_view).collect(),
+        snapshots: snaps
+            .into_iter()
+            .map(|s| snapshot_view(&state, s))
+            .collect(),
     }))
 }
 
@@ -145,7 +149,7 @@ pub(crate) async fn get_one(
         .registry
         .with_conn(|c| crate::snapshots::get(c, &ws.0, &id))
         .map_err(|e| ApiError::internal(e.to_string()))?
-        .map(|s| Json(snapshot_view(s)))
+        .map(|s| Json(snapshot_view(&state, s)))
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "snapshot not found"))
 }
 
@@ -182,8 +186,10 @@ pub(crate) struct ForkView {
     sandbox: SandboxView,
     /// The parent.
     forked_from: String,
-    /// Whether the parent's running processes came along: never with the
-    /// namespace jail or gVisor, which fork files only.
+    /// Whether the parent's running processes (and code contexts'
+    /// variables) came along: never with the namespace jail, which forks
+    /// files only; with gVisor unless its checkpoint or restore failed
+    /// (then `state_lost` says so).
     memory: bool,
 }
 
@@ -205,7 +211,7 @@ fn fork_view(
     ForkView {
         sandbox,
         forked_from: parent.to_string(),
-        memory: false,
+        memory: c.memory,
     }
 }
 

@@ -32,6 +32,8 @@ pub(crate) struct Created {
     pub(crate) alias_of: Option<String>,
     /// The requested template is still being built (`--auto-build`).
     pub(crate) building_instead: bool,
+    /// Its processes and memory were restored from `memory_image`.
+    pub(crate) memory: bool,
 }
 
 /// The operations, over the daemon's state.
@@ -66,6 +68,7 @@ impl<'a> Service<'a> {
         let _attaching = self.reserve_volumes(workspace, &spec.volumes)?;
         let mounts = self.volume_mounts(workspace, &spec.volumes)?;
         lineage.volumes = std::mem::take(&mut spec.volumes);
+        let memory_image = spec.memory_image.take();
         let asked = plan::admit(&state.config, workspace, spec)?;
         let resolved = self.resolve_alias(&asked.template);
         let served_from_alias = resolved != asked.template;
@@ -135,17 +138,21 @@ impl<'a> Service<'a> {
             .isolation
             .unwrap_or_else(|| state.runtime.default_isolation());
         // Warm sandboxes started without saved files.
-        let (warm, pool) =
-            if isolation == pooled && lineage.state_layers.is_empty() && mounts.is_empty() {
-                state.pools.claim(&template.name, &limits)
-            } else {
-                (None, None)
-            };
+        let (warm, pool) = if isolation == pooled
+            && lineage.state_layers.is_empty()
+            && mounts.is_empty()
+            && memory_image.is_none()
+        {
+            state.pools.claim(&template.name, &limits)
+        } else {
+            (None, None)
+        };
         if let Some(pool) = pool {
             // Top the pool up behind this request.
             let st = state.clone();
             tokio::spawn(async move { pool.refill(&st.runtime).await });
         }
+        let mut memory = false;
         let (sandbox, warm_context) = match warm {
             Some(w) => {
                 // Pooled sandboxes are made with no network.
@@ -157,18 +164,47 @@ impl<'a> Service<'a> {
                 }
                 (w.sandbox, w.context)
             }
-            None => (
-                self.start(
-                    &template,
-                    limits,
-                    network,
-                    isolation,
-                    &lineage.state_layers,
-                    mounts,
-                )
-                .await?,
-                None,
-            ),
+            None => {
+                let restored = match &memory_image {
+                    Some(image) if isolation == runcell_core::backend::Isolation::Gvisor => {
+                        let started = self
+                            .start(
+                                &template,
+                                limits,
+                                network.clone(),
+                                isolation,
+                                &lineage.state_layers,
+                                mounts.clone(),
+                                Some(image),
+                            )
+                            .await;
+                        // Its files still start it; what it lost is said.
+                        lineage.state_lost = started.is_err();
+                        if let Err(e) = &started {
+                            tracing::warn!("a gVisor sandbox's memory could not be restored; starting it on its files: {}", e.message);
+                        }
+                        started.ok()
+                    }
+                    _ => None,
+                };
+                memory = restored.is_some();
+                let sandbox = match restored {
+                    Some(s) => s,
+                    None => {
+                        self.start(
+                            &template,
+                            limits,
+                            network,
+                            isolation,
+                            &lineage.state_layers,
+                            mounts,
+                            None,
+                        )
+                        .await?
+                    }
+                };
+                (sandbox, None)
+            }
         };
         let now = now_ms();
         let record = Record {
@@ -222,6 +258,7 @@ impl<'a> Service<'a> {
             entry,
             boot,
             building_instead,
+            memory,
         })
     }
 
@@ -387,6 +424,7 @@ impl<'a> Service<'a> {
         isolation: runcell_core::backend::Isolation,
         state_layers: &[String],
         mounts: Vec<runcell_core::backend::BindMount>,
+        memory_image: Option<&std::path::Path>,
     ) -> Result<runcell_core::Sandbox, ApiError> {
         let state_layers = crate::snapshots::Layers::of(self.0).paths(state_layers);
         self.0
@@ -400,6 +438,7 @@ impl<'a> Service<'a> {
                 isolation: Some(isolation),
                 state_layers,
                 mounts,
+                memory_image: memory_image.map(std::path::Path::to_path_buf),
                 ..SandboxOptions::default()
             })
             .await
