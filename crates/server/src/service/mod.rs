@@ -40,6 +40,14 @@ pub(crate) struct Created {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Service<'a>(pub(crate) &'a Arc<AppState>);
 
+/// What a fresh sandbox starts from besides its template.
+struct Origin<'x> {
+    /// Saved files (state layer keys, topmost first).
+    state_layers: &'x [String],
+    /// A gVisor memory image to restore over them.
+    memory_image: Option<&'x std::path::Path>,
+}
+
 /// Counts a create in flight against the capacity until dropped.
 struct Slot<'a>(&'a AtomicUsize);
 
@@ -173,9 +181,11 @@ impl<'a> Service<'a> {
                                 limits,
                                 network.clone(),
                                 isolation,
-                                &lineage.state_layers,
+                                Origin {
+                                    state_layers: &lineage.state_layers,
+                                    memory_image: Some(image),
+                                },
                                 mounts.clone(),
-                                Some(image),
                             )
                             .await;
                         // Its files still start it; what it lost is said.
@@ -196,9 +206,11 @@ impl<'a> Service<'a> {
                             limits,
                             network,
                             isolation,
-                            &lineage.state_layers,
+                            Origin {
+                                state_layers: &lineage.state_layers,
+                                memory_image: None,
+                            },
                             mounts,
-                            None,
                         )
                         .await?
                     }
@@ -422,11 +434,10 @@ impl<'a> Service<'a> {
         limits: SandboxLimits,
         network: NetworkPolicy,
         isolation: runcell_core::backend::Isolation,
-        state_layers: &[String],
+        origin: Origin<'_>,
         mounts: Vec<runcell_core::backend::BindMount>,
-        memory_image: Option<&std::path::Path>,
     ) -> Result<runcell_core::Sandbox, ApiError> {
-        let state_layers = crate::snapshots::Layers::of(self.0).paths(state_layers);
+        let state_layers = crate::snapshots::Layers::of(self.0).paths(origin.state_layers);
         self.0
             .runtime
             .create(SandboxOptions {
@@ -438,7 +449,7 @@ impl<'a> Service<'a> {
                 isolation: Some(isolation),
                 state_layers,
                 mounts,
-                memory_image: memory_image.map(std::path::Path::to_path_buf),
+                memory_image: origin.memory_image.map(std::path::Path::to_path_buf),
                 ..SandboxOptions::default()
             })
             .await
