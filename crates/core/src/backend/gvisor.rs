@@ -1338,14 +1338,6 @@ impl GvisorSandbox {
     fn restore_in_place(&self, image: &Path) -> Result<(), GvisorError> {
         let t0 = Instant::now();
         let log_path = self.dir.join("agent.log");
-        let log = || {
-            OpenOptions::new()
-                .create(true)
-                .append(true)
-                .mode(0o600)
-                .open(&log_path)
-                .map_err(io_err(&log_path))
-        };
         // What `runsc delete` does for it, without waiting as it does for
         // the stopped sentry to be reaped (by an init that may take a
         // second): its processes are gone (the gofer ends with the
@@ -1373,18 +1365,17 @@ impl GvisorSandbox {
         allow_resume(&self.dir)?;
         let pid_file = self.dir.join("sandbox.pid");
         let _ = fs::remove_file(&pid_file);
-        let out = log()?;
+        let out = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(&log_path)
+            .map_err(io_err(&log_path))?;
         let mut cmd = self.backend.container_cmd(&self.dir, self.host_network);
         cmd.stdin(Stdio::null())
             .stdout(out.try_clone().map_err(io_err(&log_path))?)
             .stderr(out);
-        restore_cmd(
-            &mut cmd,
-            image,
-            &self.dir.join("bundle"),
-            &pid_file,
-            &self.id,
-        );
+        restore_cmd(&mut cmd, image, &bundle, &pid_file, &self.id);
         run_checked(&mut cmd, "restore", &log_path, CHECKPOINT_TIMEOUT)?;
         let t_restore = t0.elapsed();
         let (pid, start_time, _) =

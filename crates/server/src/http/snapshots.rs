@@ -102,7 +102,7 @@ pub(crate) async fn resume(
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshots", tag = "snapshots", operation_id = "snapshotSandbox", params(("id" = String, Path, description = "The sandbox id")),
-    responses((status = 409, description = "The sandbox stopped running", body = ErrorView), (status = 400, description = "The sandbox's isolation cannot do this (the error says which)", body = ErrorView), (status = 201, description = "Its files now, saved (the sandbox is frozen for the copy and runs on)", body = SnapshotView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 507, description = "The workspace's snapshot quota is used up", body = ErrorView)))]
+    responses((status = 409, description = "The sandbox stopped running", body = ErrorView), (status = 400, description = "The sandbox's isolation cannot do this (the error says which)", body = ErrorView), (status = 201, description = "Its files now, saved (the sandbox is frozen for the copy and runs on); a gVisor sandbox's memory too (`memory: true`: it is checkpointed, which stops it for about a second, and restored in place)", body = SnapshotView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 507, description = "The workspace's snapshot quota is used up", body = ErrorView)))]
 pub(crate) async fn create(
     axum::extract::State(state): St,
     Extension(ws): Extension<Workspace>,
@@ -219,7 +219,7 @@ fn fork_view(
 const MAX_TREE: usize = 16;
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", tag = "snapshots", operation_id = "forkSandbox", params(("id" = String, Path, description = "The parent sandbox id")), request_body = Option<ForkReq>,
-    responses((status = 409, description = "The sandbox stopped running", body = ErrorView), (status = 201, description = "A new sandbox whose files start as the parent's now (copy-on-write)", body = ForkView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 429, description = "A per-workspace quota is reached", body = ErrorView), (status = 503, description = "No capacity; retry after Retry-After seconds", body = ErrorView)))]
+    responses((status = 409, description = "The sandbox stopped running", body = ErrorView), (status = 201, description = "A new sandbox whose files start as the parent's now (copy-on-write); with gVisor its processes and memory too (`memory: true`), unless the restore failed (`memory: false`, `state_lost: true`)", body = ForkView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 429, description = "A per-workspace quota is reached", body = ErrorView), (status = 503, description = "No capacity; retry after Retry-After seconds", body = ErrorView)))]
 pub(crate) async fn fork(
     axum::extract::State(state): St,
     Extension(ws): Extension<Workspace>,
