@@ -204,6 +204,14 @@ async fn a_hibernated_gvisor_sandbox_wakes_with_its_memory_even_after_a_sigkill(
         )
         .json(&json!({ "code": code }))
     };
+    // The same code context in another sandbox (one made from a snapshot).
+    let run_in = |d: &Daemon, other: &str, code: &str| {
+        d.req(
+            Method::POST,
+            &format!("/v1/sandboxes/{other}/repl/sessions/{sid}/run"),
+        )
+        .json(&json!({ "code": code }))
+    };
     let ok = |rb: reqwest::RequestBuilder| async move {
         let r = rb.send().await.unwrap();
         let status = r.status().as_u16();
@@ -225,6 +233,12 @@ async fn a_hibernated_gvisor_sandbox_wakes_with_its_memory_even_after_a_sigkill(
     assert_eq!(s, 200, "{body}");
     let (_, body) = d.exec(&id, "kill -0 $(cat ~/bg) && echo alive").await;
     assert_eq!(body["stdout"], "alive\n", "before: {body}");
+
+    // A snapshot's memory outlives the daemon too.
+    let (s, snap) = d
+        .post(&format!("/v1/sandboxes/{id}/snapshots"), json!({}))
+        .await;
+    assert_eq!((s, &snap["memory"]), (201, &json!(true)), "{snap}");
 
     let hibernate_path = format!("/v1/sandboxes/{id}/hibernate");
     assert_eq!(
@@ -250,6 +264,14 @@ async fn a_hibernated_gvisor_sandbox_wakes_with_its_memory_even_after_a_sigkill(
         !data.join("memory").join(&id).exists(),
         "the image was kept"
     );
+    let from = d
+        .create_json(json!({"from_snapshot": snap["id"], "ttl_seconds": 600}))
+        .await;
+    let from = from["id"].as_str().unwrap().to_string();
+    kept_memory(&d, &from, run_in(&d, &from, "print(x)"), "42\n").await;
+    d.delete(&from).await;
+    let snap_path = format!("/v1/snapshots/{}", snap["id"].as_str().unwrap());
+    assert_eq!(d.status(Method::DELETE, &snap_path, None).await, 204);
 
     // Again, several times: the agent listens again after every restore
     // (a restore that did not come up fell back to the files, about one
@@ -279,6 +301,10 @@ async fn a_hibernated_gvisor_sandbox_wakes_with_its_memory_even_after_a_sigkill(
         .map(|d| d.flatten().map(|e| e.file_name()).collect())
         .unwrap_or_default();
     assert!(left.is_empty(), "memory images left: {left:?}");
+    let left: Vec<_> = std::fs::read_dir(data.join("snapshot-memory"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "snapshot memory images left: {left:?}");
 }
 
 /// Runs the cell `rb` on woken sandbox `id`: its memory came back (the
