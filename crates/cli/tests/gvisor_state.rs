@@ -65,6 +65,30 @@ async fn gvisor_snapshots_and_forks_carry_files_and_memory() {
     );
     let (_, body) = d.exec(&id, "cat ~/f").await;
     assert_eq!(body["stdout"], "kept\n", "{body}");
+    // A call that comes while a snapshot stops the sandbox waits for it,
+    // then runs.
+    let (url, key) = (d.url.clone(), d.key.clone());
+    let path = format!("/v1/sandboxes/{id}/snapshots");
+    let second = tokio::spawn(async move {
+        let r = reqwest::Client::new()
+            .post(format!("{url}{path}"))
+            .bearer_auth(key)
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap();
+        (
+            r.status().as_u16(),
+            r.json::<serde_json::Value>().await.unwrap(),
+        )
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let (s, body) = d.exec(&id, "cat ~/f").await;
+    assert_eq!((s, &body["stdout"]), (200, &json!("kept\n")), "{body}");
+    let (s, second) = second.await.unwrap();
+    assert_eq!((s, &second["memory"]), (201, &json!(true)), "{second}");
+    let second_path = format!("/v1/snapshots/{}", second["id"].as_str().unwrap());
+    assert_eq!(d.status(Method::DELETE, &second_path, None).await, 204);
 
     // A sandbox from the snapshot has its files and the variable as it
     // was then.
