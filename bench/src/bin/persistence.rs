@@ -6,9 +6,11 @@
 //! each layer store (`runcell serve --layer-store tmpfs`: saves copy the
 //! sandbox's tmpfs with `cp -a`; `btrfs`: saves are subvolume snapshots).
 //! The baseline in the same run is `cp -a` of the same tree on the host:
-//! what a full copy costs. Then gVisor's hibernation with memory (an idle
-//! Python context and one holding 100 MB), beside `runsc checkpoint` and
-//! `runsc restore` run directly on a plain container holding the same.
+//! what a full copy costs. Then gVisor's hibernation, snapshot and fork
+//! with memory (an idle Python context and one holding 100 MB; the
+//! snapshot's sandbox and the fork read a variable set before), beside
+//! `runsc checkpoint` and `runsc restore` run directly on a plain
+//! container holding the same.
 //!
 //! Run with `sudo ./scripts/bench.sh --persistence [--iterations N]`.
 
@@ -441,11 +443,13 @@ async fn suite(
 
 /// gVisor hibernation with memory: hibernate (quiesce, `runsc checkpoint`
 /// and the files) and wake to a cell that reads a variable set before
-/// (`runsc restore`), for an idle Python context and one holding 100 MB;
-/// the baseline is `runsc checkpoint` and `runsc restore` run directly on
-/// a plain container whose Python holds the same.
+/// (`runsc restore`); snapshot and fork with memory (checkpoint, copy,
+/// restore in place), a create from the snapshot and the fork each to a
+/// cell reading the variable; for an idle Python context and one holding
+/// 100 MB. The baseline is `runsc checkpoint` and `runsc restore` run
+/// directly on a plain container whose Python holds the same.
 async fn gvisor_rows(api: &Api, data: &std::path::Path, m: usize) {
-    println!("\n# gVisor: hibernation with memory ({m} iterations)\n");
+    println!("\n# gVisor: hibernation, snapshots and forks with memory ({m} iterations)\n");
     println!("| operation | p50 ms | p95 ms | n |\n|---|---:|---:|---:|");
     for mb in [0u64, 100] {
         let v = api
@@ -494,6 +498,20 @@ async fn gvisor_rows(api: &Api, data: &std::path::Path, m: usize) {
             &format!("gVisor wake to a cell reading a variable ({mb} MB)"),
             wake,
         );
+        let session = s["id"].as_str().expect("session id");
+        let (snap, from, fork) = gvisor_save_rows(api, &sb, session, m).await;
+        row(
+            &format!("gVisor snapshot with memory ({mb} MB; the sandbox runs on)"),
+            snap,
+        );
+        row(
+            &format!("gVisor create from it to a cell reading the variable ({mb} MB)"),
+            from,
+        );
+        row(
+            &format!("gVisor fork with memory to a cell reading the variable ({mb} MB)"),
+            fork,
+        );
         api.delete(&sb).await;
     }
     for mb in [0u64, 100] {
@@ -507,6 +525,68 @@ async fn gvisor_rows(api: &Api, data: &std::path::Path, m: usize) {
             restore,
         );
     }
+}
+
+/// `m` snapshots of gVisor sandbox `sb` (each with memory, deleted after a
+/// sandbox made from it read `x` in code context `session`) and `m` forks
+/// (each reads `x`, then is deleted): the snapshot, the create from it to
+/// the cell, and the fork to the cell.
+async fn gvisor_save_rows(
+    api: &Api,
+    sb: &str,
+    session: &str,
+    m: usize,
+) -> (Vec<Duration>, Vec<Duration>, Vec<Duration>) {
+    let (mut snap, mut from, mut fork) = (Vec::new(), Vec::new(), Vec::new());
+    let read_x = |id: &str| format!("/v1/sandboxes/{id}/repl/sessions/{session}/run");
+    for _ in 0..m {
+        let (d, v) = api
+            .timed(Method::POST, &format!("/v1/sandboxes/{sb}/snapshots"), 201)
+            .await;
+        snap.push(d);
+        assert_eq!(v["memory"], true, "a snapshot without memory: {v}");
+        let snap_id = v["id"].as_str().unwrap_or_default().to_string();
+        let t = Instant::now();
+        let v = api
+            .ok(
+                Method::POST,
+                "/v1/sandboxes",
+                json!({"from_snapshot": snap_id, "ttl_seconds": 3600}),
+                201,
+            )
+            .await;
+        let id = v["id"].as_str().unwrap_or_default().to_string();
+        let v = api
+            .ok(Method::POST, &read_x(&id), json!({"code": "print(x)"}), 200)
+            .await;
+        from.push(t.elapsed());
+        assert_eq!(v["stdout"], "42\n", "the snapshot lost the variable: {v}");
+        api.delete(&id).await;
+        api.call(
+            Method::DELETE,
+            &format!("/v1/snapshots/{snap_id}"),
+            json!({}),
+        )
+        .await;
+        let t = Instant::now();
+        let v = api
+            .ok(
+                Method::POST,
+                &format!("/v1/sandboxes/{sb}/fork"),
+                json!({}),
+                201,
+            )
+            .await;
+        assert_eq!(v["memory"], true, "a fork without memory: {v}");
+        let id = v["id"].as_str().unwrap_or_default().to_string();
+        let v = api
+            .ok(Method::POST, &read_x(&id), json!({"code": "print(x)"}), 200)
+            .await;
+        fork.push(t.elapsed());
+        assert_eq!(v["stdout"], "42\n", "the fork lost the variable: {v}");
+        api.delete(&id).await;
+    }
+    (snap, from, fork)
 }
 
 /// `runsc checkpoint` and `runsc restore` run directly, `m` times each,

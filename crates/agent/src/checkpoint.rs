@@ -9,12 +9,22 @@
 //! host connection (an exec in flight on one is killed, as when its client
 //! goes away), then writes [`QUIESCED`] in the host directory and waits.
 //! Its processes keep running, and their memory (code contexts' variables
-//! included) is what the checkpoint saves. Once the host writes [`RESUME`]
-//! there (after a restore into a new container, or because it gave up),
-//! the agent removes both markers, binds its socket again and serves.
+//! included) is what the checkpoint saves. It serves again once the host
+//! writes [`RESUME`] there or sends `SIGUSR1` again ([`signal`]); then it
+//! removes both markers and binds its socket again.
+//!
+//! The marker is written before `runsc restore` starts the restored
+//! sandbox, never after: gVisor serves the sandbox's root (the host
+//! directory included) as its own (exclusive file access) and caches what
+//! a lookup did not find, so a restored agent that looked for the marker
+//! before the host wrote it would never see it (about one restore in
+//! three, when the marker came after `runsc restore` returned). The
+//! signal is for a live agent, whose earlier lookups are cached: the host
+//! gives up a checkpoint with it, and nudges a restored agent that is slow
+//! to serve.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -31,6 +41,8 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 struct State {
     quiesce: watch::Sender<bool>,
+    /// Set by a `SIGUSR1` while quiescing: serve again.
+    resume: AtomicBool,
     open: AtomicUsize,
     closed: Notify,
 }
@@ -39,6 +51,7 @@ fn state() -> &'static State {
     static S: OnceLock<State> = OnceLock::new();
     S.get_or_init(|| State {
         quiesce: watch::Sender::new(false),
+        resume: AtomicBool::new(false),
         open: AtomicUsize::new(0),
         closed: Notify::new(),
     })
@@ -74,8 +87,20 @@ pub fn is_quiescing() -> bool {
 }
 
 /// Starts quiescing: every connection sees [`quiesced`] complete.
-pub fn begin() {
-    state().quiesce.send_replace(true);
+fn begin() {
+    let s = state();
+    s.resume.store(false, Ordering::Release);
+    s.quiesce.send_replace(true);
+}
+
+/// What the host's `SIGUSR1` means: quiesce for a checkpoint ([`begin`]),
+/// or, while quiescing, serve again (as [`RESUME`] does).
+pub fn signal() {
+    if is_quiescing() {
+        state().resume.store(true, Ordering::Release);
+    } else {
+        begin();
+    }
 }
 
 /// The listener's side, once it stopped listening: waits for every host
@@ -103,7 +128,7 @@ pub async fn hold() {
         tracing::error!("could not report the quiesce: {e}");
     }
     tracing::info!("quiesced for a checkpoint; waiting to resume");
-    while !Path::new(RESUME).exists() {
+    while !s.resume.load(Ordering::Acquire) && !Path::new(RESUME).exists() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let _ = std::fs::remove_file(RESUME);

@@ -68,9 +68,7 @@ pub async fn run(
                 .map_err(ServeError::Listener)?;
         tokio::spawn(async move {
             while usr1.recv().await.is_some() {
-                if !checkpoint::is_quiescing() {
-                    checkpoint::begin();
-                }
+                checkpoint::signal();
             }
         });
     }

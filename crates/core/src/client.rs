@@ -10,7 +10,7 @@ use runcell_protocol::{
     read_frame, write_frame, ClientMessage, CodecError, ErrorKind, Event, Frame, Request,
     ServerMessage, PROTOCOL_VERSION,
 };
-use tokio::net::unix::OwnedWriteHalf;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 
@@ -55,7 +55,7 @@ pub struct AgentClient {
     writer: tokio::sync::Mutex<OwnedWriteHalf>,
     pending: Pending,
     next_id: AtomicU64,
-    reader: tokio::task::JoinHandle<()>,
+    reader: Mutex<tokio::task::JoinHandle<()>>,
     sandbox_id: String,
     path: PathBuf,
     /// Requests that use the sandbox (execs, code, cells, files) whose
@@ -130,73 +130,38 @@ impl Replies {
 impl AgentClient {
     /// Connects and checks the agent's hello.
     pub async fn connect(path: &Path) -> Result<Self, ClientError> {
-        // However deep the sandbox's directory is (sun_path holds 107 bytes).
-        let short = runcell_jail::socket::SocketPath::new(path).map_err(ClientError::Connect)?;
-        let stream = UnixStream::connect(short.path())
-            .await
-            .map_err(ClientError::Connect)?;
-        drop(short);
-        let (mut rd, wr) = stream.into_split();
-        let hello: Frame<ServerMessage> = read_frame(&mut rd).await?.ok_or(ClientError::Closed)?;
-        let sandbox_id = match hello.header.event {
-            Event::Hello {
-                version,
-                sandbox_id,
-                ..
-            } => {
-                if version != PROTOCOL_VERSION {
-                    return Err(ClientError::Version {
-                        agent: version,
-                        ours: PROTOCOL_VERSION,
-                    });
-                }
-                sandbox_id
-            }
-            other => return Err(ClientError::Unexpected(Box::new(other))),
-        };
+        let (rd, wr, sandbox_id) = open(path).await?;
         let pending: Pending = Arc::default();
-        let p = pending.clone();
-        let reader = tokio::spawn(async move {
-            loop {
-                let frame: Frame<ServerMessage> = match read_frame(&mut rd).await {
-                    Ok(Some(f)) => f,
-                    Ok(None) => break,
-                    Err(e) => {
-                        tracing::warn!("agent connection: {e}");
-                        break;
-                    }
-                };
-                let ServerMessage { id, event } = frame.header;
-                let last = event.is_final();
-                let tx = {
-                    let mut map = p.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                    if last {
-                        map.remove(&id)
-                    } else {
-                        map.get(&id).cloned()
-                    }
-                };
-                if let Some(tx) = tx {
-                    // Awaiting here applies backpressure all the way to the
-                    // process, and stalls every request of this connection:
-                    // a request whose reader may be slow (exec output) gets
-                    // a connection of its own (`request_own`).
-                    let _ = tx.send((event, frame.body)).await;
-                }
-            }
-            p.lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .clear();
-        });
+        let reader = spawn_reader(rd, pending.clone());
         Ok(Self {
             writer: tokio::sync::Mutex::new(wr),
             pending,
             next_id: AtomicU64::new(1),
-            reader,
+            reader: Mutex::new(reader),
             sandbox_id,
             path: path.to_path_buf(),
             work: Arc::default(),
         })
+    }
+
+    /// Connects again (the agent closed its connections, as a gVisor
+    /// agent does for a checkpoint): requests from here on go over the new
+    /// connection; those that waited on the old one have ended.
+    pub async fn reconnect(&self) -> Result<(), ClientError> {
+        let (rd, wr, _) = open(&self.path).await?;
+        let mut writer = self.writer.lock().await;
+        let mut reader = self
+            .reader
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        reader.abort();
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
+        *writer = wr;
+        *reader = spawn_reader(rd, self.pending.clone());
+        Ok(())
     }
 
     /// Sends a request on a new connection of its own, which lives as long
@@ -269,8 +234,78 @@ impl AgentClient {
     }
 }
 
+/// Connects to the agent at `path` and reads its hello: the connection's
+/// halves and the sandbox id it reported.
+async fn open(path: &Path) -> Result<(OwnedReadHalf, OwnedWriteHalf, String), ClientError> {
+    // However deep the sandbox's directory is (sun_path holds 107 bytes).
+    let short = runcell_jail::socket::SocketPath::new(path).map_err(ClientError::Connect)?;
+    let stream = UnixStream::connect(short.path())
+        .await
+        .map_err(ClientError::Connect)?;
+    drop(short);
+    let (mut rd, wr) = stream.into_split();
+    let hello: Frame<ServerMessage> = read_frame(&mut rd).await?.ok_or(ClientError::Closed)?;
+    let sandbox_id = match hello.header.event {
+        Event::Hello {
+            version,
+            sandbox_id,
+            ..
+        } => {
+            if version != PROTOCOL_VERSION {
+                return Err(ClientError::Version {
+                    agent: version,
+                    ours: PROTOCOL_VERSION,
+                });
+            }
+            sandbox_id
+        }
+        other => return Err(ClientError::Unexpected(Box::new(other))),
+    };
+    Ok((rd, wr, sandbox_id))
+}
+
+/// Reads the agent's replies on `rd` and hands them to their requests in
+/// `p`; when the connection ends, every request still waiting ends too.
+fn spawn_reader(mut rd: OwnedReadHalf, p: Pending) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let frame: Frame<ServerMessage> = match read_frame(&mut rd).await {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!("agent connection: {e}");
+                    break;
+                }
+            };
+            let ServerMessage { id, event } = frame.header;
+            let last = event.is_final();
+            let tx = {
+                let mut map = p.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                if last {
+                    map.remove(&id)
+                } else {
+                    map.get(&id).cloned()
+                }
+            };
+            if let Some(tx) = tx {
+                // Awaiting here applies backpressure all the way to the
+                // process, and stalls every request of this connection:
+                // a request whose reader may be slow (exec output) gets
+                // a connection of its own (`request_own`).
+                let _ = tx.send((event, frame.body)).await;
+            }
+        }
+        p.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
+    })
+}
+
 impl Drop for AgentClient {
     fn drop(&mut self) {
-        self.reader.abort();
+        self.reader
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .abort();
     }
 }

@@ -272,6 +272,43 @@ impl Sandbox {
         Ok((saved?, memory))
     }
 
+    /// Saves its processes and memory into the new directory `image` and
+    /// its files into the new directory `layer`, of one instant, and runs
+    /// on with its memory (gVisor: checkpoint, copy, restore in place);
+    /// then [`Sandbox::reconnect`]. Where the memory cannot be saved and it
+    /// still runs (a paused sandbox, or an agent that did not let go of its
+    /// connections), its files are saved as [`Sandbox::save_layer`] does,
+    /// and the inner error says why not. Returns the bytes the layer takes.
+    /// An error: nothing was saved, and it may have ended (`is_alive`).
+    pub fn save_running(
+        &self,
+        image: &std::path::Path,
+        layer: &std::path::Path,
+    ) -> Result<(u64, Result<(), Error>), Error> {
+        let jail = self.jail();
+        let why_not = if jail.is_frozen() {
+            // Its agent cannot let go of its connections while frozen.
+            Error::Jail(crate::backend::BackendError::Unsupported {
+                isolation: self.isolation,
+                what: "save the memory of a paused sandbox",
+            })
+        } else {
+            match jail.save_running(image, layer) {
+                Ok(bytes) => return Ok((bytes, Ok(()))),
+                Err(e) => Error::from(e),
+            }
+        };
+        if !jail.is_alive() {
+            return Err(why_not);
+        }
+        Ok((self.save_layer(layer)?, Err(why_not)))
+    }
+
+    /// Connects to its agent again, after [`Sandbox::save_running`].
+    pub async fn reconnect(&self) -> Result<(), Error> {
+        Ok(self.agent.reconnect().await?)
+    }
+
     /// The network policy and egress counters; `None` for a sandbox made
     /// without egress (or re-attached after a restart, whose egress socket
     /// died with the previous process).

@@ -10,11 +10,17 @@
 //! forks cost one copy of what the parent wrote, not ten). Layers no
 //! snapshot or live sandbox uses are removed ([`Layers::collect`]).
 //!
-//! Snapshots and forks save files, not processes and memory (the jail
-//! cannot checkpoint them, nor can this gVisor without stopping the
-//! sandbox): answers say `memory: false`. A gVisor sandbox hibernates with
+//! With the jail, snapshots and forks save files, not processes and
+//! memory: answers say `memory: false`. A gVisor sandbox hibernates with
 //! its memory (`runsc checkpoint` into `<data>/memory/<id>`), and its wake
-//! restores it.
+//! restores it. Its snapshots and forks carry its memory too: it is
+//! checkpointed (which stops it), its files copied, and it is restored in
+//! place from the same image (`Sandbox::save_running`); a snapshot keeps
+//! the image (`<data>/snapshot-memory/<snapshot id>`) beside its layer, a
+//! fork's image lives until its children started from it. A create from
+//! such a snapshot, or a fork, restores the image over a copy-on-write
+//! copy of the files; where that fails it starts on the files alone and
+//! says `state_lost`.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -452,6 +458,93 @@ impl<'a> Service<'a> {
         }
     }
 
+    /// Saves `e`'s files as a new layer and, for a gVisor sandbox that is
+    /// not paused, its processes and memory into `image`; it runs on with
+    /// its memory. Whether the memory was saved comes back too (where it
+    /// was not, runsc's reason is logged and the files still are).
+    async fn save_with_memory(
+        self,
+        e: &Arc<Entry>,
+        image: &Path,
+    ) -> Result<(Saved<'a>, bool), ApiError> {
+        if e.sandbox.isolation() != runcell_core::backend::Isolation::Gvisor {
+            return Ok((self.save(e).await?, false));
+        }
+        let id = e.sandbox.id().to_string();
+        // Nothing else (a hibernation, a wake) happens to it meanwhile.
+        let one = self.0.sandbox_lock(&id);
+        let _one = one.lock().await;
+        let key = format!("l-{}", uuid::Uuid::new_v4());
+        self.0
+            .saving_layers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key.clone());
+        let mut saved = Saved {
+            key,
+            bytes: 0,
+            state: self.0,
+        };
+        let layers = self.layers();
+        for dir in [&layers.dir, &snapshot_memory_dir(&self.0.config.data_dir)] {
+            std::fs::create_dir_all(dir).map_err(|err| {
+                ApiError::internal(format!("The state directory could not be made: {err}"))
+            })?;
+        }
+        let dest = layers.path(&saved.key);
+        let entry = e.clone();
+        let img = image.to_path_buf();
+        let started = std::time::Instant::now();
+        let done = tokio::task::spawn_blocking(move || entry.sandbox.save_running(&img, &dest))
+            .await
+            .map_err(|err| ApiError::internal(format!("Saving the sandbox failed: {err}")))?;
+        let (bytes, memory) = match done {
+            Ok(d) => d,
+            Err(_) if !e.sandbox.is_alive() => {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    format!("Sandbox {id} stopped running; it could not be saved."),
+                ))
+            }
+            Err(err) => {
+                return Err(ApiError::internal(format!(
+                    "The sandbox could not be saved: {err}"
+                )))
+            }
+        };
+        let with_memory = match memory {
+            Ok(()) => {
+                // Its agent closed every host connection for the checkpoint.
+                if let Err(err) = e.sandbox.reconnect().await {
+                    let _ = std::fs::remove_dir_all(image);
+                    self.layers().remove(&saved.key);
+                    return Err(ApiError::internal(format!(
+                        "The sandbox was saved but does not answer since: {err}"
+                    )));
+                }
+                true
+            }
+            Err(err) => {
+                tracing::warn!(sandbox = %id, "saving its files without its memory: {err}");
+                false
+            }
+        };
+        tracing::info!(
+            sandbox = %id,
+            bytes,
+            memory = with_memory,
+            ms = runcell_protocol::units::millis(started.elapsed()),
+            "sandbox saved"
+        );
+        saved.bytes = bytes;
+        Ok((saved, with_memory))
+    }
+
+    /// Whether snapshot `id` carries memory (a gVisor image beside its files).
+    pub(crate) fn snapshot_has_memory(self, id: &str) -> bool {
+        snapshot_image(&self.0.config.data_dir, id).is_dir()
+    }
+
     /// The lineage of a live sandbox.
     pub(crate) fn lineage_of(self, id: &str) -> Lineage {
         self.0
@@ -482,12 +575,19 @@ impl<'a> Service<'a> {
         if used >= quota {
             return Err(full(used, quota));
         }
-        let saved = self.save(e).await?;
-        let size = saved.bytes;
+        let snap_id = format!("snap-{}", uuid::Uuid::new_v4());
+        let image = snapshot_image(&state.config.data_dir, &snap_id);
+        let (saved, memory) = self.save_with_memory(e, &image).await?;
+        // Its memory image counts against the quota with its files.
+        let size = saved.bytes.saturating_add(if memory {
+            runcell_jail::layer::disk_usage(&image)
+        } else {
+            0
+        });
         let mut layers = vec![saved.key.clone()];
         layers.extend(self.lineage_of(&id).state_layers);
         let snap = Snapshot {
-            id: format!("snap-{}", uuid::Uuid::new_v4()),
+            id: snap_id,
             workspace: workspace.to_string(),
             sandbox_id: id,
             template,
@@ -506,6 +606,7 @@ impl<'a> Service<'a> {
         };
         if let Err(err) = recorded {
             self.layers().remove(&snap.layers[0]);
+            let _ = std::fs::remove_dir_all(&image);
             return Err(err);
         }
         tracing::info!(snapshot = %snap.id, sandbox = %snap.sandbox_id, bytes = size, "snapshot taken");
@@ -522,6 +623,7 @@ impl<'a> Service<'a> {
         if !deleted {
             return Err(ApiError::new(StatusCode::NOT_FOUND, "snapshot not found"));
         }
+        let _ = std::fs::remove_dir_all(snapshot_image(&state.config.data_dir, id));
         self.collect_layers();
         Ok(())
     }
@@ -550,6 +652,14 @@ impl<'a> Service<'a> {
                     ),
                 )
             })?;
+        // Its memory comes along onto its own template and backend.
+        let image = snapshot_image(&self.0.config.data_dir, &snap.id);
+        if spec.template.as_ref().is_none_or(|t| *t == snap.template)
+            && spec.isolation.is_none_or(|i| i == snap.isolation)
+            && image.is_dir()
+        {
+            spec.memory_image = Some(image);
+        }
         spec.template.get_or_insert(snap.template);
         spec.isolation.get_or_insert(snap.isolation);
         spec.state_layers = snap.layers;
@@ -568,7 +678,12 @@ impl<'a> Service<'a> {
         count: usize,
         tree: Option<&str>,
     ) -> Result<Vec<Created>, ApiError> {
-        let saved = self.save(parent).await?;
+        // A fork's memory image lives until its children started from it.
+        let image = snapshot_image(
+            &self.0.config.data_dir,
+            &format!("fork-{}", uuid::Uuid::new_v4()),
+        );
+        let (saved, memory) = self.save_with_memory(parent, &image).await?;
         let key = saved.key.clone();
         let r = parent
             .record
@@ -601,6 +716,7 @@ impl<'a> Service<'a> {
                     forked_from: Some(r.id.clone()),
                     ..Lineage::default()
                 },
+                memory_image: memory.then(|| image.clone()),
                 ..CreateSpec::default()
             };
             match self.create_sandbox(workspace, child).await {
@@ -611,6 +727,7 @@ impl<'a> Service<'a> {
                 }
             }
         }
+        let _ = std::fs::remove_dir_all(&image);
         if children.is_empty() {
             // Nothing uses the new layer.
             self.layers().remove(&key);
@@ -1068,8 +1185,39 @@ fn memory_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("memory")
 }
 
+/// Where the memory images of gVisor snapshots (and, while their
+/// children start, of forks) live.
+fn snapshot_memory_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("snapshot-memory")
+}
+
+/// The memory image of snapshot `id` (a directory, where it has one).
+fn snapshot_image(data_dir: &Path, id: &str) -> PathBuf {
+    snapshot_memory_dir(data_dir).join(id)
+}
+
 /// Removes unused layers at start (what a killed daemon left half-made).
 pub fn collect_at_start(state: &AppState) {
+    // Memory images of snapshots no longer recorded (deleted, or half-made
+    // when a daemon was killed) and of forks a killed daemon left.
+    let snapshots = state
+        .registry
+        .with_conn(|c| -> Result<HashSet<String>, SnapshotError> {
+            let mut stmt = c.prepare("SELECT id FROM snapshots")?;
+            let ids = stmt.query_map([], |r| r.get::<_, String>(0))?;
+            Ok(ids.collect::<Result<_, _>>()?)
+        });
+    // Nothing is removed when the registry cannot say what is used.
+    if let (Ok(snapshots), Ok(dir)) = (
+        snapshots,
+        std::fs::read_dir(snapshot_memory_dir(&state.config.data_dir)),
+    ) {
+        for e in dir.flatten() {
+            if !snapshots.contains(e.file_name().to_string_lossy().as_ref()) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
     // Memory images of sandboxes no longer hibernated (a half-made one, or
     // one whose wake or deletion a killed daemon did not finish).
     let hibernated: HashSet<String> = state

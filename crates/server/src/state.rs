@@ -329,6 +329,21 @@ impl AppState {
             .clone()
     }
 
+    /// Waits until no hibernation, wake or memory save (a gVisor snapshot
+    /// or fork, which stops the sandbox for a moment) of `id` holds its
+    /// lock.
+    pub async fn settled(&self, id: &str) {
+        let lock = self
+            .transitions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(id)
+            .cloned();
+        if let Some(lock) = lock {
+            drop(lock.lock().await);
+        }
+    }
+
     /// Whether a hibernation or wake of `id` holds its lock right now.
     fn in_transition(&self, id: &str) -> bool {
         self.transitions

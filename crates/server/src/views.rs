@@ -86,8 +86,10 @@ pub struct SandboxView {
     /// What it becomes when its idle TTL runs out: `delete` or `hibernate`.
     #[schema(value_type = String)]
     pub on_idle: crate::snapshots::OnIdle,
-    /// `true` once it was hibernated and woken: its files are as they
-    /// were, but processes and code contexts (their variables) are gone.
+    /// `true` once it was hibernated and woken, or started from a gVisor
+    /// snapshot or fork whose memory could not be restored: its files are
+    /// as they were, but processes and code contexts (their variables)
+    /// are gone.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub state_lost: bool,
     /// Its volumes: name, where mounted, read-only or not.
@@ -426,8 +428,9 @@ pub struct BackendView {
     /// Its sandboxes' files can be saved: snapshots, forks, hibernation.
     pub save_files: bool,
     /// Running processes and memory are saved too, where it was verified
-    /// here (gVisor: a hibernation checkpoints them and a wake restores
-    /// them; `state_detail` says which operations).
+    /// here (gVisor: hibernation, snapshots and forks checkpoint them, and
+    /// a wake, a create from the snapshot or the fork restores them;
+    /// `state_detail` says how).
     pub save_memory: bool,
     /// What is saved, or why not.
     pub state_detail: String,

@@ -88,11 +88,13 @@ use super::{
 /// How long the host waits for runsc to start a container and for its
 /// agent to connect and report ready.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a restored sandbox's agent gets to serve again. A restore that
-/// works is ready within about 1.5 s here (a Python holding 100 MB, p95);
-/// about one in three on this runsc never gets there, and the wake then
-/// falls back to the files (`state_lost`) sooner rather than later.
+/// How long a restored sandbox's agent gets to serve again (once `runsc
+/// restore` returned; it is ready within milliseconds). Past it the wake
+/// falls back to the files (`state_lost`).
 const RESTORE_READY_TIMEOUT: Duration = Duration::from_secs(4);
+/// When a restored agent that does not serve yet is sent `SIGUSR1` (see
+/// [`GvisorPrepared::finish_restore`]).
+const RESTORE_NUDGE_AFTER: Duration = Duration::from_millis(500);
 
 /// Memory the cgroup allows on top of the sandbox's limit, for gVisor's
 /// sentry and its page tables.
@@ -520,6 +522,49 @@ impl GvisorBackend {
         &self.state_dir
     }
 
+    /// `runsc kill <id> USR1`: asks a running agent to quiesce for a
+    /// checkpoint, or a quiesced one to serve again
+    /// (`runcell-agent`'s `checkpoint::signal`). runsc's output goes to
+    /// `log`.
+    fn signal_agent(&self, dir: &Path, id: &str, log: &Path) -> Result<(), GvisorError> {
+        let out = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(log)
+            .map_err(io_err(log))?;
+        run_checked(
+            self.runsc_cmd(dir)
+                .args(["kill", id, "USR1"])
+                .stdin(Stdio::null())
+                .stdout(out.try_clone().map_err(io_err(log))?)
+                .stderr(out),
+            "kill USR1",
+            log,
+            SETUP_TIMEOUT,
+        )
+    }
+
+    /// `runsc` with the global flags of a container of the sandbox in
+    /// `dir` (for `run` and `restore`).
+    fn container_cmd(&self, dir: &Path, host_network: bool) -> Command {
+        let mut cmd = self.runsc_cmd(dir);
+        cmd.arg(if host_network {
+            "--network=host"
+        } else {
+            "--network=none"
+        })
+        .args(["--host-uds=all", "--overlay2=none"]);
+        // Debugging aid: runsc's debug logs and an strace of the sandbox's
+        // system calls, in that directory.
+        if let Some(debug) = std::env::var_os("RUNCELL_RUNSC_DEBUG") {
+            let mut log = std::ffi::OsString::from("--debug-log=");
+            log.push(PathBuf::from(debug).join(""));
+            cmd.args(["--debug", "--strace"]).arg(log);
+        }
+        cmd
+    }
+
     fn runsc_cmd(&self, dir: &Path) -> Command {
         let mut cmd = Command::new(&self.runsc);
         cmd.arg("--root")
@@ -599,8 +644,8 @@ impl GvisorBackend {
         Ok(GvisorSandbox {
             id: id.into(),
             dir,
-            pid: state.pid,
-            start_time: state.start_time,
+            sentry: std::sync::Mutex::new((state.pid, state.start_time)),
+            host_network: state.host_network,
             cgroup: Cgroup::open(hierarchy()?, &state.cgroup_parent, id),
             backend: self.clone(),
             _host_end: None,
@@ -627,6 +672,9 @@ struct StateFile {
     pid: i32,
     start_time: u64,
     cgroup_parent: String,
+    /// It shares the host's network (a restore in place needs to know).
+    #[serde(default)]
+    host_network: bool,
 }
 
 /// Writes `<dir>/gvisor.json`, whole or not at all: a sweeping process
@@ -891,34 +939,14 @@ impl GvisorPrepared {
             .open(&log_path)
             .map_err(io_err(&log_path))?;
         let pid_file = dir.join("sandbox.pid");
-        let mut cmd = self.backend.runsc_cmd(&dir);
-        cmd.arg(if self.host_network {
-            "--network=host"
-        } else {
-            "--network=none"
-        })
-        .args(["--host-uds=all", "--overlay2=none"]);
-        // Debugging aid: runsc's debug logs and an strace of the sandbox's
-        // system calls, in that directory.
-        if let Some(debug) = std::env::var_os("RUNCELL_RUNSC_DEBUG") {
-            let mut log = std::ffi::OsString::from("--debug-log=");
-            log.push(PathBuf::from(debug).join(""));
-            cmd.args(["--debug", "--strace"]).arg(log);
-        }
+        let mut cmd = self.backend.container_cmd(&dir, self.host_network);
         let out = log.try_clone().map_err(io_err(&log_path))?;
         cmd.stdin(Stdio::null()).stdout(out).stderr(log);
         if let Some(image) = &spec.memory_image {
             // The sandbox's processes and agent go on where they were; the
             // agent already has its spec.
-            cmd.arg("restore")
-                .arg("--image-path")
-                .arg(image)
-                .arg("--detach")
-                .arg("--bundle")
-                .arg(&bundle)
-                .arg("--pid-file")
-                .arg(&pid_file)
-                .arg(&self.id);
+            allow_resume(&dir)?;
+            restore_cmd(&mut cmd, image, &bundle, &pid_file, &self.id);
             run_checked(&mut cmd, "restore", &log_path, CHECKPOINT_TIMEOUT)?;
             return self.finish_restore(&log_path, &pid_file, egress, t0);
         }
@@ -991,6 +1019,7 @@ impl GvisorPrepared {
             pid,
             start_time,
             cgroup_parent: self.backend.cgroup_parent.clone(),
+            host_network: self.host_network,
         };
         write_state(&dir, &state)?;
         tracing::debug!(
@@ -1004,8 +1033,8 @@ impl GvisorPrepared {
         Ok(GvisorSandbox {
             id: self.id.clone(),
             dir: dir.clone(),
-            pid,
-            start_time,
+            sentry: std::sync::Mutex::new((pid, start_time)),
+            host_network: self.host_network,
             cgroup: self.cgroup.clone(),
             backend: self.backend.clone(),
             _host_end: spec.tied_to_process.then_some(host_end),
@@ -1013,9 +1042,11 @@ impl GvisorPrepared {
         })
     }
 
-    /// The end of a start by `runsc restore`: lets the restored agent
-    /// listen again ([`runcell_jail::gvisor::RESUME_MARKER`]) and waits
-    /// until it does.
+    /// The end of a start by `runsc restore`: waits until the restored
+    /// agent listens again (it found [`runcell_jail::gvisor::RESUME_MARKER`],
+    /// written before the restore). One that does not within
+    /// [`RESTORE_NUDGE_AFTER`] is also sent `SIGUSR1`, which tells a
+    /// quiesced agent to serve whatever its file lookups saw.
     fn finish_restore(
         mut self,
         log_path: &Path,
@@ -1024,43 +1055,8 @@ impl GvisorPrepared {
         t0: Instant,
     ) -> Result<GvisorSandbox, GvisorError> {
         let t_restore = t0.elapsed();
-        let pid: i32 = fs::read_to_string(pid_file)
-            .map_err(io_err(pid_file))?
-            .trim()
-            .parse()
-            .map_err(|_| {
-                io_err(pid_file)(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    "runsc wrote no pid",
-                ))
-            })?;
-        let start_time =
-            start_time(pid).ok_or_else(|| GvisorError::AgentDied(log_tail(log_path)))?;
-        let host = self.dir.join(HOST_SUBDIR);
-        let resume = host.join(marker_name(runcell_jail::gvisor::RESUME_MARKER));
-        let socket = host.join("agent.sock");
-        let _ = fs::remove_file(&socket);
-        fs::write(&resume, b"").map_err(io_err(&resume))?;
-        let deadline = Instant::now() + RESTORE_READY_TIMEOUT;
-        loop {
-            if !resume.exists() && socket.exists() {
-                let short =
-                    runcell_jail::socket::SocketPath::new(&socket).map_err(io_err(&socket))?;
-                if UnixStream::connect(short.path()).is_ok() {
-                    break;
-                }
-            }
-            if !alive(pid, start_time) {
-                return Err(GvisorError::AgentDied(log_tail(log_path)));
-            }
-            if Instant::now() >= deadline {
-                return Err(GvisorError::ReadyTimeout(
-                    RESTORE_READY_TIMEOUT,
-                    log_tail(log_path),
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        let (pid, start_time, nudged) =
+            wait_restored(&self.backend, &self.dir, &self.id, log_path, pid_file)?;
         write_state(
             &self.dir,
             &StateFile {
@@ -1068,20 +1064,22 @@ impl GvisorPrepared {
                 pid,
                 start_time,
                 cgroup_parent: self.backend.cgroup_parent.clone(),
+                host_network: self.host_network,
             },
         )?;
         tracing::debug!(
             sandbox = %self.id,
             restore_us = runcell_protocol::units::micros(t_restore),
             resume_us = runcell_protocol::units::micros(t0.elapsed() - t_restore),
+            nudged,
             "gvisor sandbox restored"
         );
         self.armed = false;
         Ok(GvisorSandbox {
             id: self.id.clone(),
             dir: self.dir.clone(),
-            pid,
-            start_time,
+            sentry: std::sync::Mutex::new((pid, start_time)),
+            host_network: self.host_network,
             cgroup: self.cgroup.clone(),
             backend: self.backend.clone(),
             _host_end: None,
@@ -1205,9 +1203,10 @@ impl Prepared for GvisorPrepared {
 struct GvisorSandbox {
     id: String,
     dir: PathBuf,
-    /// The sandbox process (gVisor's sentry) on the host.
-    pid: i32,
-    start_time: u64,
+    /// The sandbox process (gVisor's sentry) on the host, and its start
+    /// time: a restore in place ([`Instance::save_running`]) makes another.
+    sentry: std::sync::Mutex<(i32, u64)>,
+    host_network: bool,
     cgroup: Cgroup,
     backend: GvisorBackend,
     /// Held open for `tied_to_process` sandboxes: when it closes, the agent exits.
@@ -1225,7 +1224,7 @@ impl Instance for GvisorSandbox {
     }
 
     fn pid(&self) -> i32 {
-        self.pid
+        self.sentry().0
     }
 
     fn agent_channel(&self) -> AgentChannel {
@@ -1249,12 +1248,14 @@ impl Instance for GvisorSandbox {
     }
 
     fn is_alive(&self) -> bool {
-        alive(self.pid, self.start_time)
+        let (pid, start_time) = self.sentry();
+        alive(pid, start_time)
     }
 
     fn kill(&self) {
-        if alive(self.pid, self.start_time) {
-            kill_pid(self.pid);
+        let (pid, start_time) = self.sentry();
+        if alive(pid, start_time) {
+            kill_pid(pid);
         }
         // A frozen process dies of SIGKILL only once thawed.
         if self.cgroup.is_frozen() {
@@ -1286,6 +1287,32 @@ impl Instance for GvisorSandbox {
         Ok(self.checkpoint_to(image)?)
     }
 
+    // Checkpointed (which stops it), copied, restored in place: this runsc
+    // hangs in `checkpoint --leave-running`.
+    fn save_running(&self, image: &Path, layer: &Path) -> Result<u64, BackendError> {
+        let t0 = Instant::now();
+        self.checkpoint_to(image)?;
+        let t_checkpoint = t0.elapsed();
+        let saved = runcell_jail::gvisor::export_layer(&self.dir.join(ROOTFS_DIR), layer)
+            .map_err(GvisorError::Export);
+        let t_copy = t0.elapsed();
+        let restored = self.restore_in_place(image);
+        let done = saved.and_then(|bytes| restored.map(|()| bytes));
+        if done.is_err() {
+            let _ = fs::remove_dir_all(image);
+            let _ = fs::remove_dir_all(layer);
+        }
+        tracing::debug!(
+            sandbox = %self.id,
+            checkpoint_us = runcell_protocol::units::micros(t_checkpoint),
+            copy_us = runcell_protocol::units::micros(t_copy - t_checkpoint),
+            restore_us = runcell_protocol::units::micros(t0.elapsed() - t_copy),
+            ok = done.is_ok(),
+            "gvisor sandbox saved and running on"
+        );
+        Ok(done?)
+    }
+
     // The writable layer is on the host (`rootfs/upper`, written through
     // by the gofer): a copy of it, taken while the sandbox is frozen or
     // after it stopped.
@@ -1296,6 +1323,86 @@ impl Instance for GvisorSandbox {
 }
 
 impl GvisorSandbox {
+    /// The sentry's pid and start time.
+    fn sentry(&self) -> (i32, u64) {
+        *self
+            .sentry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Runs the sandbox on from `image`, a checkpoint of it that stopped
+    /// it: the stopped container is deleted (its root filesystem, cgroup
+    /// and host directory stay) and `runsc restore` starts it again under
+    /// the same id, where it was.
+    fn restore_in_place(&self, image: &Path) -> Result<(), GvisorError> {
+        let t0 = Instant::now();
+        let log_path = self.dir.join("agent.log");
+        // What `runsc delete` does for it, without waiting as it does for
+        // the stopped sentry to be reaped (by an init that may take a
+        // second): its processes are gone (the gofer ends with the
+        // sentry), then runsc's record of it, alone in its `--root`.
+        let bundle = self.dir.join("bundle");
+        let until = Instant::now() + SETUP_TIMEOUT;
+        loop {
+            let left = processes_mentioning(&bundle);
+            if left.is_empty() {
+                break;
+            }
+            if Instant::now() >= until {
+                return Err(GvisorError::Checkpoint(format!(
+                    "its processes outlived the checkpoint: {left:?}"
+                )));
+            }
+            for pid in left {
+                kill_pid(pid);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let runsc_root = self.dir.join(RUNSC_DIR);
+        fs::remove_dir_all(&runsc_root).map_err(io_err(&runsc_root))?;
+        let t_delete = t0.elapsed();
+        allow_resume(&self.dir)?;
+        let pid_file = self.dir.join("sandbox.pid");
+        let _ = fs::remove_file(&pid_file);
+        let out = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(&log_path)
+            .map_err(io_err(&log_path))?;
+        let mut cmd = self.backend.container_cmd(&self.dir, self.host_network);
+        cmd.stdin(Stdio::null())
+            .stdout(out.try_clone().map_err(io_err(&log_path))?)
+            .stderr(out);
+        restore_cmd(&mut cmd, image, &bundle, &pid_file, &self.id);
+        run_checked(&mut cmd, "restore", &log_path, CHECKPOINT_TIMEOUT)?;
+        let t_restore = t0.elapsed();
+        let (pid, start_time, _) =
+            wait_restored(&self.backend, &self.dir, &self.id, &log_path, &pid_file)?;
+        tracing::debug!(
+            sandbox = %self.id,
+            delete_us = runcell_protocol::units::micros(t_delete),
+            restore_us = runcell_protocol::units::micros(t_restore - t_delete),
+            resume_us = runcell_protocol::units::micros(t0.elapsed() - t_restore),
+            "gvisor sandbox restored in place"
+        );
+        *self
+            .sentry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = (pid, start_time);
+        write_state(
+            &self.dir,
+            &StateFile {
+                id: self.id.clone(),
+                pid,
+                start_time,
+                cgroup_parent: self.backend.cgroup_parent.clone(),
+                host_network: self.host_network,
+            },
+        )
+    }
+
     /// `runsc checkpoint` into `image`, once the agent dropped its host
     /// sockets (runsc cannot save one: "Cannot save endpoint with bound
     /// host socket"). The sandbox is stopped afterwards, also when runsc
@@ -1320,26 +1427,17 @@ impl GvisorSandbox {
         }
         let _ = fs::remove_file(&quiesced);
         let _ = fs::remove_file(&resume);
-        let out = log("kill")?;
-        run_checked(
-            self.backend
-                .runsc_cmd(&self.dir)
-                .args(["kill", &self.id, "USR1"])
-                .stdin(Stdio::null())
-                .stdout(out.try_clone().map_err(io_err(&log_path))?)
-                .stderr(out),
-            "kill USR1",
-            &log_path,
-            SETUP_TIMEOUT,
-        )?;
+        self.backend.signal_agent(&self.dir, &self.id, &log_path)?;
         let deadline = Instant::now() + QUIESCE_TIMEOUT;
         while !quiesced.exists() {
             if !self.is_alive() {
                 return Err(GvisorError::NotRunning(self.id.clone()));
             }
             if Instant::now() >= deadline {
-                // Let it serve again.
+                // Let it serve again: a second signal (it may have looked
+                // for the marker already, and gVisor caches the miss).
                 let _ = fs::write(&resume, b"");
+                let _ = self.backend.signal_agent(&self.dir, &self.id, &log_path);
                 return Err(GvisorError::Checkpoint(format!(
                     "its agent did not let go of its host connections within {QUIESCE_TIMEOUT:?}"
                 )));
@@ -1384,6 +1482,94 @@ impl GvisorSandbox {
             "gvisor sandbox checkpointed"
         );
         Ok(())
+    }
+}
+
+/// Makes the host directory of the sandbox in `dir` ready for a restored
+/// agent: what a former life left (its socket, its quiesce marker) goes,
+/// and the marker that lets it serve again
+/// ([`runcell_jail::gvisor::RESUME_MARKER`]) is there before it runs. A
+/// marker written after `runsc restore` returned came too late for an
+/// agent that had already looked for it (gVisor caches the miss): about
+/// one restore in three never served again.
+fn allow_resume(dir: &Path) -> Result<(), GvisorError> {
+    let host = dir.join(HOST_SUBDIR);
+    for stale in [
+        host.join("agent.sock"),
+        host.join(marker_name(runcell_jail::gvisor::QUIESCED_MARKER)),
+    ] {
+        let _ = fs::remove_file(stale);
+    }
+    let resume = host.join(marker_name(runcell_jail::gvisor::RESUME_MARKER));
+    fs::write(&resume, b"").map_err(io_err(&resume))
+}
+
+/// `runsc restore` of `image` as container `id` of `bundle`, detached.
+fn restore_cmd(cmd: &mut Command, image: &Path, bundle: &Path, pid_file: &Path, id: &str) {
+    cmd.arg("restore")
+        .arg("--image-path")
+        .arg(image)
+        .arg("--detach")
+        .arg("--bundle")
+        .arg(bundle)
+        .arg("--pid-file")
+        .arg(pid_file)
+        .arg(id);
+}
+
+/// After `runsc restore` returned: the restored sentry's pid and start
+/// time, once its agent listens again (it found the marker
+/// [`allow_resume`] wrote), and whether it had to be nudged: one that does
+/// not serve within [`RESTORE_NUDGE_AFTER`] is also sent `SIGUSR1`, which
+/// tells a quiesced agent to serve whatever its file lookups saw.
+fn wait_restored(
+    backend: &GvisorBackend,
+    dir: &Path,
+    id: &str,
+    log_path: &Path,
+    pid_file: &Path,
+) -> Result<(i32, u64, bool), GvisorError> {
+    let pid: i32 = fs::read_to_string(pid_file)
+        .map_err(io_err(pid_file))?
+        .trim()
+        .parse()
+        .map_err(|_| {
+            io_err(pid_file)(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "runsc wrote no pid",
+            ))
+        })?;
+    let start_time = start_time(pid).ok_or_else(|| GvisorError::AgentDied(log_tail(log_path)))?;
+    let socket = dir.join(HOST_SUBDIR).join("agent.sock");
+    let since = Instant::now();
+    let deadline = since + RESTORE_READY_TIMEOUT;
+    let mut nudged = false;
+    loop {
+        // Only the restored agent binds it ([`allow_resume`] removed what
+        // was left).
+        if socket.exists() {
+            let short = runcell_jail::socket::SocketPath::new(&socket).map_err(io_err(&socket))?;
+            if UnixStream::connect(short.path()).is_ok() {
+                return Ok((pid, start_time, nudged));
+            }
+        }
+        if !alive(pid, start_time) {
+            return Err(GvisorError::AgentDied(log_tail(log_path)));
+        }
+        if !nudged && since.elapsed() >= RESTORE_NUDGE_AFTER {
+            nudged = true;
+            tracing::info!(sandbox = %id, "a restored gVisor sandbox does not serve yet; signalling its agent");
+            if let Err(e) = backend.signal_agent(dir, id, log_path) {
+                tracing::warn!(sandbox = %id, "could not signal a restored agent: {e}");
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(GvisorError::ReadyTimeout(
+                RESTORE_READY_TIMEOUT,
+                log_tail(log_path),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 

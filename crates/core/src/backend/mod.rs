@@ -309,6 +309,27 @@ pub trait Instance: Send + Sync + fmt::Debug {
         })
     }
 
+    /// Saves its processes and memory into the new directory `image` and
+    /// its files into the new directory `layer` (as
+    /// [`Instance::export_layer`]), both of one instant, then runs on from
+    /// that instant with its memory (gVisor: `runsc checkpoint`, which
+    /// stops it, the copy, then `runsc restore` of the same image under the
+    /// same id). Its agent's host connections were closed: connect again.
+    /// Returns the bytes the layer takes. On failure nothing is left at
+    /// `image` or `layer`, and the sandbox may have ended
+    /// ([`Instance::is_alive`]).
+    fn save_running(
+        &self,
+        image: &std::path::Path,
+        layer: &std::path::Path,
+    ) -> Result<u64, BackendError> {
+        let _ = (image, layer);
+        Err(BackendError::Unsupported {
+            isolation: self.isolation(),
+            what: "save its memory and run on",
+        })
+    }
+
     /// Whether its writable layer is at its size limit, where the host
     /// knows better than the agent's `statvfs` (a btrfs stage); `None`:
     /// the agent's report stands.

@@ -237,6 +237,12 @@ async fn owned(
     id: &str,
     path: &str,
 ) -> AppResult<Arc<Entry>> {
+    // A call that talks to the agent waits out a hibernation, a wake or a
+    // gVisor save (its agent lets go of every connection for a moment),
+    // then finds the sandbox as it is (a wake takes the lock itself).
+    if is_work(path) && live(state, ws, id).is_some() {
+        state.settled(id).await;
+    }
     let e = match live(state, ws, id) {
         Some(e) => e,
         None => crate::service::Service(state).wake(&ws.0, id).await?,

@@ -29,23 +29,24 @@ pub(crate) struct SnapshotView {
     template: String,
     /// RFC 3339.
     created_at: String,
-    /// Bytes its own layer takes on disk (what the sandbox wrote).
+    /// Bytes its own layer takes on disk (what the sandbox wrote), and its
+    /// memory image where it has one.
     size_bytes: u64,
-    /// Whether memory (running processes) is part of it: never with the
-    /// namespace jail, which saves files only, nor with gVisor, which
-    /// checkpoints memory only to hibernate.
+    /// Whether memory (running processes, code contexts' variables) is
+    /// part of it: never with the namespace jail, which saves files only;
+    /// with gVisor unless the checkpoint failed or the sandbox was paused.
     memory: bool,
 }
 
-fn snapshot_view(s: Snapshot) -> SnapshotView {
+fn snapshot_view(state: &std::sync::Arc<AppState>, s: Snapshot) -> SnapshotView {
     SnapshotView {
+        memory: Service(state).snapshot_has_memory(&s.id),
         id: s.id,
         sandbox_id: s.sandbox_id,
         workspace: s.workspace,
         template: s.template,
         created_at: runcell_core::rfc3339(s.created_ms / 1000),
         size_bytes: s.size_bytes,
-        memory: false,
     }
 }
 
@@ -101,14 +102,14 @@ pub(crate) async fn resume(
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshots", tag = "snapshots", operation_id = "snapshotSandbox", params(("id" = String, Path, description = "The sandbox id")),
-    responses((status = 409, description = "The sandbox stopped running", body = ErrorView), (status = 400, description = "The sandbox's isolation cannot do this (the error says which)", body = ErrorView), (status = 201, description = "Its files now, saved (the sandbox is frozen for the copy and runs on)", body = SnapshotView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 507, description = "The workspace's snapshot quota is used up", body = ErrorView)))]
+    responses((status = 409, description = "The sandbox stopped running", body = ErrorView), (status = 400, description = "The sandbox's isolation cannot do this (the error says which)", body = ErrorView), (status = 201, description = "Its files now, saved (the sandbox is frozen for the copy and runs on); a gVisor sandbox's memory too (`memory: true`: it is checkpointed, which stops it for about a second, and restored in place)", body = SnapshotView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 507, description = "The workspace's snapshot quota is used up", body = ErrorView)))]
 pub(crate) async fn create(
     axum::extract::State(state): St,
     Extension(ws): Extension<Workspace>,
     OwnedSandbox(e): OwnedSandbox,
 ) -> AppResult<(StatusCode, Json<SnapshotView>)> {
     let snap = Service(&state).snapshot(&ws.0, &e).await?;
-    Ok((StatusCode::CREATED, Json(snapshot_view(snap))))
+    Ok((StatusCode::CREATED, Json(snapshot_view(&state, snap))))
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -130,7 +131,10 @@ pub(crate) async fn list(
         .with_conn(|c| crate::snapshots::list(c, &ws.0, q.sandbox_id.as_deref()))
         .map_err(|e| ApiError::internal(e.to_string()))?;
     Ok(Json(SnapshotList {
-        snapshots: snaps.into_iter().map(snapshot_view).collect(),
+        snapshots: snaps
+            .into_iter()
+            .map(|s| snapshot_view(&state, s))
+            .collect(),
     }))
 }
 
@@ -145,7 +149,7 @@ pub(crate) async fn get_one(
         .registry
         .with_conn(|c| crate::snapshots::get(c, &ws.0, &id))
         .map_err(|e| ApiError::internal(e.to_string()))?
-        .map(|s| Json(snapshot_view(s)))
+        .map(|s| Json(snapshot_view(&state, s)))
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "snapshot not found"))
 }
 
@@ -182,8 +186,10 @@ pub(crate) struct ForkView {
     sandbox: SandboxView,
     /// The parent.
     forked_from: String,
-    /// Whether the parent's running processes came along: never with the
-    /// namespace jail or gVisor, which fork files only.
+    /// Whether the parent's running processes (and code contexts'
+    /// variables) came along: never with the namespace jail, which forks
+    /// files only; with gVisor unless its checkpoint or restore failed
+    /// (then `state_lost` says so).
     memory: bool,
 }
 
@@ -205,7 +211,7 @@ fn fork_view(
     ForkView {
         sandbox,
         forked_from: parent.to_string(),
-        memory: false,
+        memory: c.memory,
     }
 }
 
@@ -213,7 +219,7 @@ fn fork_view(
 const MAX_TREE: usize = 16;
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", tag = "snapshots", operation_id = "forkSandbox", params(("id" = String, Path, description = "The parent sandbox id")), request_body = Option<ForkReq>,
-    responses((status = 409, description = "The sandbox stopped running", body = ErrorView), (status = 201, description = "A new sandbox whose files start as the parent's now (copy-on-write)", body = ForkView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 429, description = "A per-workspace quota is reached", body = ErrorView), (status = 503, description = "No capacity; retry after Retry-After seconds", body = ErrorView)))]
+    responses((status = 409, description = "The sandbox stopped running", body = ErrorView), (status = 201, description = "A new sandbox whose files start as the parent's now (copy-on-write); with gVisor its processes and memory too (`memory: true`), unless the restore failed (`memory: false`, `state_lost: true`)", body = ForkView), (status = 400, description = "Invalid input: the error names the field", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView), (status = 429, description = "A per-workspace quota is reached", body = ErrorView), (status = 503, description = "No capacity; retry after Retry-After seconds", body = ErrorView)))]
 pub(crate) async fn fork(
     axum::extract::State(state): St,
     Extension(ws): Extension<Workspace>,

@@ -123,10 +123,10 @@ pub(crate) async fn system(State(state): St) -> Json<SystemView> {
                             if freezer { "" } else { "; no cgroup freezer, so no pause" }
                         )
                     } else if gvisor {
-                        let files = "pause works (the host's freezer stops the sentry and gofer); snapshots and forks save files (the host-side writable layer), not memory (this runsc's `checkpoint --leave-running` hangs, so a running sandbox cannot be checkpointed and go on)";
+                        let files = "pause works (the host's freezer stops the sentry and gofer); hibernation, snapshots and forks save files (the host-side writable layer)";
                         match &gvisor_memory {
-                            Some(Ok(())) => format!("{files}; hibernation saves memory too (runsc checkpoint and restore verified here): processes and code contexts go on after the wake"),
-                            Some(Err(why)) => format!("{files}; hibernation saves files only: {why}"),
+                            Some(Ok(())) => format!("{files}, and memory too (runsc checkpoint and restore verified here): processes and code contexts go on after a wake, and come along into a snapshot's sandboxes and a fork (the sandbox is checkpointed, which stops it, as this runsc's `checkpoint --leave-running` hangs, and restored in place); a restore that fails starts on the files and says state_lost"),
+                            Some(Err(why)) => format!("{files}, not memory: {why}"),
                             None => files.to_string(),
                         }
                     } else {

@@ -32,11 +32,21 @@ pub(crate) struct Created {
     pub(crate) alias_of: Option<String>,
     /// The requested template is still being built (`--auto-build`).
     pub(crate) building_instead: bool,
+    /// Its processes and memory were restored from `memory_image`.
+    pub(crate) memory: bool,
 }
 
 /// The operations, over the daemon's state.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Service<'a>(pub(crate) &'a Arc<AppState>);
+
+/// What a fresh sandbox starts from besides its template.
+struct Origin<'x> {
+    /// Saved files (state layer keys, topmost first).
+    state_layers: &'x [String],
+    /// A gVisor memory image to restore over them.
+    memory_image: Option<&'x std::path::Path>,
+}
 
 /// Counts a create in flight against the capacity until dropped.
 struct Slot<'a>(&'a AtomicUsize);
@@ -66,6 +76,7 @@ impl<'a> Service<'a> {
         let _attaching = self.reserve_volumes(workspace, &spec.volumes)?;
         let mounts = self.volume_mounts(workspace, &spec.volumes)?;
         lineage.volumes = std::mem::take(&mut spec.volumes);
+        let memory_image = spec.memory_image.take();
         let asked = plan::admit(&state.config, workspace, spec)?;
         let resolved = self.resolve_alias(&asked.template);
         let served_from_alias = resolved != asked.template;
@@ -135,17 +146,21 @@ impl<'a> Service<'a> {
             .isolation
             .unwrap_or_else(|| state.runtime.default_isolation());
         // Warm sandboxes started without saved files.
-        let (warm, pool) =
-            if isolation == pooled && lineage.state_layers.is_empty() && mounts.is_empty() {
-                state.pools.claim(&template.name, &limits)
-            } else {
-                (None, None)
-            };
+        let (warm, pool) = if isolation == pooled
+            && lineage.state_layers.is_empty()
+            && mounts.is_empty()
+            && memory_image.is_none()
+        {
+            state.pools.claim(&template.name, &limits)
+        } else {
+            (None, None)
+        };
         if let Some(pool) = pool {
             // Top the pool up behind this request.
             let st = state.clone();
             tokio::spawn(async move { pool.refill(&st.runtime).await });
         }
+        let mut memory = false;
         let (sandbox, warm_context) = match warm {
             Some(w) => {
                 // Pooled sandboxes are made with no network.
@@ -157,18 +172,51 @@ impl<'a> Service<'a> {
                 }
                 (w.sandbox, w.context)
             }
-            None => (
-                self.start(
-                    &template,
-                    limits,
-                    network,
-                    isolation,
-                    &lineage.state_layers,
-                    mounts,
-                )
-                .await?,
-                None,
-            ),
+            None => {
+                let restored = match &memory_image {
+                    Some(image) if isolation == runcell_core::backend::Isolation::Gvisor => {
+                        let started = self
+                            .start(
+                                &template,
+                                limits,
+                                network.clone(),
+                                isolation,
+                                Origin {
+                                    state_layers: &lineage.state_layers,
+                                    memory_image: Some(image),
+                                },
+                                mounts.clone(),
+                            )
+                            .await;
+                        // Its files still start it; what it lost is said.
+                        lineage.state_lost = started.is_err();
+                        if let Err(e) = &started {
+                            tracing::warn!("a gVisor sandbox's memory could not be restored; starting it on its files: {}", e.message);
+                        }
+                        started.ok()
+                    }
+                    _ => None,
+                };
+                memory = restored.is_some();
+                let sandbox = match restored {
+                    Some(s) => s,
+                    None => {
+                        self.start(
+                            &template,
+                            limits,
+                            network,
+                            isolation,
+                            Origin {
+                                state_layers: &lineage.state_layers,
+                                memory_image: None,
+                            },
+                            mounts,
+                        )
+                        .await?
+                    }
+                };
+                (sandbox, None)
+            }
         };
         let now = now_ms();
         let record = Record {
@@ -222,6 +270,7 @@ impl<'a> Service<'a> {
             entry,
             boot,
             building_instead,
+            memory,
         })
     }
 
@@ -385,10 +434,10 @@ impl<'a> Service<'a> {
         limits: SandboxLimits,
         network: NetworkPolicy,
         isolation: runcell_core::backend::Isolation,
-        state_layers: &[String],
+        origin: Origin<'_>,
         mounts: Vec<runcell_core::backend::BindMount>,
     ) -> Result<runcell_core::Sandbox, ApiError> {
-        let state_layers = crate::snapshots::Layers::of(self.0).paths(state_layers);
+        let state_layers = crate::snapshots::Layers::of(self.0).paths(origin.state_layers);
         self.0
             .runtime
             .create(SandboxOptions {
@@ -400,6 +449,7 @@ impl<'a> Service<'a> {
                 isolation: Some(isolation),
                 state_layers,
                 mounts,
+                memory_image: origin.memory_image.map(std::path::Path::to_path_buf),
                 ..SandboxOptions::default()
             })
             .await

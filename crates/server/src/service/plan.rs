@@ -43,6 +43,9 @@ pub(crate) struct CreateSpec {
     pub(crate) lineage: crate::snapshots::Lineage,
     /// Volumes to mount.
     pub(crate) volumes: Vec<crate::volumes::VolumeAttach>,
+    /// A gVisor memory image to restore (a snapshot's or a fork parent's),
+    /// which is kept; its files are `state_layers`. Never from a request.
+    pub(crate) memory_image: Option<std::path::PathBuf>,
 }
 
 /// A create that passed the checks that need no template.
