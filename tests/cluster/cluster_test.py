@@ -238,6 +238,7 @@ def main():
         a, b, c = nodes
         print(f"== nodes: {', '.join(f'{n.name} {n.url}' for n in nodes)}", flush=True)
         placement_by_labels(a, b, c)
+        cluster_routes_documented(a, c)
         drain_survives_restart(a, b, c)
         back_pressure(a, b, c)
         own_clients(root, a, b, c)
@@ -588,6 +589,55 @@ def placement_by_labels(a, b, c):
 def cluster_nodes(via, key):
     v = http("GET", via.url + "/v1/cluster", key)[2]
     return {n["name"]: n for n in (v or {}).get("nodes", [])} if isinstance(v, dict) else {}
+
+
+def schema_problems(doc, schema, value, at="$"):
+    """What in value does not fit an OpenAPI schema of doc (required
+    properties, types, $ref, nullable types, arrays, maps); [] if it fits."""
+    if "$ref" in schema:
+        schema = doc["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+    types = schema.get("type")
+    types = [types] if isinstance(types, str) else (types or [])
+    py = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None),
+          "integer": int, "number": (int, float)}
+    if types and not any(isinstance(value, py[t]) and not (t in ("integer", "number") and isinstance(value, bool))
+                         for t in types):
+        return [f"{at} is {type(value).__name__}, not {types}"]
+    out = []
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        out += [f"{at}.{k} is missing" for k in schema.get("required", []) if k not in value]
+        for k, v in value.items():
+            sub = props.get(k) or (schema.get("additionalProperties") if isinstance(schema.get("additionalProperties"), dict) else None)
+            if sub:
+                out += schema_problems(doc, sub, v, f"{at}.{k}")
+    elif isinstance(value, list) and "items" in schema:
+        for i, v in enumerate(value):
+            out += schema_problems(doc, schema["items"], v, f"{at}[{i}]")
+    return out
+
+
+def cluster_routes_documented(a, c):
+    """The /v1/cluster routes are in the OpenAPI document every node serves,
+    and a node's answers fit it: the 200 of GET /v1/cluster and of a drain
+    match ClusterView, and the statuses seen are documented."""
+    doc = http("GET", a.url + "/v1/openapi.json")[2]
+    paths = (doc or {}).get("paths", {})
+    ops = {
+        ("get", "/v1/cluster"): {"200", "401", "404"},
+        ("post", "/v1/cluster/drain"): {"200", "401", "404", "503"},
+        ("delete", "/v1/cluster/drain"): {"200", "401", "404", "503"},
+    }
+    missing = [f"{m.upper()} {p} {sorted(want - set(paths.get(p, {}).get(m, {}).get('responses', {})))}"
+               for (m, p), want in ops.items()
+               if not want <= set(paths.get(p, {}).get(m, {}).get("responses", {}))]
+    check("GET /v1/cluster and POST/DELETE /v1/cluster/drain are in /v1/openapi.json with their statuses", not missing, missing)
+    schema = paths.get("/v1/cluster", {}).get("get", {}).get("responses", {}).get("200", {}).get(
+        "content", {}).get("application/json", {}).get("schema")
+    s, _, v = http("GET", c.url + "/v1/cluster", a.key)
+    problems = schema_problems(doc, schema, v) if schema else ["no 200 schema"]
+    check("a node's GET /v1/cluster answer fits the documented schema (ClusterView, NodeInfo)",
+          s == 200 and not problems and len(v.get("nodes", [])) == 3, f"{s} {problems} {v}")
 
 
 def drain_survives_restart(a, b, c):
