@@ -165,16 +165,18 @@ class Node:
                 "--listen", f"127.0.0.1:{self.port}",
                 "--data-dir", self.data,
                 "--cgroup-parent", self.cgroup,
-                "--cluster", self.cluster_url,
-                "--node-name", self.name,
                 "--auto-build=false",
                 "--standby", "0",
                 "--warm-pool", "code-interpreter=0",
                 "--max-sandboxes", "12",
                 "--shutdown-grace", "3s",
-                "--lost-after", "20s",
             ]
-            + [f"--node-label={l}" for l in self.labels],
+            + (
+                ["--cluster", self.cluster_url, "--node-name", self.name, "--lost-after", "20s"]
+                + [f"--node-label={l}" for l in self.labels]
+                if self.cluster_url
+                else []
+            ),
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -638,6 +640,20 @@ def cluster_routes_documented(a, c):
     problems = schema_problems(doc, schema, v) if schema else ["no 200 schema"]
     check("a node's GET /v1/cluster answer fits the documented schema (ClusterView, NodeInfo)",
           s == 200 and not problems and len(v.get("nodes", [])) == 3, f"{s} {problems} {v}")
+    # A daemon without --cluster answers the routes with the documented 404.
+    single = Node(os.path.dirname(a.log), "single", None)
+    try:
+        single.start()
+        got = [(m, p, *http(m, single.url + p, single.key)[::2]) for m, p in
+               (("GET", "/v1/cluster"), ("POST", "/v1/cluster/drain"), ("DELETE", "/v1/cluster/drain?node=na"))]
+        check(
+            "a single node (no --cluster) answers the cluster routes 404 saying it is not part of a cluster",
+            all(s == 404 and "not part of a cluster" in json.dumps(v) for _, _, s, v in got),
+            got,
+        )
+    finally:
+        single.stop()
+        shutil.rmtree(single.data, ignore_errors=True)
 
 
 def drain_survives_restart(a, b, c):
