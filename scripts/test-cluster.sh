@@ -3,11 +3,13 @@
 # --cluster` nodes on loopback (tests/cluster/cluster_test.py): a sandbox
 # used through another node than its owner, keys shared, lists through any
 # node, SIGKILL of a node, one and then all etcd members stopped, placement
-# by node labels, runcell's own clients (CLI, MCP over stdio and /mcp, the
-# TypeScript SDK, the Mastra tool) on a sandbox another node owns, and the
-# published @pandastack/sdk suite through each node and pandastack through
-# one. Creates real sandboxes,
-# so it runs as root:
+# by node labels, a drain that survives SIGKILL and restart until undrained,
+# back-pressure (slow readers of an exec stream and an SSE log through a
+# forwarding node: its memory bounded, output complete and in order, other
+# requests not slowed), runcell's own clients (CLI, MCP over stdio and /mcp,
+# the TypeScript SDK, the Mastra tool) on a sandbox another node owns, and
+# the published @pandastack/sdk and pandastack suites through each of the
+# three nodes. Creates real sandboxes, so it runs as root:
 #   sudo ./scripts/test-cluster.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

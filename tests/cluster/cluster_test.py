@@ -7,6 +7,7 @@ parent), driven over HTTP. Run by scripts/test-cluster.sh (as root, after
 Prints one line per check and `N passed, N failed`; exits 1 on any failure.
 """
 
+from http.client import HTTPConnection
 import json
 import os
 import shutil
@@ -164,16 +165,18 @@ class Node:
                 "--listen", f"127.0.0.1:{self.port}",
                 "--data-dir", self.data,
                 "--cgroup-parent", self.cgroup,
-                "--cluster", self.cluster_url,
-                "--node-name", self.name,
                 "--auto-build=false",
                 "--standby", "0",
                 "--warm-pool", "code-interpreter=0",
                 "--max-sandboxes", "12",
                 "--shutdown-grace", "3s",
-                "--lost-after", "20s",
             ]
-            + [f"--node-label={l}" for l in self.labels],
+            + (
+                ["--cluster", self.cluster_url, "--node-name", self.name, "--lost-after", "20s"]
+                + [f"--node-label={l}" for l in self.labels]
+                if self.cluster_url
+                else []
+            ),
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -237,11 +240,14 @@ def main():
         a, b, c = nodes
         print(f"== nodes: {', '.join(f'{n.name} {n.url}' for n in nodes)}", flush=True)
         placement_by_labels(a, b, c)
+        cluster_routes_documented(a, c)
+        drain_survives_restart(a, b, c)
+        back_pressure(a, b, c)
         own_clients(root, a, b, c)
         scenario(etcd, a, b, c)
         for n in nodes:
             sdk_suite(n)
-        sdk_suite(c, "pandastack (PyPI)")
+            sdk_suite(n, "pandastack (PyPI)")
     except Exception as e:  # a setup failure is a failure, loudly
         check("cluster scenario ran to the end", False, f"{type(e).__name__}: {e}")
     finally:
@@ -582,6 +588,538 @@ def placement_by_labels(a, b, c):
     )
 
 
+def cluster_nodes(via, key):
+    v = http("GET", via.url + "/v1/cluster", key)[2]
+    return {n["name"]: n for n in (v or {}).get("nodes", [])} if isinstance(v, dict) else {}
+
+
+def schema_problems(doc, schema, value, at="$"):
+    """What in value does not fit an OpenAPI schema of doc (required
+    properties, types, $ref, nullable types, arrays, maps); [] if it fits."""
+    if "$ref" in schema:
+        schema = doc["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+    types = schema.get("type")
+    types = [types] if isinstance(types, str) else (types or [])
+    py = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None),
+          "integer": int, "number": (int, float)}
+    if types and not any(isinstance(value, py[t]) and not (t in ("integer", "number") and isinstance(value, bool))
+                         for t in types):
+        return [f"{at} is {type(value).__name__}, not {types}"]
+    out = []
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        out += [f"{at}.{k} is missing" for k in schema.get("required", []) if k not in value]
+        for k, v in value.items():
+            sub = props.get(k) or (schema.get("additionalProperties") if isinstance(schema.get("additionalProperties"), dict) else None)
+            if sub:
+                out += schema_problems(doc, sub, v, f"{at}.{k}")
+    elif isinstance(value, list) and "items" in schema:
+        for i, v in enumerate(value):
+            out += schema_problems(doc, schema["items"], v, f"{at}[{i}]")
+    return out
+
+
+def cluster_routes_documented(a, c):
+    """The /v1/cluster routes are in the OpenAPI document every node serves,
+    and a node's answers fit it: the 200 of GET /v1/cluster and of a drain
+    match ClusterView, and the statuses seen are documented."""
+    doc = http("GET", a.url + "/v1/openapi.json")[2]
+    paths = (doc or {}).get("paths", {})
+    ops = {
+        ("get", "/v1/cluster"): {"200", "401", "404"},
+        ("post", "/v1/cluster/drain"): {"200", "401", "404", "503"},
+        ("delete", "/v1/cluster/drain"): {"200", "401", "404", "503"},
+    }
+    missing = [f"{m.upper()} {p} {sorted(want - set(paths.get(p, {}).get(m, {}).get('responses', {})))}"
+               for (m, p), want in ops.items()
+               if not want <= set(paths.get(p, {}).get(m, {}).get("responses", {}))]
+    check("GET /v1/cluster and POST/DELETE /v1/cluster/drain are in /v1/openapi.json with their statuses", not missing, missing)
+    schema = paths.get("/v1/cluster", {}).get("get", {}).get("responses", {}).get("200", {}).get(
+        "content", {}).get("application/json", {}).get("schema")
+    s, _, v = http("GET", c.url + "/v1/cluster", a.key)
+    problems = schema_problems(doc, schema, v) if schema else ["no 200 schema"]
+    check("a node's GET /v1/cluster answer fits the documented schema (ClusterView, NodeInfo)",
+          s == 200 and not problems and len(v.get("nodes", [])) == 3, f"{s} {problems} {v}")
+    # A daemon without --cluster answers the routes with the documented 404.
+    single = Node(os.path.dirname(a.log), "single", None)
+    try:
+        single.start()
+        got = [(m, p, *http(m, single.url + p, single.key)[::2]) for m, p in
+               (("GET", "/v1/cluster"), ("POST", "/v1/cluster/drain"), ("DELETE", "/v1/cluster/drain?node=na"))]
+        check(
+            "a single node (no --cluster) answers the cluster routes 404 saying it is not part of a cluster",
+            all(s == 404 and "not part of a cluster" in json.dumps(v) for _, _, s, v in got),
+            got,
+        )
+    finally:
+        single.stop()
+        shutil.rmtree(single.data, ignore_errors=True)
+
+
+def drain_survives_restart(a, b, c):
+    """A drain is kept in the node's registry: node C, drained and then
+    SIGKILLed and started again, still takes no creates (placement skips
+    it, a create naming it is a 503) until DELETE /v1/cluster/drain; its
+    sandbox goes on working meanwhile."""
+    print("== a drained node stays drained across SIGKILL and restart", flush=True)
+    s, _, kept = create(a, a.key, {"node": "nc"})
+    if s != 201:
+        check("a sandbox is created on C before the drain", False, f"{s} {kept}")
+        return
+    made = []
+    try:
+        s, _, v = http("POST", f"{b.url}/v1/cluster/drain?node=nc", a.key)
+        check(
+            "POST /v1/cluster/drain?node=nc through B drains C",
+            s == 200 and isinstance(v, dict) and v.get("node") == "nc" and v.get("draining") is True,
+            f"{s} {v}",
+        )
+        s, h, r = create(a, a.key, {"node": "nc"})
+        check(
+            "a create through A naming the draining node is a 503 with Retry-After saying it drains",
+            s == 503 and h.get("Retry-After") and "nc is draining" in json.dumps(r),
+            f"{s} {r}",
+        )
+        c.kill()
+        killed_pid = c.proc.pid
+        c.start()
+        s, _, v = http("GET", f"{c.url}/v1/cluster", a.key)
+        check(
+            "C, SIGKILLed and started again, still drains (GET /v1/cluster on C)",
+            s == 200 and c.proc.pid != killed_pid and isinstance(v, dict) and v.get("draining") is True,
+            f"{s} {v}",
+        )
+        got = wait_for(
+            "A to see the restarted C, draining",
+            lambda: (cluster_nodes(a, a.key).get("nc") or {}).get("draining") is True,
+            timeout=10,
+        )
+        check("A sees the restarted C draining", bool(got))
+        where = []
+        for via in (a, c, b, c):
+            s, h, x = create(via, a.key)
+            where.append((via.name, s, h.get("x-runcell-node")))
+            if s == 201:
+                made.append(x["id"])
+        check(
+            "after the restart no create lands on C, whichever node takes it (C itself included)",
+            all(w[1] == 201 and w[2] != "nc" for w in where),
+            where,
+        )
+        s, h, r = create(c, a.key, {"node": "nc"})
+        check(
+            "after the restart a create through C naming C is a 503 saying it drains",
+            s == 503 and h.get("Retry-After") and "nc is draining" in json.dumps(r),
+            f"{s} {r}",
+        )
+        s, _, r = run(a, a.key, kept["id"], "echo survived")
+        check(
+            "the drained node's sandbox outlived the SIGKILL and works through A",
+            s == 200 and "survived" in (r or {}).get("stdout", ""),
+            f"{s} {r}",
+        )
+        s, _, v = http("DELETE", f"{a.url}/v1/cluster/drain?node=nc", a.key)
+        check(
+            "DELETE /v1/cluster/drain?node=nc through A undrains C",
+            s == 200 and isinstance(v, dict) and v.get("node") == "nc" and v.get("draining") is False,
+            f"{s} {v}",
+        )
+
+        def create_on_c():
+            s, h, x = create(a, a.key, {"node": "nc"})
+            if s == 201:
+                made.append(x["id"])
+            return s == 201 and h.get("x-runcell-node") == "nc"
+
+        got = wait_for("a create naming C to be taken", create_on_c, timeout=10, every=0.5)
+        check("undrained, C takes creates again (a create through A naming it answers 201)", bool(got))
+        # The undrain is kept too: a restart does not bring the drain back.
+        c.stop()
+        c.start()
+        s, _, v = http("GET", f"{c.url}/v1/cluster", a.key)
+        check(
+            "undrained and restarted, C does not drain",
+            s == 200 and isinstance(v, dict) and v.get("draining") is False,
+            f"{s} {v}",
+        )
+    finally:
+        for sid in made + [kept["id"]]:
+            http("DELETE", f"{a.url}/v1/sandboxes/{sid}", a.key)
+
+
+def memory_kib(pid):
+    """(VmRSS, VmHWM) of a process in KiB."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("VmRSS", "VmHWM"):
+                out[k] = int(v.split()[0])
+    return out["VmRSS"], out["VmHWM"]
+
+
+def reset_peak(pid):
+    """Resets VmHWM (the peak RSS) to the current RSS (Linux >= 4.0)."""
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")
+
+
+class SmallBuffer(HTTPConnection):
+    """An HTTP connection whose socket receives into a fixed 128 KiB
+    buffer: the kernel's autotuning (up to net.ipv4.tcp_rmem's maximum,
+    32 MB here) would otherwise soak up tens of MB that a slow client has
+    not read yet, and hide whether back-pressure reaches the program."""
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 128 << 10)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect((self.host, self.port))
+
+
+def slow_stream(node, method, path, key, body=None):
+    """Opens an SSE response through node on a SmallBuffer connection."""
+    conn = SmallBuffer("127.0.0.1", node.port, timeout=60)
+    h = {"Authorization": f"Bearer {key}", "Accept": "text/event-stream"}
+    if body is not None:
+        h["Content-Type"] = "application/json"
+    conn.request(method, path, body=json.dumps(body).encode() if body is not None else None, headers=h)
+    r = conn.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"{method} {path} through {node.name}: {r.status} {r.read()[:300]!r}")
+    return conn, r
+
+
+class SlowSse:
+    """Reads an SSE response at most `rate` bytes a second, in reads of
+    `step` bytes, calling on_event(name, data, comment) for each event;
+    stops when on_event returns True or the stream ends."""
+
+    def __init__(self, resp, rate, step=32 << 10):
+        self.resp, self.rate, self.step = resp, rate, step
+        self.bytes = 0
+        self.slept = 0.0
+        self.elapsed = 0.0
+
+    def run(self, on_event, deadline):
+        t0 = time.time()
+        buf = b""
+        try:
+            while time.time() < deadline:
+                data = self.resp.read1(self.step) if hasattr(self.resp, "read1") else self.resp.read(self.step)
+                if not data:
+                    return False
+                self.bytes += len(data)
+                buf += data
+                while b"\n\n" in buf:
+                    block, buf = buf.split(b"\n\n", 1)
+                    name, datas, comments = "message", [], []
+                    for line in block.decode().split("\n"):
+                        if line.startswith(":"):
+                            comments.append(line[1:].strip())
+                        elif line.startswith("event:"):
+                            name = line[6:].strip()
+                        elif line.startswith("data:"):
+                            datas.append(line[5:].lstrip(" "))
+                    if on_event(name, "\n".join(datas) if datas else None, comments):
+                        return True
+                # At most `rate` bytes a second: a slow client.
+                ahead = self.bytes / self.rate - (time.time() - t0)
+                if ahead > 0:
+                    time.sleep(ahead)
+                    self.slept += ahead
+            return False
+        finally:
+            self.elapsed = time.time() - t0
+
+
+class Probe:
+    """Runs execs on sandbox `sid` every `every` s in a thread, in turn
+    through `via` (a forwarding node) and straight to `owner`, recording
+    each one's status and latency: the owner's are the control for what
+    the machine's load does to both."""
+
+    def __init__(self, via, key, sid, owner=None, every=0.2):
+        self.via, self.key, self.sid, self.owner, self.every = via, key, sid, owner, every
+        self.results = []  # through via
+        self.direct = []  # straight to owner
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def once(self, node=None):
+        t = time.time()
+        s, _, r = run(node or self.via, self.key, self.sid, "echo probe", timeout=30)
+        return s, time.time() - t, r
+
+    def _loop(self):
+        while not self.stop.is_set():
+            s, dt, _ = self.once()
+            self.results.append((s, dt))
+            if self.owner:
+                s, dt, _ = self.once(self.owner)
+                self.direct.append((s, dt))
+            self.stop.wait(self.every)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(35)
+
+
+def not_slowed(probe, base_p50, what):
+    """Checks that the execs through the forwarding node during a stream
+    were not slowed: all answered 200, their median is within 2x + 100 ms
+    of the same execs straight to the owner at the same time (the machine's
+    load slows both alike), within 4x or +500 ms of the median before, and
+    none took 3 s (a request queued behind a stream would wait for all of
+    it, 10+ s)."""
+    via = [x[1] for x in probe.results]
+    direct = [x[1] for x in probe.direct]
+    print(
+        f"      execs through C during the {what}: p50 {median(via) * 1000:.0f} ms, max {max(via) * 1000:.0f} ms "
+        f"over {len(via)} (straight to the owner meanwhile: p50 {median(direct) * 1000:.0f} ms; "
+        f"through C before: p50 {base_p50 * 1000:.0f} ms)",
+        flush=True,
+    )
+    check(
+        f"other execs through C are not slowed while it forwards the slow {what}",
+        len(via) >= 3 and len(direct) >= 3 and all(x[0] == 200 for x in probe.results + probe.direct)
+        and median(via) <= 2 * median(direct) + 0.1
+        and median(via) <= max(4 * base_p50, base_p50 + 0.5) and max(via) < 3.0,
+        f"before p50 {base_p50:.3f} s; through C {[round(x, 3) for x in via]}; "
+        f"straight {[round(x, 3) for x in direct]}",
+    )
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else None
+
+
+def sampled_peak(pid, stop, out):
+    """Samples the RSS of pid every 50 ms into out["peak"] until stop."""
+    while not stop.is_set():
+        try:
+            out["peak"] = max(out.get("peak", 0), memory_kib(pid)[0])
+        except OSError:
+            return
+        stop.wait(0.05)
+
+
+# The forwarding node's peak RSS may grow by at most this much while tens
+# of MB pass through it to a slow reader: with back-pressure it holds a few
+# buffers, not the stream.
+RSS_GROWTH_LIMIT_KIB = 16 << 10
+
+
+def back_pressure(a, b, c):
+    """A client reads an exec stream, and then the SSE log of a sandbox
+    that writes fast, slowly through C while the sandboxes are on B: C's
+    memory stays bounded (its peak RSS, VmHWM reset before, grows by far
+    less than what passes through), the output arrives complete and in
+    order (the log: in order, every gap announced with its size), and
+    execs through C meanwhile (on another sandbox of B during the exec
+    stream, of A during the log) are not slowed (a request queued behind a
+    stream would wait for all of it, 10+ s; the bound allows for a loaded
+    2-core machine)."""
+    print("== back-pressure through a forwarding node (slow readers through C, sandboxes on B)", flush=True)
+    made = []
+    try:
+        # Output past limits.output_bytes (1 MiB by default) is cut: 64 MiB.
+        big = {"node": "nb", "limits": {"output_bytes": 64 << 20}}
+        # The exec stream's probes go to B too: the same owner as the
+        # stream, so a forwarding connection held by a slow stream must not
+        # hold them. The log's go to A: B runs the log's writer flat out.
+        for body in (big, big, {"node": "nb"}, {"node": "na"}):
+            s, _, x = create(a, a.key, body)
+            if s != 201:
+                check("the back-pressure test's sandboxes are created", False, f"{s} {x}")
+                return
+            made.append(x["id"])
+        streamed, logged, probed, probed_a = made
+        base = [Probe(c, a.key, probed).once() for _ in range(8)]
+        base_a = [Probe(c, a.key, probed_a).once() for _ in range(8)]
+        check("baseline execs through C answer 200", all(x[0] == 200 for x in base + base_a), base + base_a)
+        base_p50 = median([x[1] for x in base])
+
+        # 1. An exec stream: 6 million lines (47 MB of output, ~55 MB of
+        # SSE) read at 4 MB/s through C.
+        n = 6_000_000
+        want = "".join(f"{i}\n" for i in range(1, n + 1))
+        rss0, _ = memory_kib(c.proc.pid)
+        owner0, _ = memory_kib(b.proc.pid)
+        reset_peak(c.proc.pid)
+        reset_peak(b.proc.pid)
+        chunks, seen = [], {}
+        mid_check = {}
+
+        def on_exec(name, data, _comments):
+            if name in ("stdout", "stderr") and data:
+                chunks.append(json.loads(data)["chunk"])
+            elif name in ("exit", "error"):
+                seen[name] = json.loads(data) if data else None
+                return True
+            # A third of the way: the program is still held back.
+            if not mid_check and reader.bytes > 18_000_000:
+                s, _, r = run(a, a.key, streamed, "pgrep -x seq >/dev/null && echo running || echo done", timeout=15)
+                mid_check["r"] = (s, (r or {}).get("stdout", "").strip())
+            return False
+
+        stop, peak = threading.Event(), {}
+        sampler = threading.Thread(target=sampled_peak, args=(c.proc.pid, stop, peak), daemon=True)
+        sampler.start()
+        with Probe(c, a.key, probed, owner=b) as probe:
+            conn, r = slow_stream(c, "POST", f"/v1/sandboxes/{streamed}/exec/stream", a.key,
+                                  {"cmd": f"seq 1 {n}", "timeout_seconds": 300})
+            try:
+                reader = SlowSse(r, rate=4_000_000)
+                ended = reader.run(on_exec, time.time() + 120)
+            finally:
+                conn.close()
+        stop.set()
+        sampler.join(5)
+        rss1, hwm = memory_kib(c.proc.pid)
+        _, owner_hwm = memory_kib(b.proc.pid)
+        got = "".join(chunks)
+        print(
+            f"      exec stream: {reader.bytes / 1e6:.1f} MB of SSE in {reader.elapsed:.1f} s "
+            f"({reader.bytes / 1e6 / max(reader.elapsed, 1e-9):.1f} MB/s, {reader.slept:.1f} s of it sleeping); "
+            f"C (forwarding) RSS {rss0} KiB before, peak {hwm} KiB (sampled {peak.get('peak')}), {rss1} KiB after; "
+            f"B (owner) RSS {owner0} KiB before, peak {owner_hwm} KiB",
+            flush=True,
+        )
+        check(
+            "a slowly read exec stream through C arrives complete and in order (6,000,000 lines, then exit 0)",
+            ended and got == want and (seen.get("exit") or {}).get("exit_code") == 0,
+            f"ended={ended} got {len(got)} of {len(want)} chars, first difference at "
+            f"{next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), min(len(got), len(want)))}; {seen}",
+        )
+        check(
+            "the reader was the bottleneck (it slept most of the stream)",
+            reader.slept > 0.5 * reader.elapsed,
+            f"slept {reader.slept:.1f} of {reader.elapsed:.1f} s",
+        )
+        check(
+            "the sandbox's program was held back by the slow reader (still running a third of the way in)",
+            mid_check.get("r") == (200, "running"),
+            mid_check,
+        )
+        check(
+            f"C's peak RSS grew by less than {RSS_GROWTH_LIMIT_KIB >> 10} MiB while {reader.bytes >> 20} MiB passed through it",
+            hwm - rss0 < RSS_GROWTH_LIMIT_KIB and reader.bytes > 3 * (RSS_GROWTH_LIMIT_KIB << 10),
+            f"{rss0} -> peak {hwm} KiB",
+        )
+        not_slowed(probe, base_p50, "exec stream")
+
+        # 2. SSE logs: C follows the log of a sandbox on B that writes
+        # 30 MB (300,000 lines of 101 bytes) as fast as it can; the client
+        # reads 4 MB/s. The log keeps 256 KiB: a follower that falls
+        # behind is told how many bytes it missed.
+        lines, width = 300_000, 100
+        total = lines * (width + 1)
+        rss0, _ = memory_kib(c.proc.pid)
+        reset_peak(c.proc.pid)
+        log = {"segments": [[]], "dropped": 0, "drops": 0, "bytes": 0, "bad": [], "tail_due": False}
+
+        def on_log(name, data, comments):
+            for cm in comments:
+                if cm.endswith("bytes dropped"):
+                    log["dropped"] += int(cm.split()[0])
+                    log["drops"] += 1
+                    log["segments"].append([])
+                    log["tail_due"] = True
+            if name == "line" and data:
+                text = json.loads(data)["line"]
+                log["bytes"] += len(text.encode())
+                if log["drops"] and log["tail_due"]:
+                    # The log resumes after a gap where the ring starts,
+                    # mid-line: the first line may be any tail of one
+                    # ("67\n", or only "\n").
+                    log["tail_due"] = False
+                    if not (text.endswith("\n") and text[:-1].isdigit() or text == "\n"):
+                        log["bad"].append(text[:40])
+                    return False
+                try:
+                    v = int(text)
+                except ValueError:
+                    log["bad"].append(text[:40])
+                    return False
+                log["segments"][-1].append(v)
+                return v == lines
+            return False
+
+        stop, peak = threading.Event(), {}
+        sampler = threading.Thread(target=sampled_peak, args=(c.proc.pid, stop, peak), daemon=True)
+        sampler.start()
+        writer = {}
+
+        def write():
+            # Straight to the owner, read at full speed.
+            wr = urllib.request.Request(
+                f"{b.url}/v1/sandboxes/{logged}/exec/stream",
+                data=json.dumps({"cmd": f"seq -f '%0{width}.0f' 1 {lines}", "timeout_seconds": 300}).encode(),
+                method="POST",
+                headers={"Authorization": f"Bearer {a.key}", "Content-Type": "application/json"},
+            )
+            t = time.time()
+            with urllib.request.urlopen(wr, timeout=60) as r:
+                body = r.read()
+            writer["s"] = time.time() - t
+            writer["exit"] = b'"exit_code":0' in body
+
+        base_p50 = median([x[1] for x in base_a])
+        with Probe(c, a.key, probed_a, owner=a) as probe:
+            conn, r = slow_stream(c, "GET", f"/v1/sandboxes/{logged}/logs?follow=1", a.key)
+            try:
+                reader = SlowSse(r, rate=4_000_000)
+                wt = threading.Thread(target=write, daemon=True)
+                wt.start()
+                ended = reader.run(on_log, time.time() + 90)
+            finally:
+                conn.close()
+            wt.join(60)
+        stop.set()
+        sampler.join(5)
+        rss1, hwm = memory_kib(c.proc.pid)
+        segs = log["segments"]
+        # Within a segment (between gaps, the tail after a gap set apart),
+        # consecutive numbers from 1; each segment starts past the last.
+        in_order = segs[0][:1] == [1] and all(
+            all(y == x + 1 for x, y in zip(seg, seg[1:])) for seg in segs
+        )
+        done = [seg for seg in segs if seg]
+        rising = all(later[0] > earlier[-1] for earlier, later in zip(done, done[1:]))
+        missing = total - log["bytes"] - log["dropped"]
+        print(
+            f"      log stream: {reader.bytes / 1e6:.1f} MB of SSE in {reader.elapsed:.1f} s, writer done in "
+            f"{writer.get('s', float('nan')):.1f} s; {sum(len(x) for x in segs)} lines received, "
+            f"{log['drops']} gaps announced ({log['dropped']} bytes), {missing} bytes unaccounted; "
+            f"C RSS {rss0} KiB before, peak {hwm} KiB (sampled {peak.get('peak')}), {rss1} KiB after",
+            flush=True,
+        )
+        check(
+            "a slowly read SSE log through C arrives in order up to the last line, every gap announced with its size",
+            ended and writer.get("exit") and in_order and rising and not log["bad"]
+            # A gap may also swallow the partial line the follower held.
+            and 0 <= missing <= log["drops"] * (width + 1),
+            f"ended={ended} writer={writer} in_order={in_order} rising={rising} bad={log['bad'][:3]} "
+            f"missing={missing} drops={log['drops']} last={segs[-1][-3:] if segs[-1] else None}",
+        )
+        check(
+            f"C's peak RSS grew by less than {RSS_GROWTH_LIMIT_KIB >> 10} MiB while it forwarded the log "
+            f"({reader.bytes >> 20} MiB of it)",
+            hwm - rss0 < RSS_GROWTH_LIMIT_KIB,
+            f"{rss0} -> peak {hwm} KiB",
+        )
+        not_slowed(probe, base_p50, "log")
+    finally:
+        for sid in made:
+            http("DELETE", f"{a.url}/v1/sandboxes/{sid}", a.key)
+
+
 def mcp_stdio(url, key, calls):
     """Runs `runcell mcp` against url and makes the tool calls; returns
     their results (or an error string)."""
@@ -804,8 +1342,10 @@ def sdk_suite(node, what="@pandastack/sdk"):
         ]
     print(f"== {what} suite through {node.name}", flush=True)
     name = f"the {what} suite passes through node {node.name}"
+    t0 = time.time()
     try:
         p = subprocess.run(cmd, env=env, timeout=900, cwd=REPO)
+        print(f"      ({what} through {node.name}: {time.time() - t0:.0f} s)", flush=True)
         check(name, p.returncode == 0, f"exit {p.returncode}")
     except subprocess.TimeoutExpired:
         check(name, False, "timed out after 900 s")

@@ -115,7 +115,25 @@ fn lost(id: Option<&str>, node: &str, why: &str) -> Response {
     err.into_response()
 }
 
-fn store_down(what: &str, e: &super::ClusterError) -> Response {
+/// A 503 for a create on a node that drains.
+fn draining(node: &str) -> Response {
+    let mut err = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        PlaceError::Draining(node.into()).to_string(),
+    );
+    err.retry_after = Some(2);
+    err.extra = Some(
+        [
+            ("node".to_string(), Value::from(node)),
+            ("draining".to_string(), Value::from(true)),
+        ]
+        .into_iter()
+        .collect(),
+    );
+    err.into_response()
+}
+
+pub(super) fn store_down(what: &str, e: &super::ClusterError) -> Response {
     let mut err = ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         format!("The cluster store (etcd) is unreachable, so {what}: {e}."),
@@ -160,36 +178,6 @@ pub(crate) async fn layer(State(state): St, req: Request, next: Next) -> Respons
     };
     let method = req.method().clone();
     match (method.clone(), parts.as_slice()) {
-        (Method::GET, ["cluster"]) => cluster_view(&cluster).await,
-        (Method::POST | Method::DELETE, ["cluster", "drain"]) => {
-            // `?node=NAME` drains another node (through a Service, the node
-            // that answers is anyone's guess): forwarded to it.
-            let target = Query::<HashMap<String, String>>::try_from_uri(&uri)
-                .ok()
-                .and_then(|q| q.0.get("node").cloned())
-                .filter(|n| n != cluster.name());
-            match target {
-                Some(name) if !forwarded => match cluster.node(&name).await {
-                    Ok(Some(n)) => forward(&cluster, &n, None, uri, req).await,
-                    Ok(None) => ApiError::new(
-                        StatusCode::NOT_FOUND,
-                        format!("Node {name} is not in the cluster (no live lease)."),
-                    )
-                    .into_response(),
-                    Err(e) => store_down("the node to drain cannot be looked up", &e),
-                },
-                _ => {
-                    let on = method == Method::POST;
-                    cluster.set_draining(on);
-                    if on {
-                        tracing::info!("draining: this node takes no more creates");
-                    } else {
-                        tracing::info!("no longer draining: this node takes creates again");
-                    }
-                    cluster_view(&cluster).await
-                }
-            }
-        }
         (Method::POST, ["sandboxes"]) if forwarded => {
             create_here(&state, &cluster, &ws, req, next).await
         }
@@ -255,6 +243,10 @@ async fn create_here(
     req: Request,
     next: Next,
 ) -> Response {
+    if cluster.is_draining() {
+        // Another node placed it from a node list older than the drain.
+        return draining(cluster.name());
+    }
     let resp = next.run(req).await;
     if resp.status() != StatusCode::CREATED {
         return resp;
@@ -323,7 +315,7 @@ async fn place(
         .get("isolation")
         .and_then(Value::as_str)
         .map(str::to_string);
-    let Some(nodes) = cluster.live_nodes() else {
+    let Some(mut nodes) = cluster.live_nodes() else {
         let mut err = ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "The cluster store (etcd) is unreachable, so no node can be chosen for a new sandbox; retry later.",
@@ -331,6 +323,10 @@ async fn place(
         err.retry_after = Some(2);
         return err.into_response();
     };
+    // This node's own flag is fresher than its record in the list.
+    if let Some(me) = nodes.get_mut(cluster.name()) {
+        me.draining = cluster.is_draining();
+    }
     let chosen = match choose(
         &nodes,
         cluster.name(),
@@ -419,6 +415,9 @@ enum PlaceError {
     /// The node asked for has no live lease.
     #[error("Node {0} is not in the cluster (no live lease).")]
     NoSuchNode(String),
+    /// The node asked for drains.
+    #[error("Node {0} is draining: it takes no creates until it is undrained (DELETE /v1/cluster/drain?node={0}).")]
+    Draining(String),
     /// The node asked for does not match the selector.
     #[error("Node {node} does not carry the labels node_selector asks for ({selector}); its labels are {labels:?}.")]
     NodeMismatch {
@@ -456,6 +455,9 @@ fn choose(
                 selector: want.selector.map(labels::show).unwrap_or_default(),
                 labels: labels::show(&n.labels),
             });
+        }
+        if n.draining {
+            return Err(PlaceError::Draining(w.into()));
         }
         return Ok(n.clone());
     }
@@ -514,7 +516,7 @@ fn choose(
 }
 
 /// Forwards a request to `node`, streaming both bodies.
-async fn forward(
+pub(super) async fn forward(
     cluster: &Arc<Cluster>,
     node: &NodeInfo,
     id: Option<&str>,
@@ -640,30 +642,6 @@ async fn list(
     Response::from_parts(parts, Body::from(body))
 }
 
-/// `GET /v1/cluster`: this node and the live nodes.
-async fn cluster_view(cluster: &Arc<Cluster>) -> Response {
-    let nodes = cluster.live_nodes();
-    let mut list: Vec<NodeInfo> = nodes.clone().unwrap_or_default().into_values().collect();
-    list.sort_by(|a, b| a.name.cmp(&b.name));
-    axum::Json(serde_json::json!({
-        "node": cluster.name(),
-        "draining": cluster.is_draining(),
-        "store_reachable": nodes.is_some(),
-        "nodes": list,
-        "etcd_ops": {
-            "requests": {
-                "reads": cluster.ops.reads.load(std::sync::atomic::Ordering::Relaxed),
-                "writes": cluster.ops.writes.load(std::sync::atomic::Ordering::Relaxed),
-            },
-            "background": {
-                "reads": cluster.background.reads.load(std::sync::atomic::Ordering::Relaxed),
-                "writes": cluster.background.writes.load(std::sync::atomic::Ordering::Relaxed),
-            },
-        },
-    }))
-    .into_response()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -730,6 +708,11 @@ mod tests {
         assert_eq!(
             pick(want(Some("zz"), None, "host", None)),
             Err(PlaceError::NoSuchNode("zz".into()))
+        );
+        // A draining node takes no create, not even one that names it.
+        assert_eq!(
+            pick(want(Some("b"), None, "host", None)),
+            Err(PlaceError::Draining("b".into()))
         );
     }
 

@@ -14,10 +14,17 @@
 //!
 //! The node publishes its sandboxes after each create and delete it serves
 //! and every second (what the reaper removed, status changes), and its keys
-//! every second. [`forward`] is the HTTP side: routing, placement, listing.
+//! every second. [`forward`] is the HTTP side: routing, placement, listing;
+//! [`routes`] the `/v1/cluster` routes (the node list, draining).
+//!
+//! What is the node's own and must outlive it, its drain flag, is kept in
+//! its local registry (table `cluster_node`), not in etcd: a node restarted
+//! while etcd is down still knows it drains, and etcd holds only what the
+//! nodes share.
 
 pub mod forward;
 pub mod labels;
+pub mod routes;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -38,6 +45,10 @@ const ROUND: Duration = Duration::from_secs(1);
 /// The node list is trusted for placement only if read this recently.
 const NODES_FRESH: Duration = Duration::from_secs(4);
 const PREFIX: &str = "/runcell/";
+/// The node's own settings that outlive a restart, in its registry: one
+/// row `draining` = `true`/`false` (absent: not draining).
+const DRAIN_TABLE: &str =
+    "CREATE TABLE IF NOT EXISTS cluster_node (key TEXT PRIMARY KEY, value TEXT NOT NULL);";
 
 /// Settings of cluster mode.
 #[derive(Debug, Clone)]
@@ -65,6 +76,9 @@ pub enum ClusterError {
     /// etcd refused or failed a request.
     #[error("etcd failed: {0}")]
     Etcd(#[source] etcd_client::Error),
+    /// The node's registry could not read or record its drain flag.
+    #[error("The node's registry failed to keep its drain flag: {0}")]
+    Registry(#[source] rusqlite::Error),
     /// A record in etcd is not what this version writes.
     #[error("The etcd record {key} is unreadable.")]
     Record {
@@ -99,7 +113,7 @@ pub fn parse_url(url: &str) -> Result<Vec<String>, ClusterError> {
 }
 
 /// A node as registered under its lease.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct NodeInfo {
     /// Its name.
     pub name: String,
@@ -319,9 +333,45 @@ impl Cluster {
         &self.config.node_name
     }
 
-    /// Stops (or resumes) taking creates; sandboxes keep running.
-    pub fn set_draining(&self, on: bool) {
+    /// Stops (or resumes) taking creates; sandboxes keep running. The flag
+    /// is recorded in the node's registry first (see [`DRAIN_TABLE`]), so
+    /// it survives a restart, a SIGKILL included; an error leaves it as it
+    /// was.
+    pub fn set_draining(&self, state: &AppState, on: bool) -> Result<(), ClusterError> {
+        state
+            .registry
+            .with_conn(|c| {
+                c.execute_batch(DRAIN_TABLE)?;
+                c.execute(
+                    "INSERT OR REPLACE INTO cluster_node (key, value) VALUES ('draining', ?1)",
+                    [if on { "true" } else { "false" }],
+                )
+            })
+            .map_err(ClusterError::Registry)?;
         self.draining.store(on, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Reads the drain flag a previous run of this node recorded.
+    fn load_draining(&self, state: &AppState) -> Result<bool, ClusterError> {
+        let on = state
+            .registry
+            .with_conn(|c| {
+                c.execute_batch(DRAIN_TABLE)?;
+                c.query_row(
+                    "SELECT value FROM cluster_node WHERE key = 'draining'",
+                    [],
+                    |r| r.get::<_, String>(0),
+                )
+                .map(|v| v == "true")
+                .or_else(|e| match e {
+                    rusqlite::Error::QueryReturnedNoRows => Ok(false),
+                    e => Err(e),
+                })
+            })
+            .map_err(ClusterError::Registry)?;
+        self.draining.store(on, std::sync::atomic::Ordering::SeqCst);
+        Ok(on)
     }
 
     /// Counts a create placed on `name` against its free slots until its
@@ -336,7 +386,8 @@ impl Cluster {
         }
     }
 
-    fn is_draining(&self) -> bool {
+    /// Whether this node drains (takes no creates).
+    pub fn is_draining(&self) -> bool {
         self.draining.load(std::sync::atomic::Ordering::SeqCst)
     }
 
@@ -794,6 +845,16 @@ impl Cluster {
     /// re-reads the node list, every second, for as long as the daemon runs.
     /// etcd being down only delays this; running sandboxes are unaffected.
     pub fn start(self: &Arc<Self>, state: Arc<AppState>) {
+        // Before the first registration, so the node never shows itself
+        // taking creates while a drain it was told before is in force.
+        match self.load_draining(&state) {
+            Ok(true) => tracing::info!(
+                node = %self.name(),
+                "draining (recorded before this start): this node takes no creates until DELETE /v1/cluster/drain"
+            ),
+            Ok(false) => {}
+            Err(e) => tracing::warn!("{e}; starting as not draining"),
+        }
         let me = self.clone();
         tokio::spawn(async move {
             let mut lease: Option<(

@@ -101,6 +101,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/templates", get(templates::templates))
         .route("/templates/{name}", get(templates::template))
+        .route("/cluster", get(crate::cluster::routes::status))
+        .route(
+            "/cluster/drain",
+            post(crate::cluster::routes::drain).delete(crate::cluster::routes::undrain),
+        )
         .fallback(no_route)
         // Cluster mode: forwarding, placement, listing (inside the key check).
         .layer(axum::middleware::from_fn_with_state(

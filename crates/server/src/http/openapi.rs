@@ -28,6 +28,7 @@ Every error is `{\"error\": \"...\"}` with `application/json`."
         (name = "code contexts", description = "Stateful interpreters (PandaStack REPL sessions)"),
         (name = "templates", description = "What sandboxes are made from"),
         (name = "account", description = "The caller's key"),
+        (name = "cluster", description = "Cluster mode (`runcell serve --cluster`): the nodes, and draining one; a single node answers 404"),
         (name = "system", description = "Health, metrics, this document and MCP; no key needed except for MCP")
     ),
     paths(
@@ -75,7 +76,10 @@ Every error is `{\"error\": \"...\"}` with `application/json`."
         volumes::create,
         volumes::list,
         volumes::get_one,
-        volumes::delete
+        volumes::delete,
+        crate::cluster::routes::status,
+        crate::cluster::routes::drain,
+        crate::cluster::routes::undrain
     ),
     components(schemas(
         SandboxView,
@@ -114,7 +118,11 @@ Every error is `{\"error\": \"...\"}` with `application/json`."
         volumes::VolumeList,
         crate::volumes::VolumeView,
         crate::volumes::VolumeAttach,
-        crate::snapshots::OnIdle
+        crate::snapshots::OnIdle,
+        crate::cluster::routes::ClusterView,
+        crate::cluster::routes::EtcdOpsView,
+        crate::cluster::routes::OpsView,
+        crate::cluster::NodeInfo
     ))
 )]
 pub(crate) struct ApiDoc;
@@ -223,7 +231,14 @@ mod tests {
         );
         let mut ids: BTreeMap<String, String> = BTreeMap::new();
         let paths = doc["paths"].as_object().unwrap();
-        for p in ["/healthz", "/metrics", "/v1/openapi.json", "/mcp"] {
+        for p in [
+            "/healthz",
+            "/metrics",
+            "/v1/openapi.json",
+            "/mcp",
+            "/v1/cluster",
+            "/v1/cluster/drain",
+        ] {
             assert!(paths.contains_key(p), "{p} is not documented");
         }
         for (path, item) in paths {
