@@ -125,6 +125,11 @@ pub struct LineSplitter {
 }
 
 impl LineSplitter {
+    /// Bytes held for lines not yet ended.
+    pub fn pending(&self) -> u64 {
+        u64::try_from(self.partial_out.len() + self.partial_err.len()).unwrap_or(u64::MAX)
+    }
+
     /// Feeds bytes of `stream`, calling `line` for each complete line.
     pub fn feed(&mut self, stream: Output, mut bytes: &[u8], line: &mut impl FnMut(Line)) {
         let partial = match stream {
@@ -262,7 +267,8 @@ impl Follower {
                 (start, inner.since(self.cursor.max(start)), inner.end)
             };
             if start > self.cursor {
-                let missed = start - self.cursor;
+                // The unended line it held is lost with the gap: counted.
+                let missed = start - self.cursor + self.split.pending();
                 self.cursor = start;
                 self.split = LineSplitter::default();
                 return Some(Followed::Missed(missed));
@@ -364,5 +370,30 @@ mod tests {
         while let Some(x) = f.next().await {
             assert!(matches!(x, Followed::Lines(_)));
         }
+    }
+
+    #[tokio::test]
+    async fn a_gap_counts_the_unended_line_it_takes() {
+        let log = SandboxLog::default();
+        log.append(Output::Stdout, b"one\npart");
+        let mut f = log.follow();
+        assert!(matches!(f.next().await, Some(Followed::Lines(l)) if l.len() == 1));
+        // "part" is held, waiting for its end; then far more than is kept.
+        let line = "z".repeat(999) + "\n";
+        for _ in 0..1000 {
+            log.append(Output::Stdout, line.as_bytes());
+        }
+        drop(log);
+        let (mut missed, mut delivered) = (0, 0);
+        while let Some(x) = f.next().await {
+            match x {
+                Followed::Missed(n) => missed += n,
+                Followed::Lines(l) => {
+                    delivered += l.iter().map(|l| l.text.len() as u64).sum::<u64>()
+                }
+            }
+        }
+        // Every byte after "one\n" is either delivered or counted missed.
+        assert_eq!(missed + delivered, 4 + 1000 * 1000);
     }
 }
