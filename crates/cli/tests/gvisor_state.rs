@@ -103,6 +103,22 @@ async fn gvisor_snapshots_and_forks_carry_files_and_memory() {
     let (s, body) = cell(&d, &from, &sid, "print(x)").await;
     assert_eq!((s, &body["stdout"]), (200, &json!("42\n")), "{body}");
 
+    // One that asks for limits of its own starts from the files alone:
+    // the saved processes would keep the source's.
+    let own = d
+        .create_json(json!({"from_snapshot": snap_id, "ttl_seconds": 600, "limits": {"pids": 64}}))
+        .await;
+    let own = own["id"].as_str().unwrap().to_string();
+    let (_, body) = d.exec(&own, "cat ~/f").await;
+    assert_eq!(body["stdout"], "kept\n", "{body}");
+    let (s, body) = cell(&d, &own, &sid, "print(x)").await;
+    assert_eq!(s, 404, "no context came with the files: {body}");
+    assert_eq!(
+        d.status(Method::DELETE, &format!("/v1/sandboxes/{own}"), None)
+            .await,
+        204
+    );
+
     // A fork starts with the parent's files and memory now, and then goes
     // its own way.
     let (s, fork) = d.post(&format!("/v1/sandboxes/{id}/fork"), json!({})).await;

@@ -652,10 +652,17 @@ impl<'a> Service<'a> {
                     ),
                 )
             })?;
-        // Its memory comes along onto its own template and backend.
+        // Its memory comes along onto its own template and backend, and
+        // only with the source's settings: the restored agent keeps the
+        // limits, network and environment it was saved with, so a create
+        // that asks for its own starts from the files alone (memory: false).
         let image = snapshot_image(&self.0.config.data_dir, &snap.id);
         if spec.template.as_ref().is_none_or(|t| *t == snap.template)
             && spec.isolation.is_none_or(|i| i == snap.isolation)
+            && spec.limits.is_none()
+            && spec.network.is_none()
+            && spec.env.is_empty()
+            && spec.volumes.is_empty()
             && image.is_dir()
         {
             spec.memory_image = Some(image);
