@@ -14,7 +14,7 @@
 //! cannot checkpoint them, nor can this gVisor without stopping the
 //! sandbox): answers say `memory: false`. A gVisor sandbox hibernates with
 //! its memory (`runsc checkpoint` into `<data>/memory/<id>`), and its wake
-//! restores it.
+//! restores it; so does a microVM (QEMU's migration to a file).
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -672,10 +672,6 @@ impl<'a> Service<'a> {
     /// persistent sandbox on a daemon that hibernates idle ones
     /// (`--idle-hibernate`), else deletion.
     pub(crate) fn on_idle(self, r: &crate::registry::Record, lineage: &Lineage) -> OnIdle {
-        // Only the jail and gVisor save files, so only they hibernate.
-        if r.isolation == runcell_core::backend::Isolation::Microvm {
-            return OnIdle::Delete;
-        }
         lineage
             .on_idle
             .unwrap_or(if r.persistent && self.0.config.idle_hibernate {
@@ -697,7 +693,10 @@ impl<'a> Service<'a> {
         if state.entry(&id).is_none() {
             return Ok(());
         }
-        if e.sandbox.isolation() == runcell_core::backend::Isolation::Gvisor {
+        if matches!(
+            e.sandbox.isolation(),
+            runcell_core::backend::Isolation::Gvisor | runcell_core::backend::Isolation::Microvm
+        ) {
             return self.hibernate_with_memory(e, &id).await;
         }
         // Frozen first, so nothing is written between the copy and the end.
