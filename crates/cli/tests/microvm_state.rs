@@ -142,6 +142,19 @@ async fn microvms_pause_resume_snapshot_and_fork_their_files() {
     let (_, body) = d.exec(&from, "cat ~/f ~/deep/er/x ~/late").await;
     assert_eq!(body["stdout"], "kept\nd\nlate\n", "{body}");
 
+    // Its files are disk images: they start microVMs only, said plainly.
+    let (s, body) = d
+        .post(
+            "/v1/sandboxes",
+            json!({"from_snapshot": snap["id"], "isolation": "jail"}),
+        )
+        .await;
+    assert_eq!(s, 400, "{body}");
+    assert!(
+        body["error"].as_str().unwrap_or("").contains("microvm"),
+        "{body}"
+    );
+
     // The parent writes on after the snapshot; the snapshot does not change.
     let (s, _) = d.exec(&id, "echo after > ~/after").await;
     assert_eq!(s, 200);

@@ -551,7 +551,16 @@ impl<'a> Service<'a> {
                 )
             })?;
         spec.template.get_or_insert(snap.template);
-        spec.isolation.get_or_insert(snap.isolation);
+        let isolation = *spec.isolation.get_or_insert(snap.isolation);
+        // A microVM's saved files are disk images, the others' directory
+        // trees: neither starts the other.
+        let microvm = runcell_core::backend::Isolation::Microvm;
+        if (isolation == microvm) != (snap.isolation == microvm) {
+            return Err(ApiError::bad_request(format!(
+                "from_snapshot: snapshot {} was taken of a {} sandbox; its files cannot start a {isolation} sandbox.",
+                snap.id, snap.isolation
+            )));
+        }
         spec.state_layers = snap.layers;
         spec.lineage.from_snapshot = Some(id);
         Ok(())
