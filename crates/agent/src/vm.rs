@@ -593,7 +593,10 @@ fn control_loop(port: &Path, restart: &tokio::sync::Notify) {
                             let _ = file.write_all(b"S");
                         }
                         b'R' => {
-                            restart.notify_one();
+                            // Only a channel that is up restarts: no
+                            // permit is kept for a later one (a second
+                            // HELLO would reset the new host's streams).
+                            restart.notify_waiters();
                             let _ = file.write_all(b"R");
                         }
                         _ => {}

@@ -38,8 +38,8 @@
 //!   `runcell.pids=` on the kernel command line), whose event counters the
 //!   agent reads to report hits by name in each run's exit; the guest's RAM
 //!   (`-m`) is the memory limit plus room for its kernel and agent. CPU is
-//!   its number of vCPUs (`-smp`, rounded up), disk the size of the guest's
-//!   writable tmpfs.
+//!   its number of vCPUs (`-smp`, rounded up), disk the size of the file
+//!   system on its writable disk.
 //! * Channel: one virtio-serial port, multiplexed
 //!   ([`runcell_protocol::mux`]); the host end is a unix socket QEMU
 //!   listens on, and a forwarder in the host process serves

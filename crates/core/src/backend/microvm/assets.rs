@@ -157,7 +157,7 @@ impl Assets {
 
     /// The read-only image of a template's root, built if this template
     /// (name and content) has none yet. What a guest mounts as its lower
-    /// layer; the writable layer is the guest's own tmpfs.
+    /// layer; the writable layer is its own disk ([`Assets::blank_disk`]).
     pub fn template_image(&self, rootfs: &RootfsSpec) -> Result<PathBuf, MicrovmError> {
         let (key_parts, script) = image_plan(rootfs)?;
         let key = short_hash(&key_parts);
