@@ -62,7 +62,9 @@ fn entries(dir: &std::path::Path) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread")]
 async fn microvms_pause_resume_snapshot_and_fork_their_files() {
     let _turn = ONE_AT_A_TIME.lock().await;
-    let data = data_dir("vm-state");
+    // Deep enough that the VMM's sockets (channel, control, QMP) are
+    // reached through the short link (`sun_path` holds 108 bytes).
+    let data = data_dir("microvm-state-in-a-deep-data-directory");
     let d = Daemon::start(&data, free_port(), &["--allow-emulation", "--standby", "0"]);
     // What this host was found to do, probed for real.
     let sys: Value = d.get_ok("/v1/system").await;

@@ -1068,9 +1068,9 @@ fn socket_path(dir: &Path, name: &str) -> Result<PathBuf, MicrovmError> {
     if full.as_os_str().len() <= runcell_jail::socket::MAX_SOCKET_PATH {
         return Ok(full);
     }
-    let name = dir.file_name().unwrap_or_default();
+    let id = dir.file_name().unwrap_or_default();
     let links = Path::new(SHORT_LINKS);
-    let link = links.join(name);
+    let link = links.join(id);
     fs::create_dir_all(links)
         .and_then(|()| {
             let _ = fs::remove_file(&link);

@@ -248,11 +248,19 @@ impl Assets {
         }
         let tmp = dir.join(format!("blank-{mib}M.ext4.tmp"));
         let _ = fs::remove_file(&tmp);
+        // The file system is made larger than the limit by its own
+        // metadata (a journal of 1/64 of it, 1 to 64 MiB; inode tables of
+        // 1/64 at one inode per 16 KiB), so what `df` shows the sandbox,
+        // and what it can write, is the limit, as with the jail's tmpfs.
+        let journal = (mib / 64).clamp(1, 64);
+        let size = mib + journal + mib / 64 + 1;
         let out = Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-m", "0", "-L", "runcell-rw"])
+            .args(["-q", "-F", "-m", "0", "-i", "16384", "-L", "runcell-rw"])
+            .arg("-J")
+            .arg(format!("size={journal}"))
             .args(["-E", "lazy_itable_init=0,lazy_journal_init=0"])
             .arg(&tmp)
-            .arg(format!("{mib}M"))
+            .arg(format!("{size}M"))
             .output()
             .map_err(|e| MicrovmError::Spawn(PathBuf::from("mkfs.ext4"), e))?;
         if !out.status.success() {
