@@ -65,7 +65,9 @@ async fn microvms_pause_resume_snapshot_and_fork_their_files() {
     // Deep enough that the VMM's sockets (channel, control, QMP) are
     // reached through the short link (`sun_path` holds 108 bytes).
     let data = data_dir("microvm-state-in-a-deep-data-directory");
-    let d = Daemon::start(&data, free_port(), &["--allow-emulation", "--standby", "0"]);
+    let port = free_port();
+    let args = ["--allow-emulation", "--standby", "0"];
+    let mut d = Daemon::start(&data, port, &args);
     // What this host was found to do, probed for real.
     let sys: Value = d.get_ok("/v1/system").await;
     let microvm = sys["backends"]
@@ -182,6 +184,20 @@ async fn microvms_pause_resume_snapshot_and_fork_their_files() {
         !body["stdout"].as_str().unwrap().contains("after"),
         "{body}"
     );
+
+    // A restarted daemon finds the guests again and saves them on: the
+    // parent's disk has been switched to new overlays twice.
+    d.kill9();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let d = Daemon::start(&data, port, &args);
+    let (s, body) = d.exec(&id, "echo again > ~/again").await;
+    assert_eq!(s, 200, "{body}");
+    let (s, snap2) = d.post(&path("snapshots"), json!({})).await;
+    assert_eq!(s, 201, "{snap2}");
+    let (_, body) = d.exec(&id, "cat ~/f ~/again").await;
+    assert_eq!(body["stdout"], "kept\nagain\n", "{body}");
+    let snap2_path = format!("/v1/snapshots/{}", snap2["id"].as_str().unwrap());
+    assert_eq!(d.status(Method::DELETE, &snap2_path, None).await, 204);
 
     for s in [&id, &from, &child] {
         d.delete(s).await;

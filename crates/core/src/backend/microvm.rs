@@ -1143,10 +1143,32 @@ impl Backend for MicrovmBackend {
             timeout: Duration::from_secs(5),
             kick: None,
         })?;
-        let paused = socket_path(&dir, "qmp.sock")
-            .ok()
-            .and_then(|m| self.vmm.is_paused(&m))
+        let monitor = socket_path(&dir, "qmp.sock").ok();
+        let paused = monitor
+            .as_deref()
+            .and_then(|m| self.vmm.is_paused(m))
             .unwrap_or(false);
+        // A host that died while switching the guest to a new overlay may
+        // have left the record one image behind: the VMM knows.
+        let mut state = state;
+        if let (Some(chain), Some((node, file))) = (
+            state.disk.as_mut(),
+            monitor.as_deref().and_then(|m| self.vmm.active_disk(m)),
+        ) {
+            let name = file
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if node != chain.node && !chain.files.contains(&name) && dir.join(&name).is_file() {
+                tracing::warn!(sandbox = %id, "its disk record was one save behind; put right");
+                chain.files.insert(0, name);
+                chain.next = chain
+                    .next
+                    .max(node.trim_start_matches('w').parse::<u32>().unwrap_or(0) + 1);
+                chain.node = node;
+                state.write(&dir)?;
+            }
+        }
         Ok(Box::new(VmInstance::new(
             self,
             id.into(),

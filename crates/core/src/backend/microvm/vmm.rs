@@ -123,6 +123,14 @@ pub trait Vmm: Send + Sync + std::fmt::Debug {
         ))
     }
 
+    /// The node name and file of the image the guest's writable disk
+    /// writes to now (`None`: cannot tell), to put right a record a host
+    /// that died during [`Vmm::switch_disk`] left behind.
+    fn active_disk(&self, monitor: &Path) -> Option<(String, PathBuf)> {
+        let _ = monitor;
+        None
+    }
+
     /// Saves the paused guest's memory and device state into the new file
     /// `image` and waits until it is complete.
     fn save_memory(&self, monitor: &Path, image: &Path) -> Result<(), MicrovmError> {
@@ -348,6 +356,19 @@ impl Vmm for Qemu {
             let _ = q.execute("blockdev-del", Some(json!({"node-name": new_node})));
         }
         switched.map(drop)
+    }
+
+    fn active_disk(&self, monitor: &Path) -> Option<(String, PathBuf)> {
+        let devices = Qmp::connect(monitor)
+            .and_then(|mut q| q.execute("query-block", None))
+            .ok()?;
+        devices.as_array()?.iter().find_map(|d| {
+            let inserted = &d["inserted"];
+            let node = inserted["node-name"].as_str()?;
+            let file = inserted["file"].as_str()?;
+            (node.starts_with('w') && !inserted["ro"].as_bool().unwrap_or(false))
+                .then(|| (node.to_string(), PathBuf::from(file)))
+        })
     }
 
     fn save_memory(&self, monitor: &Path, image: &Path) -> Result<(), MicrovmError> {
