@@ -249,6 +249,23 @@ pub fn probe_with(
         .next()
         .unwrap_or("")
         .to_string();
+    // Every guest's writable disk is a qcow2 overlay qemu-img makes.
+    let qemu_img = qemu.with_file_name("qemu-img");
+    let qemu_img = if qemu.components().count() > 1 {
+        qemu_img
+    } else {
+        PathBuf::from("qemu-img")
+    };
+    if std::process::Command::new(&qemu_img)
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        return Err(format!(
+            "{} is not installed (Debian's qemu-utils)",
+            qemu_img.display()
+        ));
+    }
     let kernel = kernel_dir.join("vmlinuz");
     if !kernel.is_file() || !kernel_dir.join("modules/order").is_file() {
         return Err(format!(
