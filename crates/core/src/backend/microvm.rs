@@ -86,6 +86,9 @@ pub const PORT_NAME: &str = "runcell.agent";
 /// The name of the guest's virtio-serial port for the host's control
 /// requests (`S`: flush the file systems; the agent's `vm-init`).
 pub const CONTROL_PORT_NAME: &str = "runcell.ctl";
+/// In the state directory: the blank disks every sandbox's chain ends in
+/// (not a sandbox: its name is no sandbox id).
+const BLANKS: &str = ".blank-disks";
 /// In a layer directory: which of its images is the top of the chain.
 const LAYER_CHAIN: &str = "chain.json";
 /// In a memory image directory: the saved memory and device state.
@@ -605,7 +608,21 @@ impl MicrovmBackend {
                     .file_name()
                     .map(|n| n.to_string_lossy().into_owned())
                     .unwrap_or_default();
-                link_or_copy(&blank, &dir.join(&name))?;
+                // A copy beside the sandboxes (once, where the cache is on
+                // another file system), so every disk links it.
+                let local = self.config.state_dir.join(BLANKS).join(&name);
+                if !local.is_file() {
+                    let tmp = local.with_extension(format!("tmp-{}", std::process::id()));
+                    fs::create_dir_all(self.config.state_dir.join(BLANKS)).map_err(|e| {
+                        MicrovmError::State("making the blank disks' directory".into(), e)
+                    })?;
+                    let _ = fs::remove_file(&tmp);
+                    link_or_copy(&blank, &tmp)?;
+                    fs::rename(&tmp, &local).map_err(|e| {
+                        MicrovmError::State(format!("publishing {}", local.display()), e)
+                    })?;
+                }
+                link_or_copy(&local, &dir.join(&name))?;
                 vec![name]
             }
         };
