@@ -49,10 +49,12 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
-# The microVM backend: QEMU (its `microvm` machine), mkfs.ext4 for template
-# images, and the guest kernel in the cache (scripts/microvm-assets.sh).
+# The microVM backend: QEMU (its `microvm` machine), qemu-img for the
+# guests' writable disks (qcow2 overlays), mkfs.ext4 for template images and
+# blank disks, and the guest kernel in the cache (scripts/microvm-assets.sh).
 mneed=()
 [ -x /usr/bin/qemu-system-x86_64 ] || mneed+=(qemu-system-x86)
+[ -x /usr/bin/qemu-img ] || mneed+=(qemu-utils)
 [ -x /usr/sbin/mkfs.ext4 ] || mneed+=(e2fsprogs)
 if [ ${#mneed[@]} -gt 0 ]; then
   echo "installing: ${mneed[*]}"

@@ -38,6 +38,12 @@ struct Args {
     /// Only the gVisor rows (hibernation with memory and its baseline).
     #[arg(long)]
     gvisor_only: bool,
+    /// Iterations of the microVM rows (TCG guests here: slow); 0 skips them.
+    #[arg(long, default_value_t = 3)]
+    microvm_iterations: usize,
+    /// Only the microVM rows.
+    #[arg(long)]
+    microvm_only: bool,
 }
 
 fn pct(sorted: &[Duration], p: f64) -> f64 {
@@ -187,6 +193,22 @@ fn du(path: &std::path::Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// Allocated bytes under `paths`, a file with several hard links counted
+/// once.
+fn du_allocated(paths: &[&std::path::Path]) -> u64 {
+    let out = Command::new("du")
+        .args(["-s", "-c", "-B1", "--"])
+        .args(paths)
+        .output()
+        .expect("du");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
@@ -195,6 +217,10 @@ async fn main() {
         .ok()
         .and_then(|p| p.parent().map(PathBuf::from))
         .expect("own directory");
+    if args.microvm_only {
+        microvm_rows(&dir, args.microvm_iterations.max(1), args.layer_mb.min(50)).await;
+        return;
+    }
     if !args.gvisor_only {
         jail_rows(&dir, &args, n).await;
     }
@@ -223,6 +249,216 @@ async fn main() {
     gvisor_rows(&api, &data, n.min(5)).await;
     drop(api);
     let _ = std::fs::remove_dir_all(&data);
+    if args.microvm_iterations > 0 && !args.gvisor_only {
+        microvm_rows(&dir, args.microvm_iterations, args.layer_mb.min(50)).await;
+    }
+}
+
+/// MicroVM rows, on a daemon that allows emulation (this host's KVM cannot
+/// run a guest, so these are TCG guests): pause+resume, hibernate with
+/// memory (QEMU migration to a file) and wake to a cell reading a variable
+/// set before, snapshot and fork of a guest that wrote `layer_mb` MB of
+/// files (the fork's time includes booting the child), and the disk the
+/// saved layers take. The baseline is QEMU's own `migrate` to a file of a
+/// guest of the same size, held before its first instruction (`-S`).
+async fn microvm_rows(dir: &std::path::Path, m: usize, layer_mb: u64) {
+    let data = PathBuf::from(format!(
+        "/run/runcell-bench/persistence-microvm-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&data);
+    let daemon = Daemon::spawn(
+        &dir.join("runcell"),
+        &data,
+        free_port(),
+        ["--allow-emulation", "--standby", "0", "--auto-build=false"],
+    );
+    let api = Api {
+        daemon,
+        http: reqwest::Client::new(),
+    };
+    println!("\n# microVM (QEMU microvm under TCG emulation; {m} iterations)\n");
+    println!("| operation | p50 ms | p95 ms | n |\n|---|---:|---:|---:|");
+    let v = api
+        .ok(
+            Method::POST,
+            "/v1/sandboxes",
+            json!({"template": "host", "isolation": "microvm", "ttl_seconds": 3600,
+                   "limits": {"memory_mb": 512, "disk_mb": 1024}}),
+            201,
+        )
+        .await;
+    let sb = v["id"].as_str().expect("id").to_string();
+    let s = api
+        .ok(
+            Method::POST,
+            &format!("/v1/sandboxes/{sb}/repl/sessions"),
+            json!({"language": "python"}),
+            201,
+        )
+        .await;
+    let cell = format!(
+        "/v1/sandboxes/{sb}/repl/sessions/{}/run",
+        s["id"].as_str().expect("session id")
+    );
+    api.ok(Method::POST, &cell, json!({"code": "x = 42"}), 200)
+        .await;
+    let mut pause = Vec::new();
+    for _ in 0..m {
+        let t = Instant::now();
+        api.ok(
+            Method::POST,
+            &format!("/v1/sandboxes/{sb}/pause"),
+            json!({}),
+            204,
+        )
+        .await;
+        api.ok(
+            Method::POST,
+            &format!("/v1/sandboxes/{sb}/resume"),
+            json!({}),
+            204,
+        )
+        .await;
+        pause.push(t.elapsed());
+    }
+    row("microVM pause + resume", pause);
+    let (mut hib, mut wake) = (Vec::new(), Vec::new());
+    for _ in 0..m {
+        let (d, _) = api
+            .timed(Method::POST, &format!("/v1/sandboxes/{sb}/hibernate"), 204)
+            .await;
+        hib.push(d);
+        let t = Instant::now();
+        let v = api
+            .ok(Method::POST, &cell, json!({"code": "print(x)"}), 200)
+            .await;
+        wake.push(t.elapsed());
+        assert_eq!(v["stdout"], "42\n", "the variable was lost: {v}");
+    }
+    row("microVM hibernate with memory (512 MB guest limit)", hib);
+    row("microVM wake to a cell reading a variable", wake);
+    // Files, then snapshots and forks of them.
+    api.exec(&sb, &fill(layer_mb)).await;
+    let (mut snap, mut fork) = (Vec::new(), Vec::new());
+    let mut children = Vec::new();
+    for _ in 0..m {
+        let (d, v) = api
+            .timed(Method::POST, &format!("/v1/sandboxes/{sb}/snapshots"), 201)
+            .await;
+        snap.push(d);
+        assert_eq!(v["memory"], false);
+        let (d, v) = api
+            .timed(Method::POST, &format!("/v1/sandboxes/{sb}/fork"), 201)
+            .await;
+        fork.push(d);
+        children.push(v["id"].as_str().expect("child id").to_string());
+    }
+    row(&format!("microVM snapshot ({layer_mb} MB written)"), snap);
+    row(
+        &format!("microVM fork ({layer_mb} MB written; includes booting the child)"),
+        fork,
+    );
+    // Allocated bytes, each hard-linked image counted once (one `du` over
+    // both directories), the guests' disks first.
+    let vms = du_allocated(&[&data.join("sandboxes-microvm")]);
+    let all = du_allocated(&[&data.join("sandboxes-microvm"), &data.join("states")]);
+    println!(
+        "\nmicroVM disk: the {} guests' disks take {:.1} MB; the {} saved layers add {:.1} MB \
+         (hard-linked image chains; allocated bytes, each image counted once)",
+        1 + m,
+        vms as f64 / 1e6,
+        2 * m,
+        all.saturating_sub(vms) as f64 / 1e6
+    );
+    for c in &children {
+        api.delete(c).await;
+    }
+    api.delete(&sb).await;
+    // Baseline: QEMU's own migration to a file of an idle guest held at -S.
+    let mut base = Vec::new();
+    for _ in 0..m {
+        base.push(qemu_migrate_baseline(&data));
+    }
+    println!("\n| baseline | p50 ms | p95 ms | n |\n|---|---:|---:|---:|");
+    row(
+        "baseline: QEMU `migrate` to a file, 640 MB guest held at -S",
+        base,
+    );
+    drop(api);
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+/// One QEMU `migrate` to a file of a microvm guest of 640 MB (the size the
+/// benchmark's sandbox gets) that never ran: what saving any memory costs
+/// before a guest touches it.
+fn qemu_migrate_baseline(data: &std::path::Path) -> Duration {
+    use std::io::{BufRead, BufReader, Write};
+    let dir = data.join("bench-qemu");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("baseline dir");
+    let qmp = dir.join("qmp.sock");
+    let mut child = Command::new("qemu-system-x86_64")
+        .args([
+            "-M",
+            "microvm",
+            "-accel",
+            "tcg",
+            "-m",
+            "640M",
+            "-S",
+            "-nodefaults",
+        ])
+        .args(["-display", "none", "-qmp"])
+        .arg(format!("unix:{},server=on,wait=off", qmp.display()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("qemu-system-x86_64");
+    let until = Instant::now() + Duration::from_secs(10);
+    let stream = loop {
+        if let Ok(s) = std::os::unix::net::UnixStream::connect(&qmp) {
+            break s;
+        }
+        assert!(Instant::now() < until, "QEMU did not listen");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut w = stream.try_clone().expect("qmp");
+    let mut r = BufReader::new(stream);
+    let mut line = String::new();
+    r.read_line(&mut line).expect("greeting");
+    let mut send = |cmd: &str, line: &mut String| {
+        w.write_all(cmd.as_bytes()).expect("qmp write");
+        loop {
+            line.clear();
+            r.read_line(line).expect("qmp read");
+            if line.contains("\"return\"") || line.contains("\"error\"") {
+                return;
+            }
+        }
+    };
+    send("{\"execute\":\"qmp_capabilities\"}\n", &mut line);
+    let t = Instant::now();
+    let file = dir.join("memory");
+    send(
+        &format!(
+            "{{\"execute\":\"migrate\",\"arguments\":{{\"uri\":\"exec:cat > {}\"}}}}\n",
+            file.display()
+        ),
+        &mut line,
+    );
+    loop {
+        send("{\"execute\":\"query-migrate\"}\n", &mut line);
+        if line.contains("completed") || line.contains("failed") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let took = t.elapsed();
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    took
 }
 
 /// The jail's rows with each layer store, and the host copy baseline.

@@ -42,6 +42,14 @@ use crate::server::{self, Conn};
 
 /// The name of the virtio-serial port the host talks over.
 pub const PORT_NAME: &str = "runcell.agent";
+/// The name of the virtio-serial port of the host's control requests
+/// ([`control_loop`]): flush the writable disk before a save.
+pub const CONTROL_PORT_NAME: &str = "runcell.ctl";
+/// The kernel command line parameter naming the writable disk (a block
+/// device the host made, an ext4 file system), mounted as the staging
+/// directory: the writable layer then lives on the host's disk, where the
+/// host can save it, instead of in guest memory.
+const DISK_PARAM: &str = "runcell.disk=";
 /// The initramfs file listing the modules to load, in order (one file name
 /// a line, in the same directory).
 pub const MODULE_ORDER: &str = "/lib/modules/order";
@@ -108,8 +116,16 @@ fn run(started: Instant) -> Result<(), VmInitError> {
         us = runcell_protocol::units::micros(started.elapsed()),
         "modules loaded"
     );
-    let port = wait_for_port()?;
+    let port = wait_for_port(PORT_NAME)?;
     wait_for(Path::new(ROOT_DEVICE))?;
+    let restart = Arc::new(tokio::sync::Notify::new());
+    if let Ok(control) = wait_for_port(CONTROL_PORT_NAME) {
+        let restart = restart.clone();
+        std::thread::Builder::new()
+            .name("control".into())
+            .spawn(move || control_loop(&control, &restart))
+            .map_err(step("starting the control thread"))?;
+    }
     fs::create_dir_all(LOWER).map_err(step(format!("creating {LOWER}")))?;
     mount(
         Some(ROOT_DEVICE),
@@ -128,7 +144,7 @@ fn run(started: Instant) -> Result<(), VmInitError> {
         .enable_all()
         .build()
         .map_err(step("starting the runtime"))?;
-    runtime.block_on(serve(port))
+    runtime.block_on(serve(port, restart))
 }
 
 fn mount_basics() -> Result<(), VmInitError> {
@@ -255,14 +271,14 @@ fn wait_for(path: &Path) -> Result<(), VmInitError> {
     Ok(())
 }
 
-/// Finds the device of the port named [`PORT_NAME`].
-fn wait_for_port() -> Result<PathBuf, VmInitError> {
+/// Finds the device of the port named `port_name`.
+fn wait_for_port(port_name: &str) -> Result<PathBuf, VmInitError> {
     let t0 = Instant::now();
     loop {
         if let Ok(entries) = fs::read_dir("/sys/class/virtio-ports") {
             for e in entries.flatten() {
                 let name = fs::read_to_string(e.path().join("name")).unwrap_or_default();
-                if name.trim() == PORT_NAME {
+                if name.trim() == port_name {
                     let dev = Path::new("/dev").join(e.file_name());
                     wait_for(&dev)?;
                     return Ok(dev);
@@ -270,7 +286,7 @@ fn wait_for_port() -> Result<PathBuf, VmInitError> {
             }
         }
         if t0.elapsed() > DEVICE_TIMEOUT {
-            return Err(step(format!("waiting for the port {PORT_NAME}"))(
+            return Err(step(format!("waiting for the port {port_name}"))(
                 io::Error::from(io::ErrorKind::TimedOut),
             ));
         }
@@ -281,7 +297,7 @@ fn wait_for_port() -> Result<PathBuf, VmInitError> {
 /// The opener of the current host connection (none while the host is away).
 type CurrentOpener = Arc<Mutex<Option<Opener>>>;
 
-async fn serve(port: PathBuf) -> Result<(), VmInitError> {
+async fn serve(port: PathBuf, restart: Arc<tokio::sync::Notify>) -> Result<(), VmInitError> {
     let (in_tx, mut in_rx) = mpsc::channel::<DuplexStream>(16);
     let opener: CurrentOpener = Arc::default();
     let port = fs::OpenOptions::new()
@@ -290,7 +306,7 @@ async fn serve(port: PathBuf) -> Result<(), VmInitError> {
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(&port)
         .map_err(step(format!("opening {}", port.display())))?;
-    tokio::spawn(port_loop(port, in_tx, opener.clone()));
+    tokio::spawn(port_loop(port, in_tx, opener.clone(), restart));
 
     // The first stream of the first host carries the spec.
     let Some(mut setup) = in_rx.recv().await else {
@@ -301,6 +317,7 @@ async fn serve(port: PathBuf) -> Result<(), VmInitError> {
     let spec = read_spec(&mut setup).await?;
     tracing::debug!(sandbox = %spec.sandbox_id, "spec received");
     fs::create_dir_all(&spec.staging_dir).map_err(step("creating the staging directory"))?;
+    mount_disk(&spec.staging_dir)?;
     if spec.egress_socket.is_some() {
         egress_listener(opener.clone())?;
     }
@@ -383,7 +400,12 @@ async fn read_spec(setup: &mut DuplexStream) -> Result<InitSpec, VmInitError> {
 /// Serves the port for ever: one multiplexer per host connection. The
 /// port stays open (its node is not in the sandbox's `/dev`); each
 /// connection works on duplicates of it.
-async fn port_loop(port: fs::File, incoming: mpsc::Sender<DuplexStream>, current: CurrentOpener) {
+async fn port_loop(
+    port: fs::File,
+    incoming: mpsc::Sender<DuplexStream>,
+    current: CurrentOpener,
+    restart: Arc<tokio::sync::Notify>,
+) {
     let mut logged = false;
     loop {
         // Non-blocking (set when opened): a read returns end of file while
@@ -411,8 +433,15 @@ async fn port_loop(port: fs::File, incoming: mpsc::Sender<DuplexStream>, current
         };
         let (opener, channel) = mux::run(Side::Guest, r, w, incoming.clone());
         *current.lock().expect("opener lock") = Some(opener);
-        if let Err(e) = channel.await {
-            tracing::info!("host channel ended: {e}");
+        tokio::select! {
+            ended = channel => {
+                if let Err(e) = ended {
+                    tracing::info!("host channel ended: {e}");
+                }
+            }
+            // The host asked (a guest restored from a memory image: its
+            // previous host is gone, unseen): start anew at once.
+            () = restart.notified() => tracing::info!("host channel restarted"),
         }
         *current.lock().expect("opener lock") = None;
         // The host is away (a read returns end of file until it is back).
@@ -507,4 +536,73 @@ fn egress_listener(current: CurrentOpener) -> Result<(), VmInitError> {
         }
     });
     Ok(())
+}
+
+/// Mounts the writable disk named on the kernel command line
+/// (`runcell.disk=vdb`) at `stage`, where the sandbox's writable layer is
+/// made (the jail's setup then leaves it as it is, instead of mounting a
+/// tmpfs there). A disk that was used before (a wake, a fork) keeps what
+/// the sandbox wrote. Without the parameter: nothing (a tmpfs, in memory).
+fn mount_disk(stage: &Path) -> Result<(), VmInitError> {
+    let cmdline = fs::read_to_string("/proc/cmdline").map_err(step("reading /proc/cmdline"))?;
+    let Some(name) = cmdline
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix(DISK_PARAM))
+        .filter(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric()))
+    else {
+        return Ok(());
+    };
+    let device = Path::new("/dev").join(name);
+    wait_for(&device)?;
+    mount(
+        Some(&device),
+        stage,
+        Some("ext4"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        None::<&str>,
+    )
+    .map_err(step("mounting the writable disk"))
+}
+
+/// Serves the host's control port for ever, on a thread of its own (a
+/// request is answered even while the agent's runtime is busy). One byte
+/// a request: `S` flushes every file system to its disk (`sync`), so a
+/// copy of the writable disk the host takes next holds what the sandbox
+/// wrote; answered `S`. `R` starts the agent's channel anew (its streams
+/// end and it says `HELLO` again): a host that restored this guest from a
+/// memory image asks, since the guest never saw its previous host go;
+/// answered `R`. While the host is away a read returns end of file.
+fn control_loop(port: &Path, restart: &tokio::sync::Notify) {
+    use std::io::{Read, Write};
+    let mut file = match fs::OpenOptions::new().read(true).write(true).open(port) {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!("could not open the control port: {e}");
+            return;
+        }
+    };
+    let mut buf = [0u8; 64];
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) | Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            Ok(n) => {
+                for &b in &buf[..n] {
+                    match b {
+                        b'S' => {
+                            nix::unistd::sync();
+                            let _ = file.write_all(b"S");
+                        }
+                        b'R' => {
+                            // Only a channel that is up restarts: no
+                            // permit is kept for a later one (a second
+                            // HELLO would reset the new host's streams).
+                            restart.notify_waiters();
+                            let _ = file.write_all(b"R");
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
 }

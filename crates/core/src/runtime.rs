@@ -380,11 +380,8 @@ impl Runtime {
             return unsupported("mount volumes");
         }
         // The jail's setup and gVisor's host-side composition refuse a
-        // symlink a saved layer planted; a microVM cannot lay them.
-        if !opts.state_layers.is_empty() && isolation == Isolation::Microvm {
-            return unsupported("start from saved files");
-        }
-        if opts.memory_image.is_some() && isolation != Isolation::Gvisor {
+        // symlink a saved layer planted; a microVM's layers are disk images.
+        if opts.memory_image.is_some() && isolation == Isolation::Jail {
             return unsupported("restore its memory");
         }
         // Standbys already have their own network namespace, and are of the

@@ -146,6 +146,17 @@ pub fn build_in_vm(spec: &InitSpec) -> Result<(), SetupError> {
     build_root(spec, Enter::MoveAndChroot)
 }
 
+/// Whether `path` is the root of a mount (its device differs from its
+/// parent's).
+fn is_mount_point(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let parent = path.parent().unwrap_or(Path::new("/"));
+    match (fs::metadata(path), fs::metadata(parent)) {
+        (Ok(a), Ok(b)) => a.dev() != b.dev(),
+        _ => false,
+    }
+}
+
 fn build_root(spec: &InitSpec, enter: Enter) -> Result<(), SetupError> {
     let t0 = std::time::Instant::now();
     // Nothing we mount may propagate back to the host.
@@ -162,7 +173,12 @@ fn build_root(spec: &InitSpec, enter: Enter) -> Result<(), SetupError> {
     // With the btrfs layer store the host made the stage a subvolume of
     // its own, capped by a qgroup limit (on a `nosuid,nodev` mount): it is
     // the writable layer as it is. Otherwise a tmpfs of `disk_bytes`.
-    let on_disk = enter == Enter::Pivot && crate::btrfs::is_subvolume(stage);
+    // In a microVM, the guest's init may have mounted the sandbox's
+    // writable disk there: it is the writable layer as it is too.
+    let on_disk = match enter {
+        Enter::Pivot => crate::btrfs::is_subvolume(stage),
+        Enter::MoveAndChroot => is_mount_point(stage),
+    };
     if !on_disk {
         mount(
             Some("tmpfs"),

@@ -20,7 +20,8 @@
 //! fork's image lives until its children started from it. A create from
 //! such a snapshot, or a fork, restores the image over a copy-on-write
 //! copy of the files; where that fails it starts on the files alone and
-//! says `state_lost`.
+//! says `state_lost`. A microVM hibernates with its memory too (QEMU's
+//! migration to a file); its snapshots and forks carry files only.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -668,7 +669,16 @@ impl<'a> Service<'a> {
             spec.memory_image = Some(image);
         }
         spec.template.get_or_insert(snap.template);
-        spec.isolation.get_or_insert(snap.isolation);
+        let isolation = *spec.isolation.get_or_insert(snap.isolation);
+        // A microVM's saved files are disk images, the others' directory
+        // trees: neither starts the other.
+        let microvm = runcell_core::backend::Isolation::Microvm;
+        if (isolation == microvm) != (snap.isolation == microvm) {
+            return Err(ApiError::bad_request(format!(
+                "from_snapshot: snapshot {} was taken of a {} sandbox; its files cannot start a {isolation} sandbox.",
+                snap.id, snap.isolation
+            )));
+        }
         spec.state_layers = snap.layers;
         spec.lineage.from_snapshot = Some(id);
         Ok(())
@@ -796,10 +806,6 @@ impl<'a> Service<'a> {
     /// persistent sandbox on a daemon that hibernates idle ones
     /// (`--idle-hibernate`), else deletion.
     pub(crate) fn on_idle(self, r: &crate::registry::Record, lineage: &Lineage) -> OnIdle {
-        // Only the jail and gVisor save files, so only they hibernate.
-        if r.isolation == runcell_core::backend::Isolation::Microvm {
-            return OnIdle::Delete;
-        }
         lineage
             .on_idle
             .unwrap_or(if r.persistent && self.0.config.idle_hibernate {
@@ -821,7 +827,10 @@ impl<'a> Service<'a> {
         if state.entry(&id).is_none() {
             return Ok(());
         }
-        if e.sandbox.isolation() == runcell_core::backend::Isolation::Gvisor {
+        if matches!(
+            e.sandbox.isolation(),
+            runcell_core::backend::Isolation::Gvisor | runcell_core::backend::Isolation::Microvm
+        ) {
             return self.hibernate_with_memory(e, &id).await;
         }
         // Frozen first, so nothing is written between the copy and the end.

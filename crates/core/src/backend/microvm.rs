@@ -7,15 +7,39 @@
 //!   initramfs (the agent, its shared libraries, the modules) is built here
 //!   at first use, per agent build, into [`MicrovmConfig::cache_dir`].
 //! * Root: the template's tree as a read-only ext4 image, built once per
-//!   template content and cached; the guest overlays it with a private
-//!   tmpfs of the disk limit (in guest memory), as the jail does.
+//!   template content and cached; the guest overlays it with its private
+//!   writable disk (`/dev/vdb`, ext4 of the disk limit), as the jail
+//!   overlays its writable layer. That disk is a qcow2 overlay in the
+//!   sandbox's directory on a chain of read-only images ending in a blank
+//!   file system of that size (cached per size): the writable layer lives
+//!   on the host's disk, not in guest memory, and is saved copy-on-write.
+//! * Saving ([`Instance::export_layer`]): the guest flushes its file
+//!   systems (`sync` over the control port, [`CONTROL_PORT_NAME`]), the VMM
+//!   stops it, and its current disk image becomes read-only: it is
+//!   hard-linked into the new layer directory with the images below it,
+//!   and the guest goes on writing to a new, empty overlay on top
+//!   ([`Vmm::switch_disk`]). A layer directory is a whole chain of
+//!   hard links whose headers name their backing files by bare file name
+//!   (relative to their own directory), so it stands alone: a sandbox
+//!   started from it (a fork, a wake, a snapshot's) links the chain into
+//!   its own directory and adds its own overlay. Nothing is copied; a save
+//!   takes the same time whatever the sandbox wrote.
+//! * Memory ([`Instance::checkpoint`]): the stopped guest's memory and
+//!   device state migrate to a file ([`Vmm::save_memory`], QEMU's
+//!   `migrate` to `exec:cat`); a start with that image
+//!   ([`StartSpec::memory_image`]) launches the same machine with
+//!   `-incoming` on a disk with the same content, continues it and
+//!   re-attaches as after a daemon restart. Processes and code contexts go
+//!   on where they were; the guest's clock lags by the time it was saved.
+//! * Pause: the VMM stops the guest's vCPUs (QMP `stop`/`cont`); its
+//!   memory stays.
 //! * Limits: memory and processes are the `memory.max` and `pids.max` of
 //!   a guest cgroup v2 the agent puts itself in (`runcell.memory=` and
 //!   `runcell.pids=` on the kernel command line), whose event counters the
 //!   agent reads to report hits by name in each run's exit; the guest's RAM
 //!   (`-m`) is the memory limit plus room for its kernel and agent. CPU is
-//!   its number of vCPUs (`-smp`, rounded up), disk the size of the guest's
-//!   writable tmpfs.
+//!   its number of vCPUs (`-smp`, rounded up), disk the size of the file
+//!   system on its writable disk.
 //! * Channel: one virtio-serial port, multiplexed
 //!   ([`runcell_protocol::mux`]); the host end is a unix socket QEMU
 //!   listens on, and a forwarder in the host process serves
@@ -37,11 +61,13 @@
 
 mod assets;
 mod forward;
+mod qmp;
 mod vmm;
 
 use std::fs;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -57,6 +83,20 @@ use super::{
 
 /// The name of the guest's virtio-serial port for the agent's channel.
 pub const PORT_NAME: &str = "runcell.agent";
+/// The name of the guest's virtio-serial port for the host's control
+/// requests (`S`: flush the file systems; the agent's `vm-init`).
+pub const CONTROL_PORT_NAME: &str = "runcell.ctl";
+/// In the state directory: the blank disks every sandbox's chain ends in
+/// (not a sandbox: its name is no sandbox id).
+const BLANKS: &str = ".blank-disks";
+/// In a layer directory: which of its images is the top of the chain.
+const LAYER_CHAIN: &str = "chain.json";
+/// In a memory image directory: the saved memory and device state.
+const MEMORY_FILE: &str = "memory";
+/// In a memory image directory: the machine that memory belongs to.
+const MEMORY_MACHINE: &str = "machine.json";
+/// How long the guest may take to flush its file systems before a save.
+const SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a guest may take from launch to its agent being ready.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -125,6 +165,12 @@ pub enum MicrovmError {
     /// Removing the sandbox's directory failed.
     #[error("Could not remove {0}.")]
     Remove(PathBuf, #[source] std::io::Error),
+    /// The VMM refused or failed a request about a running guest.
+    #[error("The VMM failed: {0}")]
+    Vmm(String),
+    /// Saving or restoring the sandbox's state failed.
+    #[error("Saving or restoring the sandbox's state failed while {0}.")]
+    State(String, #[source] std::io::Error),
 }
 
 /// Settings of the microVM backend.
@@ -140,6 +186,8 @@ pub struct MicrovmConfig {
     pub cache_dir: PathBuf,
     /// QEMU.
     pub qemu: PathBuf,
+    /// `qemu-img` (makes the writable disks' overlays).
+    pub qemu_img: PathBuf,
     /// Run guests under emulation (TCG) when KVM cannot run them.
     pub allow_emulation: bool,
     /// The agents' log filter (`RUST_LOG` syntax), on the guest console.
@@ -156,6 +204,7 @@ impl MicrovmConfig {
             kernel_dir: PathBuf::from(DEFAULT_ASSETS),
             cache_dir: PathBuf::from(DEFAULT_ASSETS),
             qemu: PathBuf::from("qemu-system-x86_64"),
+            qemu_img: PathBuf::from("qemu-img"),
             allow_emulation,
             agent_log: None,
         }
@@ -203,6 +252,23 @@ pub fn probe_with(
         .next()
         .unwrap_or("")
         .to_string();
+    // Every guest's writable disk is a qcow2 overlay qemu-img makes.
+    let qemu_img = qemu.with_file_name("qemu-img");
+    let qemu_img = if qemu.components().count() > 1 {
+        qemu_img
+    } else {
+        PathBuf::from("qemu-img")
+    };
+    if std::process::Command::new(&qemu_img)
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        return Err(format!(
+            "{} is not installed (Debian's qemu-utils)",
+            qemu_img.display()
+        ));
+    }
     let kernel = kernel_dir.join("vmlinuz");
     if !kernel.is_file() || !kernel_dir.join("modules/order").is_file() {
         return Err(format!(
@@ -260,6 +326,115 @@ fn kvm_usable(qemu: &Path, kernel: &Path) -> Result<(), String> {
             )
         })
         .clone()
+}
+
+/// Whether a guest's memory can be saved to a file and loaded again here
+/// (for hibernation with memory), tried for real once per boot
+/// ([`super::probe_cache`]): a guest of the machine and devices sandboxes
+/// get (virtio-blk, virtio-serial ports, PCIe over ACPI), held before its
+/// first instruction, migrates to a file, and a second VMM loads it.
+/// `Err` says why not.
+pub fn probe_memory_save() -> Result<(), String> {
+    static RESULT: OnceLock<Result<(), String>> = OnceLock::new();
+    RESULT
+        .get_or_init(|| {
+            let qemu = Path::new("qemu-system-x86_64");
+            let kernel = Path::new(DEFAULT_ASSETS).join("vmlinuz");
+            if !kernel.is_file() {
+                return Err(format!(
+                    "the guest kernel is missing at {}",
+                    kernel.display()
+                ));
+            }
+            let qemu_bin = which(qemu).unwrap_or_else(|| qemu.to_path_buf());
+            super::probe_cache::per_boot(
+                "microvm-memory",
+                &[&qemu_bin, &kernel],
+                // A failure (a loaded machine, a slow start) is tried
+                // again by the next daemon.
+                Result::is_ok,
+                || migrate_test_guest(qemu, &kernel),
+            )
+        })
+        .clone()
+}
+
+fn migrate_test_guest(qemu: &Path, kernel: &Path) -> Result<(), String> {
+    let dir = std::env::temp_dir().join(format!("runcell-vm-memory-probe-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).map_err(|e| format!("no temporary directory ({e})"))?;
+    let result = (|| {
+        let disk = dir.join("disk.raw");
+        fs::write(&disk, vec![0u8; 1 << 20]).map_err(|e| format!("writing a test disk: {e}"))?;
+        let image = dir.join("memory");
+        let run = |monitor: &Path, incoming: Option<&Path>| {
+            let mut cmd = std::process::Command::new(qemu);
+            cmd.args([
+                "-M",
+                "microvm,pcie=on,acpi=on",
+                "-accel",
+                "tcg",
+                "-cpu",
+                "max",
+            ])
+            .args(["-m", "64M", "-S", "-nodefaults", "-no-user-config"])
+            .args(["-display", "none", "-kernel"])
+            .arg(kernel)
+            .arg("-drive")
+            .arg(format!(
+                "id=d,file={},format=raw,if=none,readonly=on",
+                disk.display()
+            ))
+            .args(["-device", "virtio-blk-pci,drive=d"])
+            .args(["-device", "virtio-serial-pci,id=vser"])
+            .args(["-chardev", "null,id=c", "-device"])
+            .arg(format!(
+                "virtserialport,bus=vser.0,chardev=c,name={PORT_NAME}"
+            ))
+            .arg("-qmp")
+            .arg(format!("unix:{},server=on,wait=off", monitor.display()))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+            if let Some(i) = incoming {
+                cmd.arg("-incoming")
+                    .arg(format!("exec:cat {}", i.display()));
+            }
+            cmd.spawn()
+                .map_err(|e| format!("could not run {} ({e})", qemu.display()))
+        };
+        let wait_status = |monitor: &Path, want: &[&str]| -> Result<String, String> {
+            let t0 = Instant::now();
+            loop {
+                let status = qmp::Qmp::connect(monitor).and_then(|mut q| q.status());
+                match status {
+                    Ok(s) if want.contains(&s.as_str()) => return Ok(s),
+                    _ if t0.elapsed() > Duration::from_secs(10) => {
+                        return Err(format!("the test guest stayed {status:?}"))
+                    }
+                    _ => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        };
+        let m1 = dir.join("q1.sock");
+        let mut first = run(&m1, None)?;
+        let saved = wait_status(&m1, &["prelaunch", "paused"]).and_then(|_| {
+            Qemu::new(qemu.to_path_buf())
+                .save_memory(&m1, &image)
+                .map_err(|e| e.to_string())
+        });
+        let _ = first.kill();
+        let _ = first.wait();
+        saved?;
+        let m2 = dir.join("q2.sock");
+        let mut second = run(&m2, Some(&image))?;
+        let loaded = wait_status(&m2, &["paused", "prelaunch", "running"]);
+        let _ = second.kill();
+        let _ = second.wait();
+        loaded.map(drop)
+    })();
+    let _ = fs::remove_dir_all(&dir);
+    result
 }
 
 /// `name` looked up on `PATH` (a path with a slash is itself).
@@ -416,6 +591,70 @@ impl MicrovmBackend {
         Ok(self.config.state_dir.join(id))
     }
 
+    /// Makes the sandbox's writable disk in `dir`: a new overlay on the
+    /// chain of the topmost saved layer (a fork's, a wake's, a snapshot's),
+    /// else on the blank file system of `disk_bytes`.
+    fn make_disk(
+        &self,
+        dir: &Path,
+        layers: &[PathBuf],
+        disk_bytes: u64,
+    ) -> Result<DiskChain, MicrovmError> {
+        let below = match layers.first() {
+            Some(layer) => read_chain(layer)?,
+            None => {
+                let blank = self.assets.blank_disk(disk_bytes)?;
+                let name = blank
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                // A copy beside the sandboxes (once, where the cache is on
+                // another file system), so every disk links it.
+                let local = self.config.state_dir.join(BLANKS).join(&name);
+                if !local.is_file() {
+                    let tmp = local.with_extension(format!("tmp-{}", std::process::id()));
+                    fs::create_dir_all(self.config.state_dir.join(BLANKS)).map_err(|e| {
+                        MicrovmError::State("making the blank disks' directory".into(), e)
+                    })?;
+                    let _ = fs::remove_file(&tmp);
+                    link_or_copy(&blank, &tmp)?;
+                    fs::rename(&tmp, &local).map_err(|e| {
+                        MicrovmError::State(format!("publishing {}", local.display()), e)
+                    })?;
+                }
+                link_or_copy(&local, &dir.join(&name))?;
+                vec![name]
+            }
+        };
+        if let Some(layer) = layers.first() {
+            for f in &below {
+                link_or_copy(&layer.join(f), &dir.join(f))?;
+            }
+        }
+        let base = &below[0];
+        let size = assets::image_size(&dir.join(base))?;
+        let format = if base.ends_with(".qcow2") {
+            "qcow2"
+        } else {
+            "raw"
+        };
+        let top = format!("{}.qcow2", uuid::Uuid::new_v4());
+        assets::create_overlay(
+            &self.config.qemu_img,
+            &dir.join(&top),
+            Path::new(base),
+            format,
+            size,
+        )?;
+        let mut files = vec![top];
+        files.extend(below);
+        Ok(DiskChain {
+            files,
+            node: "w0".into(),
+            next: 1,
+        })
+    }
+
     fn boot(
         &self,
         prepared: &MicrovmPrepared,
@@ -426,6 +665,10 @@ impl MicrovmBackend {
         let dir = prepared.dir.clone();
         let id = prepared.id.clone();
         let limits = spec.limits;
+        let disk = self.make_disk(&dir, &spec.state_layers, limits.disk_bytes)?;
+        if let Some(image) = &spec.memory_image {
+            return self.restore(prepared, spec, image, disk, accel);
+        }
         let image = self.assets.template_image(&spec.rootfs)?;
         let initramfs = self.assets.initramfs(&self.config.agent)?;
         let t_assets = t0.elapsed();
@@ -457,7 +700,8 @@ impl MicrovmBackend {
             workdir: spec.workdir.clone(),
             egress_socket: egress.as_ref().map(|_| PathBuf::from(GUEST_EGRESS)),
             egress_enabled: egress.as_ref().is_some_and(|(_, on)| *on),
-            // Saved files and volumes are refused for microVMs before they start.
+            // Saved files are the writable disk's chain (`make_disk`);
+            // volumes are refused for microVMs before they start.
             state_layers: Vec::new(),
             mounts: Vec::new(),
         };
@@ -493,21 +737,19 @@ impl MicrovmBackend {
                 cmdline.push_str(&format!(" RUST_LOG={filter}"));
             }
         }
+        // The writable disk, mounted by vm-init as the staging directory.
+        cmdline.push_str(" runcell.disk=vdb");
         cmdline.push_str(" -- vm-init");
-        let channel = channel_path(&dir)?;
-        let pidfile = dir.join("qemu.pid");
-        let pid = self.vmm.launch(&GuestSpec {
-            kernel: &self.assets.kernel(),
-            initramfs: &initramfs,
-            cmdline: &cmdline,
-            root_image: &image,
+        let machine = Machine {
+            kernel: self.assets.kernel(),
+            initramfs,
+            cmdline,
+            root_image: image,
             memory_mib,
             vcpus,
-            channel: &channel,
-            console_log: &dir.join("console.log"),
-            pidfile: &pidfile,
-            accel,
-        })?;
+        };
+        let channel = channel_path(&dir)?;
+        let pid = self.launch(&dir, &machine, &disk, accel, None)?;
         let state = StateFile {
             id: id.clone(),
             pid,
@@ -515,18 +757,17 @@ impl MicrovmBackend {
             accel,
             memory_mib,
             vcpus,
+            machine: Some(machine),
+            disk: Some(disk.clone()),
         };
-        fs::write(
-            dir.join("vm.json"),
-            serde_json::to_vec(&state).unwrap_or_default(),
-        )
-        .map_err(|e| MicrovmError::Asset("writing vm.json".into(), e))?;
+        state.write(&dir)?;
         let t_launch = t0.elapsed();
         let forwarder = forward::start(forward::ForwardConfig {
             dir: dir.clone(),
             channel,
             spec: Some(spec_json),
             timeout: BOOT_TIMEOUT,
+            kick: None,
         });
         let forwarder = match forwarder {
             Ok(f) => f,
@@ -543,14 +784,126 @@ impl MicrovmBackend {
             boot_ms = runcell_protocol::units::millis(t0.elapsed() - t_launch),
             "microvm ready"
         );
-        Ok(VmInstance {
+        Ok(VmInstance::new(
+            self,
             id,
             dir,
             pid,
-            egress: egress.map(|(l, _)| l),
-            tied: spec.tied_to_process,
-            _forwarder: Some(forwarder),
+            egress.map(|(l, _)| l),
+            spec.tied_to_process,
+            forwarder,
+            Some(disk),
+            false,
+        ))
+    }
+
+    /// Launches the guest `machine` in `dir` on `disk`, from the memory
+    /// image `incoming` if given (then paused).
+    fn launch(
+        &self,
+        dir: &Path,
+        machine: &Machine,
+        disk: &DiskChain,
+        accel: Accel,
+        incoming: Option<&Path>,
+    ) -> Result<i32, MicrovmError> {
+        self.vmm.launch(&GuestSpec {
+            kernel: &machine.kernel,
+            initramfs: &machine.initramfs,
+            cmdline: &machine.cmdline,
+            root_image: &machine.root_image,
+            memory_mib: machine.memory_mib,
+            vcpus: machine.vcpus,
+            channel: &channel_path(dir)?,
+            console_log: &dir.join("console.log"),
+            pidfile: &dir.join("qemu.pid"),
+            accel,
+            disk: Some((&dir.join(&disk.files[0]), &disk.node)),
+            control: &socket_path(dir, "ctl.sock")?,
+            monitor: &socket_path(dir, "qmp.sock")?,
+            incoming,
         })
+    }
+
+    /// Starts the guest saved in the memory image `image` (on `disk`, whose
+    /// content is what it had then): the same machine, its memory loaded,
+    /// continued, and its agent's channel taken up as after a restart.
+    fn restore(
+        &self,
+        prepared: &MicrovmPrepared,
+        spec: &StartSpec,
+        image: &Path,
+        disk: DiskChain,
+        accel: Accel,
+    ) -> Result<VmInstance, MicrovmError> {
+        let t0 = Instant::now();
+        let dir = prepared.dir.clone();
+        let raw = fs::read(image.join(MEMORY_MACHINE))
+            .map_err(|e| MicrovmError::State("reading the saved machine".into(), e))?;
+        let machine: Machine = serde_json::from_slice(&raw)
+            .map_err(|e| MicrovmError::BadState(prepared.id.clone(), e))?;
+        for f in [&machine.kernel, &machine.initramfs, &machine.root_image] {
+            if !f.is_file() {
+                return Err(MicrovmError::State(
+                    format!("finding {} (the saved guest's)", f.display()),
+                    std::io::ErrorKind::NotFound.into(),
+                ));
+            }
+        }
+        let egress = match spec.egress {
+            EgressSocket::Socket { .. } if !prepared.host_network => {
+                let sockets = dir.join("egress");
+                fs::create_dir_all(&sockets).map_err(|e| {
+                    MicrovmError::Asset(format!("creating {}", sockets.display()), e)
+                })?;
+                Some(bind_egress(&sockets)?)
+            }
+            _ => None,
+        };
+        let pid = self.launch(&dir, &machine, &disk, accel, Some(&image.join(MEMORY_FILE)))?;
+        let state = StateFile {
+            id: prepared.id.clone(),
+            pid,
+            vmm: self.vmm.name().to_string(),
+            accel,
+            memory_mib: machine.memory_mib,
+            vcpus: machine.vcpus,
+            machine: Some(machine),
+            disk: Some(disk.clone()),
+        };
+        let started = state.write(&dir).and_then(|()| {
+            self.vmm.resume(&socket_path(&dir, "qmp.sock")?)?;
+            forward::start(forward::ForwardConfig {
+                dir: dir.clone(),
+                channel: channel_path(&dir)?,
+                spec: None,
+                timeout: Duration::from_secs(10),
+                kick: Some(socket_path(&dir, "ctl.sock")?),
+            })
+        });
+        let forwarder = match started {
+            Ok(f) => f,
+            Err(e) => {
+                kill_vm(&dir, pid);
+                return Err(e);
+            }
+        };
+        tracing::info!(
+            sandbox = %prepared.id,
+            ms = runcell_protocol::units::millis(t0.elapsed()),
+            "microvm restored from its memory image"
+        );
+        Ok(VmInstance::new(
+            self,
+            prepared.id.clone(),
+            dir,
+            pid,
+            egress,
+            spec.tied_to_process,
+            forwarder,
+            Some(disk),
+            false,
+        ))
     }
 }
 
@@ -578,6 +931,124 @@ struct StateFile {
     accel: Accel,
     memory_mib: u64,
     vcpus: u32,
+    /// The machine it runs (absent: made by an older version).
+    #[serde(default)]
+    machine: Option<Machine>,
+    /// Its writable disk (absent: an older version's guest, whose
+    /// writable layer is a tmpfs in its memory).
+    #[serde(default)]
+    disk: Option<DiskChain>,
+}
+
+impl StateFile {
+    fn write(&self, dir: &Path) -> Result<(), MicrovmError> {
+        let tmp = dir.join("vm.json.tmp");
+        fs::write(&tmp, serde_json::to_vec(self).unwrap_or_default())
+            .and_then(|()| fs::rename(&tmp, dir.join("vm.json")))
+            .map_err(|e| MicrovmError::Asset("writing vm.json".into(), e))
+    }
+
+    fn read(dir: &Path, id: &str) -> Result<Self, MicrovmError> {
+        let raw = fs::read(dir.join("vm.json")).map_err(|_| MicrovmError::NotRunning(id.into()))?;
+        serde_json::from_slice(&raw).map_err(|e| MicrovmError::BadState(id.into(), e))
+    }
+}
+
+/// What a guest boots (a restore must launch the same machine).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct Machine {
+    kernel: PathBuf,
+    initramfs: PathBuf,
+    cmdline: String,
+    root_image: PathBuf,
+    memory_mib: u64,
+    vcpus: u32,
+}
+
+/// A writable disk: image file names in the sandbox's (or a layer's)
+/// directory, the one the guest writes to first, each backed by the next
+/// (the last is a blank file system, raw), and the VMM's node name of the
+/// first.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct DiskChain {
+    files: Vec<String>,
+    node: String,
+    /// The number of the next node name (`w<next>`).
+    next: u32,
+}
+
+/// The chain of images a saved layer holds, top first.
+fn read_chain(layer: &Path) -> Result<Vec<String>, MicrovmError> {
+    let raw = fs::read(layer.join(LAYER_CHAIN)).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            MicrovmError::Unsupported("starting from files another isolation saved")
+        } else {
+            MicrovmError::State(format!("reading {}", layer.display()), e)
+        }
+    })?;
+    let files: Vec<String> = serde_json::from_slice(&raw).map_err(|e| {
+        MicrovmError::State("decoding a layer's chain".into(), std::io::Error::other(e))
+    })?;
+    let plain = |f: &String| !f.is_empty() && !f.contains('/') && f != "." && f != "..";
+    if files.is_empty() || !files.iter().all(plain) {
+        return Err(MicrovmError::State(
+            format!("reading {}", layer.display()),
+            std::io::ErrorKind::InvalidData.into(),
+        ));
+    }
+    Ok(files)
+}
+
+/// Hard-links `from` at `to` (the images are never written once shared),
+/// or where they are on different file systems, copies it (sparse,
+/// reflinked where the file system can).
+fn link_or_copy(from: &Path, to: &Path) -> Result<(), MicrovmError> {
+    match fs::hard_link(from, to) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) if e.raw_os_error() == Some(nix::libc::EXDEV) => {
+            let ok = std::process::Command::new("cp")
+                .args(["--reflink=auto", "--sparse=always"])
+                .arg(from)
+                .arg(to)
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok {
+                Ok(())
+            } else {
+                Err(MicrovmError::State(
+                    format!("copying {}", from.display()),
+                    e,
+                ))
+            }
+        }
+        Err(e) => Err(MicrovmError::State(
+            format!("linking {}", from.display()),
+            e,
+        )),
+    }
+}
+
+/// Bytes a file takes on disk.
+fn allocated(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(path).map_or(0, |m| m.blocks().saturating_mul(512))
+}
+
+/// Asks the guest over its control port to flush its file systems, and
+/// waits (up to [`SYNC_TIMEOUT`]) for its answer.
+fn guest_sync(dir: &Path) -> Result<(), MicrovmError> {
+    use std::io::{Read, Write};
+    let path = socket_path(dir, "ctl.sock")?;
+    let short = runcell_jail::socket::SocketPath::new(&path).map_err(MicrovmError::Channel)?;
+    let mut s =
+        std::os::unix::net::UnixStream::connect(short.path()).map_err(MicrovmError::Channel)?;
+    s.set_read_timeout(Some(SYNC_TIMEOUT))
+        .map_err(MicrovmError::Channel)?;
+    s.write_all(b"S").map_err(MicrovmError::Channel)?;
+    let mut answer = [0u8; 1];
+    s.read_exact(&mut answer).map_err(MicrovmError::Channel)?;
+    Ok(())
 }
 
 /// Whether `pid` is the VMM of the sandbox in `dir` (its command line
@@ -621,20 +1092,26 @@ const SHORT_LINKS: &str = "/run/runcell/vm-links";
 /// socket through a short link to `dir` (the VMM binds a path it is given;
 /// the socket itself lands in `dir`).
 fn channel_path(dir: &Path) -> Result<PathBuf, MicrovmError> {
-    let full = dir.join("vm.sock");
+    socket_path(dir, "vm.sock")
+}
+
+/// The path of the socket `name` in `dir` the VMM binds (see
+/// [`channel_path`]).
+fn socket_path(dir: &Path, name: &str) -> Result<PathBuf, MicrovmError> {
+    let full = dir.join(name);
     if full.as_os_str().len() <= runcell_jail::socket::MAX_SOCKET_PATH {
         return Ok(full);
     }
-    let name = dir.file_name().unwrap_or_default();
+    let id = dir.file_name().unwrap_or_default();
     let links = Path::new(SHORT_LINKS);
-    let link = links.join(name);
+    let link = links.join(id);
     fs::create_dir_all(links)
         .and_then(|()| {
             let _ = fs::remove_file(&link);
             std::os::unix::fs::symlink(dir, &link)
         })
         .map_err(|e| MicrovmError::Asset(format!("linking {}", link.display()), e))?;
-    Ok(link.join("vm.sock"))
+    Ok(link.join(name))
 }
 
 fn remove_dir(dir: &Path) -> Result<(), MicrovmError> {
@@ -689,9 +1166,7 @@ impl Backend for MicrovmBackend {
 
     fn attach(&self, id: &str) -> Result<Box<dyn Instance>, BackendError> {
         let dir = self.dir(id)?;
-        let raw = fs::read(dir.join("vm.json")).map_err(|_| MicrovmError::NotRunning(id.into()))?;
-        let state: StateFile =
-            serde_json::from_slice(&raw).map_err(|e| MicrovmError::BadState(id.into(), e))?;
+        let state = StateFile::read(&dir, id)?;
         if !is_our_vmm(&dir, state.pid) {
             return Err(MicrovmError::NotRunning(id.into()).into());
         }
@@ -700,15 +1175,45 @@ impl Backend for MicrovmBackend {
             channel: channel_path(&dir)?,
             spec: None,
             timeout: Duration::from_secs(5),
+            kick: None,
         })?;
-        Ok(Box::new(VmInstance {
-            id: id.into(),
+        let monitor = socket_path(&dir, "qmp.sock").ok();
+        let paused = monitor
+            .as_deref()
+            .and_then(|m| self.vmm.is_paused(m))
+            .unwrap_or(false);
+        // A host that died while switching the guest to a new overlay may
+        // have left the record one image behind: the VMM knows.
+        let mut state = state;
+        if let (Some(chain), Some((node, file))) = (
+            state.disk.as_mut(),
+            monitor.as_deref().and_then(|m| self.vmm.active_disk(m)),
+        ) {
+            let name = file
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if node != chain.node && !chain.files.contains(&name) && dir.join(&name).is_file() {
+                tracing::warn!(sandbox = %id, "its disk record was one save behind; put right");
+                chain.files.insert(0, name);
+                chain.next = chain
+                    .next
+                    .max(node.trim_start_matches('w').parse::<u32>().unwrap_or(0) + 1);
+                chain.node = node;
+                state.write(&dir)?;
+            }
+        }
+        Ok(Box::new(VmInstance::new(
+            self,
+            id.into(),
             dir,
-            pid: state.pid,
-            egress: None,
-            tied: false,
-            _forwarder: Some(forwarder),
-        }))
+            state.pid,
+            None,
+            false,
+            forwarder,
+            state.disk,
+            paused,
+        )))
     }
 
     fn list(&self) -> Vec<String> {
@@ -840,6 +1345,150 @@ struct VmInstance {
     egress: Option<UnixListener>,
     tied: bool,
     _forwarder: Option<Arc<forward::Forwarder>>,
+    vmm: Arc<dyn Vmm>,
+    qemu_img: PathBuf,
+    /// Its writable disk (`None`: an older version's guest).
+    disk: Mutex<Option<DiskChain>>,
+    /// Its vCPUs are stopped (pause, or a save under way).
+    paused: AtomicBool,
+    /// Its memory was saved and its VMM ended ([`Instance::checkpoint`]).
+    saved: AtomicBool,
+}
+
+impl VmInstance {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        backend: &MicrovmBackend,
+        id: String,
+        dir: PathBuf,
+        pid: i32,
+        egress: Option<UnixListener>,
+        tied: bool,
+        forwarder: Arc<forward::Forwarder>,
+        disk: Option<DiskChain>,
+        paused: bool,
+    ) -> Self {
+        Self {
+            id,
+            dir,
+            pid,
+            egress,
+            tied,
+            _forwarder: Some(forwarder),
+            vmm: backend.vmm.clone(),
+            qemu_img: backend.config.qemu_img.clone(),
+            disk: Mutex::new(disk),
+            paused: AtomicBool::new(paused),
+            saved: AtomicBool::new(false),
+        }
+    }
+
+    fn monitor(&self) -> Result<PathBuf, MicrovmError> {
+        socket_path(&self.dir, "qmp.sock")
+    }
+
+    /// Flushes the guest's file systems, then stops it.
+    fn stop(&self) -> Result<(), MicrovmError> {
+        if let Err(e) = guest_sync(&self.dir) {
+            tracing::warn!(sandbox = %self.id, "the guest did not flush its files before the pause: {e}");
+        }
+        self.vmm.pause(&self.monitor()?)?;
+        self.paused.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Links the disk's whole chain into `dest` and names its top.
+    fn link_chain(&self, chain: &DiskChain, dest: &Path) -> Result<u64, MicrovmError> {
+        for f in &chain.files {
+            link_or_copy(&self.dir.join(f), &dest.join(f))?;
+        }
+        fs::write(
+            dest.join(LAYER_CHAIN),
+            serde_json::to_vec(&chain.files).unwrap_or_default(),
+        )
+        .map_err(|e| MicrovmError::State(format!("writing {}", dest.display()), e))?;
+        Ok(allocated(&dest.join(&chain.files[0])))
+    }
+
+    fn save_disk(&self, dest: &Path) -> Result<u64, MicrovmError> {
+        let mut slot = self.disk.lock().expect("disk lock");
+        let Some(chain) = slot.clone() else {
+            return Err(MicrovmError::Unsupported(
+                "saving files in a guest an older version started (its files are in its memory)",
+            ));
+        };
+        fs::create_dir(dest)
+            .map_err(|e| MicrovmError::State(format!("creating {}", dest.display()), e))?;
+        let bytes = self.link_chain(&chain, dest)?;
+        if self.saved.load(Ordering::SeqCst) || !is_our_vmm(&self.dir, self.pid) {
+            // Nothing writes to it any more.
+            return Ok(bytes);
+        }
+        // The guest goes on on a new overlay; the image just linked is
+        // read-only from now on.
+        let top = format!("{}.qcow2", uuid::Uuid::new_v4());
+        let size = assets::image_size(&self.dir.join(&chain.files[0]))?;
+        assets::create_overlay(
+            &self.qemu_img,
+            &self.dir.join(&top),
+            Path::new(&chain.files[0]),
+            "qcow2",
+            size,
+        )?;
+        let node = format!("w{}", chain.next);
+        if let Err(e) =
+            self.vmm
+                .switch_disk(&self.monitor()?, &chain.node, &node, &self.dir.join(&top))
+        {
+            let _ = fs::remove_file(self.dir.join(&top));
+            return Err(e);
+        }
+        let mut files = vec![top];
+        files.extend(chain.files.iter().cloned());
+        let next = DiskChain {
+            files,
+            node,
+            next: chain.next + 1,
+        };
+        *slot = Some(next.clone());
+        drop(slot);
+        if let Ok(mut state) = StateFile::read(&self.dir, &self.id) {
+            state.disk = Some(next);
+            state.write(&self.dir)?;
+        }
+        Ok(bytes)
+    }
+
+    fn save_memory(&self, image: &Path) -> Result<(), MicrovmError> {
+        let state = StateFile::read(&self.dir, &self.id)?;
+        let Some(machine) = state.machine else {
+            return Err(MicrovmError::Unsupported(
+                "saving the memory of a guest an older version started",
+            ));
+        };
+        if self.disk.lock().expect("disk lock").is_none() {
+            return Err(MicrovmError::Unsupported(
+                "saving the memory of a guest an older version started",
+            ));
+        }
+        if !self.paused.load(Ordering::SeqCst) {
+            self.stop()?;
+        }
+        fs::create_dir_all(image)
+            .map_err(|e| MicrovmError::State(format!("creating {}", image.display()), e))?;
+        fs::write(
+            image.join(MEMORY_MACHINE),
+            serde_json::to_vec(&machine).unwrap_or_default(),
+        )
+        .map_err(|e| MicrovmError::State(format!("writing {}", image.display()), e))?;
+        self.vmm
+            .save_memory(&self.monitor()?, &image.join(MEMORY_FILE))?;
+        // The memory is saved: this guest must not run on (its disk is
+        // what the image goes with).
+        self.saved.store(true, Ordering::SeqCst);
+        kill_vm(&self.dir, self.pid);
+        Ok(())
+    }
 }
 
 impl Instance for VmInstance {
@@ -877,6 +1526,36 @@ impl Instance for VmInstance {
 
     fn is_alive(&self) -> bool {
         is_our_vmm(&self.dir, self.pid)
+    }
+
+    fn freeze(&self) -> Result<(), BackendError> {
+        Ok(self.stop()?)
+    }
+
+    fn thaw(&self) -> Result<(), BackendError> {
+        self.vmm.resume(&self.monitor()?)?;
+        self.paused.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn is_frozen(&self) -> bool {
+        self.paused.load(Ordering::SeqCst)
+    }
+
+    fn export_layer(&self, dest: &Path) -> Result<u64, BackendError> {
+        let saved = self.save_disk(dest);
+        if saved.is_err() {
+            let _ = fs::remove_dir_all(dest);
+        }
+        Ok(saved?)
+    }
+
+    fn checkpoint(&self, image: &Path) -> Result<(), BackendError> {
+        let saved = self.save_memory(image);
+        if saved.is_err() {
+            let _ = fs::remove_dir_all(image);
+        }
+        Ok(saved?)
     }
 
     fn kill(&self) {

@@ -33,8 +33,9 @@ pub(crate) struct SnapshotView {
     /// memory image where it has one.
     size_bytes: u64,
     /// Whether memory (running processes, code contexts' variables) is
-    /// part of it: never with the namespace jail, which saves files only;
-    /// with gVisor unless the checkpoint failed or the sandbox was paused.
+    /// part of it: never with the namespace jail, which saves files only,
+    /// nor with a microVM (which saves memory only to hibernate); with
+    /// gVisor unless the checkpoint failed or the sandbox was paused.
     memory: bool,
 }
 
@@ -67,7 +68,7 @@ pub(crate) async fn pause(
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/hibernate", tag = "sandboxes", operation_id = "hibernateSandbox", params(("id" = String, Path, description = "The sandbox id")),
-    responses((status = 409, description = "The sandbox stopped running", body = ErrorView), (status = 204, description = "Hibernated (or already): its processes ended and its memory is freed; its files are kept, and the next exec, file or code call wakes it. Code contexts do not survive (`state_lost`), except in a gVisor sandbox, whose memory is checkpointed and restored at the wake."), (status = 400, description = "Its isolation cannot save its files", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView)))]
+    responses((status = 409, description = "The sandbox stopped running", body = ErrorView), (status = 204, description = "Hibernated (or already): its processes ended and its memory is freed; its files are kept, and the next exec, file or code call wakes it. Code contexts do not survive (`state_lost`), except in a gVisor sandbox or a microVM, whose memory is saved (runsc checkpoint; QEMU's migration to a file) and restored at the wake."), (status = 400, description = "Its isolation cannot save its files", body = ErrorView), (status = 401, description = "Missing or unknown API key", body = ErrorView), (status = 404, description = "No such sandbox in the key's workspace", body = ErrorView)))]
 pub(crate) async fn hibernate(
     axum::extract::State(state): St,
     sandbox: Addressed,
@@ -187,9 +188,9 @@ pub(crate) struct ForkView {
     /// The parent.
     forked_from: String,
     /// Whether the parent's running processes (and code contexts'
-    /// variables) came along: never with the namespace jail, which forks
-    /// files only; with gVisor unless its checkpoint or restore failed
-    /// (then `state_lost` says so).
+    /// variables) came along: never with the namespace jail or a microVM,
+    /// which fork files only; with gVisor unless its checkpoint or restore
+    /// failed (then `state_lost` says so).
     memory: bool,
 }
 

@@ -75,6 +75,11 @@ pub(crate) async fn system(State(state): St) -> Json<SystemView> {
     } else {
         None
     };
+    let microvm_memory = if runs.contains(&runcell_core::backend::Isolation::Microvm) {
+        Some(microvm_memory().await)
+    } else {
+        None
+    };
     Json(SystemView {
         kernel: h.kernel.clone(),
         cgroup_version: h.cgroups.version.clone(),
@@ -107,6 +112,7 @@ pub(crate) async fn system(State(state): St) -> Json<SystemView> {
                 let isolation = b.name.parse().ok();
                 let jail = isolation == Some(runcell_core::backend::Isolation::Jail);
                 let gvisor = isolation == Some(runcell_core::backend::Isolation::Gvisor);
+                let microvm = isolation == Some(runcell_core::backend::Isolation::Microvm);
                 let freezer = h.cgroups.version.contains("v2")
                     || h.cgroups.controllers.iter().any(|c| c == "freezer");
                 BackendView {
@@ -114,9 +120,10 @@ pub(crate) async fn system(State(state): St) -> Json<SystemView> {
                     available: isolation.is_some_and(|i| runs.contains(&i)),
                     default: isolation == Some(default),
                     detail: b.detail.clone(),
-                    pause: isolation != Some(runcell_core::backend::Isolation::Microvm) && freezer,
-                    save_files: jail || (gvisor && gvisor_memory.is_some()),
-                    save_memory: gvisor && matches!(gvisor_memory, Some(Ok(()))),
+                    pause: if microvm { microvm_memory.is_some() } else { freezer },
+                    save_files: jail || (gvisor && gvisor_memory.is_some()) || (microvm && microvm_memory.is_some()),
+                    save_memory: (gvisor && matches!(gvisor_memory, Some(Ok(()))))
+                        || (microvm && matches!(microvm_memory, Some(Ok(())))),
                     state_detail: if jail {
                         format!(
                             "files are saved (the writable layer, copied while frozen); processes and memory are not (no checkpointing){}",
@@ -129,8 +136,15 @@ pub(crate) async fn system(State(state): St) -> Json<SystemView> {
                             Some(Err(why)) => format!("{files}, not memory: {why}"),
                             None => files.to_string(),
                         }
+                    } else if microvm {
+                        let files = "pause stops the guest's vCPUs (QMP stop/cont; its memory stays); snapshots and forks save files (the guest's writable disk, a qcow2 chain: the guest flushes it, its image becomes read-only and is hard-linked, the guest goes on on a new overlay), not memory";
+                        match &microvm_memory {
+                            Some(Ok(())) => format!("{files}; hibernation saves memory too (QEMU's migration to a file and -incoming, verified here): processes and code contexts go on after the wake"),
+                            Some(Err(why)) => format!("{files}; hibernation saves files only (the guest boots again on its disk): {why}"),
+                            None => "this daemon does not run microVMs".into(),
+                        }
                     } else {
-                        "pause, snapshots, forks and hibernation are not implemented for this backend yet".into()
+                        "this daemon does not run this backend".into()
                     },
                 }
             })
@@ -168,4 +182,12 @@ async fn gvisor_checkpoint() -> Result<(), String> {
         })
         .await
         .clone()
+}
+
+/// Whether a microVM's memory can be saved to a file and loaded again here
+/// (probed once, at the first ask: about a second), or why not.
+async fn microvm_memory() -> Result<(), String> {
+    tokio::task::spawn_blocking(runcell_core::backend::microvm::probe_memory_save)
+        .await
+        .unwrap_or_else(|e| Err(format!("The memory probe failed: {e}.")))
 }

@@ -109,9 +109,13 @@ impl<'a> Service<'a> {
             .runtime
             .backend_for(isolation)
             .map_err(|e| ApiError::bad_request(format!("isolation: {e}")))?;
-        // The jail and gVisor save files; only the jail mounts volumes.
+        // Every backend saves files; only the jail mounts volumes.
         if isolation != runcell_core::backend::Isolation::Jail {
-            let saves = isolation == runcell_core::backend::Isolation::Gvisor;
+            let saves = matches!(
+                isolation,
+                runcell_core::backend::Isolation::Gvisor
+                    | runcell_core::backend::Isolation::Microvm
+            );
             let what = if lineage.on_idle == Some(crate::snapshots::OnIdle::Hibernate) && !saves {
                 Some("on_idle: hibernate")
             } else if !lineage.state_layers.is_empty() && !saves {

@@ -157,7 +157,7 @@ impl Assets {
 
     /// The read-only image of a template's root, built if this template
     /// (name and content) has none yet. What a guest mounts as its lower
-    /// layer; the writable layer is the guest's own tmpfs.
+    /// layer; the writable layer is its own disk ([`Assets::blank_disk`]).
     pub fn template_image(&self, rootfs: &RootfsSpec) -> Result<PathBuf, MicrovmError> {
         let (key_parts, script) = image_plan(rootfs)?;
         let key = short_hash(&key_parts);
@@ -222,6 +222,112 @@ impl Assets {
         );
         Ok(path)
     }
+}
+
+impl Assets {
+    /// An empty ext4 file system of `bytes` (rounded up to MiB, at least
+    /// 16 MiB), the base every sandbox's writable disk starts from: built
+    /// once per size, with its inode tables written out (the guest then
+    /// has nothing to initialise, so a fresh disk's overlay stays small),
+    /// and never written again (disks are qcow2 overlays on it).
+    pub fn blank_disk(&self, bytes: u64) -> Result<PathBuf, MicrovmError> {
+        let mib = bytes.div_ceil(1 << 20).max(16);
+        let dir = self.cache_dir.join("disks");
+        fs::create_dir_all(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
+        let path = dir.join(format!("blank-{mib}M.ext4"));
+        if path.is_file() {
+            return Ok(path);
+        }
+        let lock_path = dir.join(format!("blank-{mib}M.lock"));
+        let lock = fs::File::create(&lock_path)
+            .map_err(io_err(format!("creating {}", lock_path.display())))?;
+        let _guard = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| MicrovmError::Asset("locking the blank disk".into(), e.into()))?;
+        if path.is_file() {
+            return Ok(path);
+        }
+        let tmp = dir.join(format!("blank-{mib}M.ext4.tmp"));
+        let _ = fs::remove_file(&tmp);
+        // The file system is made larger than the limit by its own
+        // metadata (a journal of 1/64 of it, 1 to 64 MiB; inode tables of
+        // 1/64 at one inode per 16 KiB), so what `df` shows the sandbox,
+        // and what it can write, is the limit, as with the jail's tmpfs.
+        let journal = (mib / 64).clamp(1, 64);
+        let size = mib + journal + mib / 64 + 1;
+        let out = Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-m", "0", "-i", "16384", "-L", "runcell-rw"])
+            .arg("-J")
+            .arg(format!("size={journal}"))
+            .args(["-E", "lazy_itable_init=0,lazy_journal_init=0"])
+            .arg(&tmp)
+            .arg(format!("{size}M"))
+            .output()
+            .map_err(|e| MicrovmError::Spawn(PathBuf::from("mkfs.ext4"), e))?;
+        if !out.status.success() {
+            let _ = fs::remove_file(&tmp);
+            return Err(MicrovmError::ImageBuild(
+                String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            ));
+        }
+        publish(&tmp, &path)?;
+        Ok(path)
+    }
+}
+
+/// Makes `path` a new, empty qcow2 overlay of `backing` (`raw` or
+/// `qcow2`) of `size` bytes, without opening the backing file (a running
+/// guest may hold it).
+pub fn create_overlay(
+    qemu_img: &Path,
+    path: &Path,
+    backing: &Path,
+    backing_format: &str,
+    size: u64,
+) -> Result<(), MicrovmError> {
+    let out = Command::new(qemu_img)
+        .args([
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-u",
+            "-F",
+            backing_format,
+            "-b",
+        ])
+        .arg(backing)
+        .arg(path)
+        .arg(size.to_string())
+        .output()
+        .map_err(|e| MicrovmError::Spawn(qemu_img.to_path_buf(), e))?;
+    if !out.status.success() {
+        let _ = fs::remove_file(path);
+        return Err(MicrovmError::Vmm(format!(
+            "{} could not make {}: {}",
+            qemu_img.display(),
+            path.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+/// The virtual size of a qcow2 image, from its header (bytes 24..32, big
+/// endian), or of a raw image (its length).
+pub fn image_size(path: &Path) -> Result<u64, MicrovmError> {
+    use std::io::Read;
+    let mut f = fs::File::open(path).map_err(io_err(format!("opening {}", path.display())))?;
+    let mut head = [0u8; 32];
+    f.read_exact(&mut head)
+        .map_err(io_err(format!("reading {}", path.display())))?;
+    if &head[..4] == b"QFI\xfb" {
+        let mut size = [0u8; 8];
+        size.copy_from_slice(&head[24..32]);
+        return Ok(u64::from_be_bytes(size));
+    }
+    f.metadata()
+        .map(|m| m.len())
+        .map_err(io_err(format!("reading {}", path.display())))
 }
 
 fn read(p: &Path) -> Result<Vec<u8>, MicrovmError> {

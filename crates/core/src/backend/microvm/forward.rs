@@ -69,6 +69,11 @@ pub struct ForwardConfig {
     pub spec: Option<Vec<u8>>,
     /// How long to wait for the guest to take the spec and report ready.
     pub timeout: Duration,
+    /// The guest's control socket, to tell a guest that was restored from
+    /// a memory image (and so missed its previous host's going) to start
+    /// its channel anew once connected: its `HELLO` then comes at once,
+    /// instead of after [`HELLO_PATIENCE`].
+    pub kick: Option<PathBuf>,
 }
 
 /// Starts the forwarder of a sandbox (or returns the one that runs) and,
@@ -131,6 +136,9 @@ async fn run(
     let deadline = tokio::time::Instant::now() + cfg.timeout;
     let setup = async {
         let chan = connect(&cfg.channel, deadline).await?;
+        if let Some(control) = &cfg.kick {
+            kick(control).await;
+        }
         let (mut r, w) = chan.into_split();
         // The guest speaks first (its port is then open at both ends). A
         // guest that is already serving (re-attach) and did not notice the
@@ -141,7 +149,14 @@ async fn run(
         } else {
             HELLO_PATIENCE
         };
-        match tokio::time::timeout(patience, mux::wait_hello(&mut r)).await {
+        let hello = async {
+            if cfg.kick.is_some() {
+                skip_to_hello(&mut r).await
+            } else {
+                mux::wait_hello(&mut r).await
+            }
+        };
+        match tokio::time::timeout(patience, hello).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(MicrovmError::Mux(e)),
             Err(_) if cfg.spec.is_none() => {}
@@ -214,6 +229,48 @@ async fn run(
         }
     }
     channel.abort();
+}
+
+/// Reads until the guest's `HELLO` (a 9-byte frame: stream 0, kind 6, no
+/// payload), skipping what a restored guest still sent its previous host
+/// (frames, or the end of one) before it started anew. Byte by byte, so
+/// nothing after the `HELLO` is consumed.
+async fn skip_to_hello<R: tokio::io::AsyncRead + Unpin>(
+    reader: &mut R,
+) -> Result<(), mux::MuxError> {
+    const HELLO: [u8; 9] = [0, 0, 0, 0, 6, 0, 0, 0, 0];
+    let mut window = [0u8; 9];
+    let mut seen = 0usize;
+    loop {
+        let b = reader.read_u8().await?;
+        window.rotate_left(1);
+        window[8] = b;
+        seen = seen.saturating_add(1);
+        if seen >= 9 && window == HELLO {
+            return Ok(());
+        }
+    }
+}
+
+/// Asks the guest over its control port (`R`) to start its channel anew;
+/// quietly does nothing where it cannot.
+async fn kick(control: &Path) {
+    let Ok(short) = runcell_jail::socket::SocketPath::new(control) else {
+        return;
+    };
+    let attempt = async {
+        let mut s = UnixStream::connect(short.path()).await?;
+        s.write_all(b"R").await?;
+        let mut answer = [0u8; 1];
+        s.read_exact(&mut answer).await?;
+        Ok::<_, std::io::Error>(())
+    };
+    if let Err(e) = tokio::time::timeout(HELLO_PATIENCE, attempt)
+        .await
+        .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
+    {
+        tracing::debug!("microvm: the guest's channel was not restarted: {e}");
+    }
 }
 
 /// Connects to the VMM's socket, which appears as the VMM starts.

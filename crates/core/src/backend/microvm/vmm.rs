@@ -2,16 +2,24 @@
 //! the guest is here, behind [`Vmm`]. The first is QEMU's `microvm`
 //! machine ([`Qemu`]); another VMM (Firecracker, Cloud Hypervisor) needs
 //! only to boot the same kernel and initramfs with the same command line,
-//! attach the template image as the first virtio block device (read-only),
-//! and give the guest a virtio-serial port named
-//! [`PORT_NAME`](super::PORT_NAME) whose host end is a unix socket the host
-//! connects to (Firecracker, which has no virtio-serial, would carry the
-//! same multiplexed channel over its vsock's unix socket instead).
+//! attach the template image as the first virtio block device (read-only)
+//! and the sandbox's writable disk as the second, and give the guest a
+//! virtio-serial port named [`PORT_NAME`](super::PORT_NAME) whose host end
+//! is a unix socket the host connects to, and one named
+//! [`CONTROL_PORT_NAME`](super::CONTROL_PORT_NAME) likewise (Firecracker,
+//! which has no virtio-serial, would carry the same multiplexed channel
+//! over its vsock's unix socket instead). Pausing, saving memory and
+//! switching the writable disk to a new overlay are the VMM's too
+//! ([`Vmm::pause`] and the rest); QEMU does them over QMP. A VMM that
+//! cannot leaves them to their defaults, which say so.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use serde_json::json;
+
+use super::qmp::Qmp;
 use super::MicrovmError;
 
 /// How a guest's CPU runs.
@@ -57,6 +65,16 @@ pub struct GuestSpec<'a> {
     pub pidfile: &'a Path,
     /// CPU acceleration.
     pub accel: Accel,
+    /// The sandbox's writable disk (a qcow2 overlay), the second block
+    /// device, with the node name the VMM gives it.
+    pub disk: Option<(&'a Path, &'a str)>,
+    /// The host end of the control port: a unix socket the VMM listens on.
+    pub control: &'a Path,
+    /// The VMM's own control socket (QEMU: QMP).
+    pub monitor: &'a Path,
+    /// A memory image ([`Vmm::save_memory`]) to start from instead of
+    /// booting: the guest is left paused where it was saved.
+    pub incoming: Option<&'a Path>,
 }
 
 /// Starts guests. Implementations keep the whole command line of their VMM.
@@ -66,7 +84,59 @@ pub trait Vmm: Send + Sync + std::fmt::Debug {
 
     /// Starts the guest detached from the calling process (it outlives it,
     /// in a session of its own) and returns the VMM's pid once it runs.
+    /// With [`GuestSpec::incoming`], returns once the memory is loaded,
+    /// the guest paused.
     fn launch(&self, guest: &GuestSpec<'_>) -> Result<i32, MicrovmError>;
+
+    /// Stops the guest's vCPUs (its memory stays as it is).
+    fn pause(&self, monitor: &Path) -> Result<(), MicrovmError> {
+        let _ = monitor;
+        Err(MicrovmError::Unsupported("pausing with this VMM"))
+    }
+
+    /// Runs a paused guest again.
+    fn resume(&self, monitor: &Path) -> Result<(), MicrovmError> {
+        let _ = monitor;
+        Err(MicrovmError::Unsupported("resuming with this VMM"))
+    }
+
+    /// Whether the guest is paused (`None`: cannot tell).
+    fn is_paused(&self, monitor: &Path) -> Option<bool> {
+        let _ = monitor;
+        None
+    }
+
+    /// Makes the new, empty qcow2 overlay `file` (whose backing file is
+    /// the image `node` writes to) the guest's writable disk, under the
+    /// node name `new_node`; the guest is paused. From then on the image
+    /// of `node` is not written again.
+    fn switch_disk(
+        &self,
+        monitor: &Path,
+        node: &str,
+        new_node: &str,
+        file: &Path,
+    ) -> Result<(), MicrovmError> {
+        let _ = (monitor, node, new_node, file);
+        Err(MicrovmError::Unsupported(
+            "saving the writable disk with this VMM",
+        ))
+    }
+
+    /// The node name and file of the image the guest's writable disk
+    /// writes to now (`None`: cannot tell), to put right a record a host
+    /// that died during [`Vmm::switch_disk`] left behind.
+    fn active_disk(&self, monitor: &Path) -> Option<(String, PathBuf)> {
+        let _ = monitor;
+        None
+    }
+
+    /// Saves the paused guest's memory and device state into the new file
+    /// `image` and waits until it is complete.
+    fn save_memory(&self, monitor: &Path, image: &Path) -> Result<(), MicrovmError> {
+        let _ = (monitor, image);
+        Err(MicrovmError::Unsupported("saving memory with this VMM"))
+    }
 }
 
 /// QEMU's `microvm` machine, with PCI (ECAM described by ACPI: Debian's
@@ -94,7 +164,7 @@ impl Qemu {
             Accel::Tcg => ("tcg", "max"),
         };
         let p = |p: &Path| p.display().to_string();
-        vec![
+        let mut args: Vec<String> = vec![
             "-M".into(),
             "microvm,pcie=on,acpi=on".into(),
             "-accel".into(),
@@ -139,10 +209,47 @@ impl Qemu {
                 "virtserialport,bus=vser.0,chardev=agent,name={}",
                 super::PORT_NAME
             ),
+            "-chardev".into(),
+            format!(
+                "socket,id=control,path={},server=on,wait=off",
+                p(guest.control)
+            ),
+            "-device".into(),
+            format!(
+                "virtserialport,bus=vser.0,chardev=control,name={}",
+                super::CONTROL_PORT_NAME
+            ),
+            "-qmp".into(),
+            format!("unix:{},server=on,wait=off", p(guest.monitor)),
             "-pidfile".into(),
             p(guest.pidfile),
             "-daemonize".into(),
-        ]
+        ];
+        if let Some((disk, node)) = guest.disk {
+            // Second on the bus: the guest's /dev/vdb. Its backing chain
+            // (saved layers, the blank file system) opens from its header.
+            let at = args
+                .iter()
+                .position(|a| a == "virtio-serial-pci,id=vser")
+                .map_or(args.len(), |i| i - 1);
+            args.splice(
+                at..at,
+                [
+                    "-blockdev".into(),
+                    format!(
+                        "driver=qcow2,node-name={node},file.driver=file,file.filename={}",
+                        p(disk)
+                    ),
+                    "-device".into(),
+                    format!("virtio-blk-pci,drive={node}"),
+                ],
+            );
+        }
+        if let Some(image) = guest.incoming {
+            args.push("-incoming".into());
+            args.push(format!("exec:cat {}", shell_quote(image)));
+        }
+        args
     }
 }
 
@@ -170,9 +277,9 @@ impl Vmm for Qemu {
             ));
         }
         let t0 = Instant::now();
-        loop {
+        let pid = loop {
             if let Some(pid) = read_pidfile(guest.pidfile) {
-                return Ok(pid);
+                break pid;
             }
             if t0.elapsed() > Duration::from_secs(5) {
                 return Err(MicrovmError::VmmFailed(format!(
@@ -181,8 +288,128 @@ impl Vmm for Qemu {
                 )));
             }
             std::thread::sleep(Duration::from_millis(5));
+        };
+        if guest.incoming.is_some() {
+            // Loading the memory takes a while; the guest is then paused,
+            // as it was when saved.
+            let t0 = Instant::now();
+            loop {
+                let status = Qmp::connect(guest.monitor).and_then(|mut q| q.status());
+                match status.as_deref() {
+                    Ok("inmigrate") | Err(_) if t0.elapsed() < INCOMING_TIMEOUT => {
+                        std::thread::sleep(Duration::from_millis(20))
+                    }
+                    Ok("paused") | Ok("running") => break,
+                    Ok(other) => {
+                        kill(pid);
+                        return Err(MicrovmError::Vmm(format!(
+                            "the memory image did not load (the guest is {other})"
+                        )));
+                    }
+                    Err(e) => {
+                        kill(pid);
+                        return Err(MicrovmError::Vmm(format!(
+                            "the memory image did not load: {e}"
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(pid)
+    }
+
+    fn pause(&self, monitor: &Path) -> Result<(), MicrovmError> {
+        Qmp::connect(monitor)?.execute("stop", None).map(drop)
+    }
+
+    fn resume(&self, monitor: &Path) -> Result<(), MicrovmError> {
+        Qmp::connect(monitor)?.execute("cont", None).map(drop)
+    }
+
+    fn is_paused(&self, monitor: &Path) -> Option<bool> {
+        let status = Qmp::connect(monitor).and_then(|mut q| q.status()).ok()?;
+        Some(status != "running")
+    }
+
+    fn switch_disk(
+        &self,
+        monitor: &Path,
+        node: &str,
+        new_node: &str,
+        file: &Path,
+    ) -> Result<(), MicrovmError> {
+        let mut q = Qmp::connect(monitor)?;
+        q.execute(
+            "blockdev-add",
+            Some(json!({
+                "driver": "qcow2",
+                "node-name": new_node,
+                "file": {"driver": "file", "filename": file.display().to_string()},
+                "backing": null,
+            })),
+        )?;
+        let switched = q.execute(
+            "blockdev-snapshot",
+            Some(json!({"node": node, "overlay": new_node})),
+        );
+        if switched.is_err() {
+            let _ = q.execute("blockdev-del", Some(json!({"node-name": new_node})));
+        }
+        switched.map(drop)
+    }
+
+    fn active_disk(&self, monitor: &Path) -> Option<(String, PathBuf)> {
+        let devices = Qmp::connect(monitor)
+            .and_then(|mut q| q.execute("query-block", None))
+            .ok()?;
+        devices.as_array()?.iter().find_map(|d| {
+            let inserted = &d["inserted"];
+            let node = inserted["node-name"].as_str()?;
+            let file = inserted["file"].as_str()?;
+            (node.starts_with('w') && !inserted["ro"].as_bool().unwrap_or(false))
+                .then(|| (node.to_string(), PathBuf::from(file)))
+        })
+    }
+
+    fn save_memory(&self, monitor: &Path, image: &Path) -> Result<(), MicrovmError> {
+        let mut q = Qmp::connect(monitor)?;
+        q.execute(
+            "migrate",
+            Some(json!({"uri": format!("exec:cat > {}", shell_quote(image))})),
+        )?;
+        let t0 = Instant::now();
+        loop {
+            let r = q.execute("query-migrate", None)?;
+            match r["status"].as_str().unwrap_or("") {
+                "completed" => return Ok(()),
+                "failed" | "cancelled" => {
+                    let why = r["error-desc"].as_str().unwrap_or("no reason given");
+                    return Err(MicrovmError::Vmm(format!("the migration failed: {why}")));
+                }
+                _ if t0.elapsed() > SAVE_TIMEOUT => {
+                    let _ = q.execute("migrate_cancel", None);
+                    return Err(MicrovmError::Vmm(format!(
+                        "saving the memory took more than {} s",
+                        SAVE_TIMEOUT.as_secs()
+                    )));
+                }
+                _ => std::thread::sleep(Duration::from_millis(10)),
+            }
         }
     }
+}
+
+/// How long loading a memory image may take.
+const INCOMING_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long saving one may take.
+const SAVE_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn kill(pid: i32) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+}
+
+fn shell_quote(p: &Path) -> String {
+    format!("'{}'", p.display().to_string().replace('\'', r"'\''"))
 }
 
 /// The pid in a VMM's pidfile.
