@@ -3,11 +3,15 @@
 //! (a) bare `/usr/bin/python3 -c pass`
 //! (b) the same under `bwrap --unshare-all`
 //! (c) the same under gVisor (`runsc --network=none do`), when installed
-//! (d) `runcell run python -c pass` (the CLI: create, run, destroy)
+//! (d) `runcell run --no-daemon python -c pass` (the CLI: create, run,
+//!     destroy, all in its own process)
 //! (e) runcell sandbox create + destroy with no process (library)
 //! (f) runcell create + run python + destroy (library, no CLI start-up)
 //! (g) as (e), taking a prepared sandbox from the standby pool
 //! (h) as (f), taking a prepared sandbox from the standby pool
+//! (i) `runcell run --daemon always python -c pass`: the CLI through a local
+//!     `runcell serve` (standby pool of 2), as `runcell run` does by default
+//!     when a daemon runs
 //!
 //! Every command runs the same interpreter, Debian's `/usr/bin/python3`
 //! (the `host` template exposes the host's /usr, so runcell runs it too).
@@ -22,6 +26,7 @@ use clap::Parser;
 use runcell_core::{RunOptions, Runtime, RuntimeConfig, SandboxOptions};
 use runcell_protocol::Language;
 use runcell_testkit::bench::{bwrap_python, ms, percentile, strings, time_command, PYTHON};
+use runcell_testkit::{free_port, Daemon};
 
 #[derive(Debug, Parser)]
 #[command(about = "Sandbox start-up benchmark (runs baselines side by side)")]
@@ -68,6 +73,22 @@ async fn create_run_destroy(rt: &Runtime, opts: &SandboxOptions) -> Duration {
     t.elapsed()
 }
 
+/// As `time_command`, with `env` added to the command's environment.
+fn time_with_env(argv: &[String], env: &[(&str, String)]) -> Duration {
+    let started = Instant::now();
+    let status = std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap_or_else(|e| panic!("could not run {}: {e}", argv[0]));
+    let took = started.elapsed();
+    assert!(status.success(), "{argv:?} failed: {status}");
+    took
+}
+
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
@@ -95,9 +116,40 @@ async fn main() {
     let runcell_cli = vec![
         runcell.display().to_string(),
         "run".into(),
+        "--no-daemon".into(),
         "python".into(),
         "-c".into(),
         "pass".into(),
+    ];
+    // A daemon as a user runs it (no first-run template build competing
+    // for the CPU); `runcell run` finds it through RUNCELL_URL and its key
+    // file through RUNCELL_DATA_DIR.
+    let data = PathBuf::from(format!("/run/runcell-bench/startup-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data);
+    let mut daemon = Daemon::spawn(
+        &runcell,
+        &data,
+        free_port(),
+        [
+            "--standby",
+            "2",
+            "--auto-build=false",
+            "--cgroup-parent",
+            "runcell-bench-daemon",
+        ],
+    );
+    let runcell_daemon = strings(&[
+        &runcell.display().to_string(),
+        "run",
+        "--daemon",
+        "always",
+        "python",
+        "-c",
+        "pass",
+    ]);
+    let daemon_env = [
+        ("RUNCELL_URL", daemon.url.clone()),
+        ("RUNCELL_DATA_DIR", data.display().to_string()),
     ];
     let has_bwrap = on_path("bwrap");
     let has_runsc = on_path("runsc");
@@ -127,6 +179,7 @@ async fn main() {
         "(f) runcell create+run+destroy",
         "(g) runcell create+destroy, standby pool",
         "(h) runcell create+run+destroy, standby pool",
+        "(i) runcell run python -c pass, through a daemon",
     ]
     .into_iter()
     .map(|label| Row {
@@ -160,7 +213,13 @@ async fn main() {
         record(6, create_destroy(&pooled, &opts).await);
         pooled.warm_up().await;
         record(7, create_run_destroy(&pooled, &opts).await);
+        // The daemon refills its pool 100 ms after a claim, as between a
+        // person's runs.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        record(8, time_with_env(&runcell_daemon, &daemon_env));
     }
+    daemon.stop();
+    let _ = std::fs::remove_dir_all(&data);
 
     let base = {
         let mut s = rows[0].samples.clone();

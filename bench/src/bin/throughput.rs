@@ -4,8 +4,10 @@
 //! every run must exit 0. Rows, interleaved in every round so drift affects
 //! them alike: bare `/usr/bin/python3 -c PROGRAM`, the same under `bwrap
 //! --unshare-all`, `runcell run python -c PROGRAM` (a new CLI process and
-//! sandbox per program, no daemon), and the HTTP API (create, exec, delete
-//! per program through `runcell serve`), each at every concurrency asked.
+//! sandbox per program, no daemon), the same through the daemon's standby
+//! pool (`--daemon always`, as `runcell run` does when a daemon runs), and
+//! the HTTP API (create, exec, delete per program through `runcell serve`),
+//! each at every concurrency asked.
 //!
 //! Run with `sudo ./scripts/bench.sh --throughput` (it fetches the data).
 
@@ -45,17 +47,25 @@ enum Mode {
     Bare,
     Bwrap,
     Cli,
+    CliDaemon,
     Api,
 }
 
 impl Mode {
-    const ALL: [Mode; 4] = [Mode::Bare, Mode::Bwrap, Mode::Cli, Mode::Api];
+    const ALL: [Mode; 5] = [
+        Mode::Bare,
+        Mode::Bwrap,
+        Mode::Cli,
+        Mode::CliDaemon,
+        Mode::Api,
+    ];
 
     fn label(self) -> &'static str {
         match self {
             Mode::Bare => "bare python3",
             Mode::Bwrap => "bwrap --unshare-all",
             Mode::Cli => "`runcell run` (no daemon)",
+            Mode::CliDaemon => "`runcell run` through the daemon",
             Mode::Api => "HTTP API: create, exec, delete",
         }
     }
@@ -87,9 +97,10 @@ fn load(path: &PathBuf) -> Vec<(String, String)> {
         .collect()
 }
 
-fn run_command(argv: &[String]) -> Result<(), String> {
+fn run_command(argv: &[String], env: &[(String, String)]) -> Result<(), String> {
     let out = Command::new(&argv[0])
         .args(&argv[1..])
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -165,15 +176,25 @@ impl Bench {
             Mode::Api => return self.api(program).await,
             Mode::Bare => vec![PYTHON.into(), "-c".into(), program.into()],
             Mode::Bwrap => bwrap_python(&["-c", program]),
-            Mode::Cli => vec![
+            Mode::Cli | Mode::CliDaemon => vec![
                 self.runcell.display().to_string(),
                 "run".into(),
+                "--daemon".into(),
+                if mode == Mode::Cli { "never" } else { "always" }.into(),
                 "python".into(),
                 "-c".into(),
                 program.into(),
             ],
         };
-        tokio::task::spawn_blocking(move || run_command(&argv))
+        let env = if mode == Mode::CliDaemon {
+            vec![
+                ("RUNCELL_URL".to_string(), self.daemon.url.clone()),
+                ("RUNCELL_API_KEY".to_string(), self.daemon.key.clone()),
+            ]
+        } else {
+            Vec::new()
+        };
+        tokio::task::spawn_blocking(move || run_command(&argv, &env))
             .await
             .map_err(|e| e.to_string())?
     }

@@ -63,9 +63,31 @@ pub struct RunArgs {
     /// (slow).
     #[arg(long)]
     allow_emulation: bool,
+    /// Whether to run through a local daemon's standby pool: auto (when
+    /// `runcell serve` runs at $RUNCELL_URL, else http://127.0.0.1:7070,
+    /// and its key is at hand: $RUNCELL_API_KEY, else the key file of
+    /// $RUNCELL_DATA_DIR, else /var/lib/runcell), always (fail without
+    /// one) or never. Output, exit status and limits are the same either
+    /// way.
+    #[arg(long, env = "RUNCELL_RUN_DAEMON", default_value = "auto", value_enum)]
+    daemon: DaemonUse,
+    /// Never use a daemon: the same as --daemon never.
+    #[arg(long)]
+    no_daemon: bool,
     /// Arguments passed to the program (after --).
     #[arg(last = true)]
     args: Vec<String>,
+}
+
+/// Whether `runcell run` goes through a daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DaemonUse {
+    /// Through a local daemon when one answers, else in this process.
+    Auto,
+    /// Through a daemon; fail when none answers.
+    Always,
+    /// In this process.
+    Never,
 }
 
 /// A `--network` value.
@@ -129,6 +151,21 @@ pub async fn run(config: RuntimeConfig, args: RunArgs) -> u8 {
             return 2;
         }
     };
+    let daemon = if args.no_daemon {
+        DaemonUse::Never
+    } else {
+        args.daemon
+    };
+    if daemon != DaemonUse::Never {
+        match through_daemon(&args, language, &code).await {
+            Ok(status) => return status,
+            Err(why) if daemon == DaemonUse::Always => {
+                eprintln!("runcell: {why}");
+                return 125;
+            }
+            Err(why) => tracing::debug!("running without a daemon: {why}"),
+        }
+    }
     let runtime = match Runtime::new(config) {
         Ok(r) => r,
         Err(e) => {
@@ -222,6 +259,131 @@ pub async fn run(config: RuntimeConfig, args: RunArgs) -> u8 {
         return 125;
     }
     status
+}
+
+/// How long a sandbox made for `runcell run` outlives a `runcell` that was
+/// killed outright: its idle TTL in the daemon (a running program keeps it
+/// busy; a killed `runcell` closes the stream, which kills the program).
+const DAEMON_RUN_TTL_SECONDS: u64 = 5;
+
+/// Why a run did not go through a daemon (nothing was created there).
+#[derive(Debug, thiserror::Error)]
+pub enum NoDaemon {
+    /// No key for a daemon is at hand.
+    #[error("no daemon key: {0}")]
+    NoKey(#[source] runcell_client::ClientError),
+    /// A limit the daemon's API cannot carry exactly.
+    #[error("the {0} limit is not a whole number of MiB, which the daemon's API takes")]
+    NotWholeMib(&'static str),
+    /// `--allow-emulation` is this process's setting, not the daemon's.
+    #[error("--allow-emulation applies to a sandbox made by this process")]
+    Emulation,
+    /// The daemon did not answer or refused the sandbox.
+    #[error("the daemon did not make the sandbox: {0}")]
+    Create(#[source] runcell_client::ClientError),
+}
+
+fn whole_mib(field: &'static str, bytes: u64) -> Result<u64, NoDaemon> {
+    if bytes.is_multiple_of(1 << 20) {
+        Ok(bytes >> 20)
+    } else {
+        Err(NoDaemon::NotWholeMib(field))
+    }
+}
+
+/// Runs the program in a sandbox from a local daemon (its standby pool):
+/// the daemon makes the sandbox with this run's limits, streams the
+/// program's output bytes as written, and deletes it. `Err` when no sandbox
+/// was made there (the caller may then run it itself); once one was made,
+/// every outcome is this run's exit status, reported as a run in this
+/// process reports it.
+async fn through_daemon(args: &RunArgs, language: Language, code: &str) -> Result<u8, NoDaemon> {
+    if args.allow_emulation {
+        return Err(NoDaemon::Emulation);
+    }
+    let client = runcell_client::Client::from_env(None, None).map_err(NoDaemon::NoKey)?;
+    let mut limits = serde_json::json!({
+        "memory_mb": whole_mib("memory", args.memory)?,
+        "disk_mb": whole_mib("disk", args.disk)?,
+        "pids": args.pids,
+        "cpu": args.cpus,
+        "timeout_seconds": args.timeout.as_secs_f64(),
+        "output_bytes": args.output_limit,
+    });
+    let mut request = serde_json::json!({
+        "template": args.template,
+        "isolation": args.isolation.as_str(),
+        "ttl_seconds": DAEMON_RUN_TTL_SECONDS,
+        "metadata": {"created_by": "runcell run"},
+    });
+    request["limits"] = limits.take();
+    if let Some(n) = args
+        .network
+        .as_ref()
+        .filter(|n| runcell_egress::NetworkPolicy::has_egress(n))
+    {
+        request["network"] = serde_json::to_value(n).expect("a network policy serializes");
+    }
+    let sandbox = client
+        .create_sandbox(&request)
+        .await
+        .map_err(NoDaemon::Create)?;
+    let opts = runcell_client::ExecOptions {
+        env: args.env.iter().cloned().collect(),
+        ..Default::default()
+    };
+    let outcome = {
+        let run = client.run_code_stream(
+            &sandbox.id,
+            language.name(),
+            code,
+            &args.args,
+            &opts,
+            |stream, bytes| {
+                let _ = match stream {
+                    runcell_client::Stream::Stdout => {
+                        let mut o = std::io::stdout().lock();
+                        o.write_all(bytes).and_then(|_| o.flush())
+                    }
+                    runcell_client::Stream::Stderr => {
+                        let mut e = std::io::stderr().lock();
+                        e.write_all(bytes).and_then(|_| e.flush())
+                    }
+                };
+            },
+        );
+        tokio::select! {
+            r = run => Some(r),
+            _ = interrupted() => None,
+        }
+    };
+    let status = match outcome {
+        None => {
+            eprintln!("runcell: interrupted; the sandbox was destroyed.");
+            130
+        }
+        Some(Err(e)) => {
+            report(&e);
+            125
+        }
+        Some(Ok(end)) => match end.error {
+            Some(error) => {
+                eprintln!("runcell: {error}");
+                125
+            }
+            None => {
+                for m in &end.messages {
+                    eprintln!("runcell: {m}");
+                }
+                u8::try_from(end.exit_code.clamp(0, 255)).unwrap_or(1)
+            }
+        },
+    };
+    if let Err(e) = client.delete_sandbox(&sandbox.id).await {
+        report(&e);
+        return Ok(125);
+    }
+    Ok(status)
 }
 
 pub async fn interrupted() {

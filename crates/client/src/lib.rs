@@ -471,6 +471,24 @@ pub struct ExecEnd {
     pub error: Option<String>,
 }
 
+/// How a program run with [`Client::run_code_stream`] ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CodeEnd {
+    /// Exit status (124 after a timeout, 128 + N after signal N).
+    pub exit_code: i32,
+    /// The program hit its timeout.
+    pub timed_out: bool,
+    /// The sandbox ran out of memory during the run.
+    pub oom_killed: bool,
+    /// The sandbox reached its process limit during the run.
+    pub pids_limit: bool,
+    /// Plain sentences about every limit hit.
+    pub messages: Vec<String>,
+    /// What the daemon said went wrong (a lost sandbox), if the run did
+    /// not finish.
+    pub error: Option<String>,
+}
+
 /// One chunk of a streamed exec's output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stream {
@@ -931,6 +949,118 @@ impl Client {
             exit_code: 1,
             timed_out: false,
             error: Some("the daemon ended the stream before the command finished".into()),
+        }))
+    }
+
+    /// Runs source code in `language` (`python`, `javascript`, `bash`) with
+    /// `args`, as `runcell run` does, calling `on_output` with each chunk
+    /// of its output, bytes exactly as written (`POST .../exec/stream` with
+    /// `language` and `exact_output`). A timeout is an `Ok` with
+    /// `timed_out` set; the notes on limits hit are in
+    /// [`CodeEnd::messages`], never in the output.
+    pub async fn run_code_stream(
+        &self,
+        id: &str,
+        language: &str,
+        code: &str,
+        args: &[String],
+        opts: &ExecOptions,
+        mut on_output: impl FnMut(Stream, &[u8]),
+    ) -> Result<CodeEnd, ClientError> {
+        use base64::Engine as _;
+        let mut body = serde_json::json!({
+            "cmd": code,
+            "language": language,
+            "args": args,
+            "env": opts.env,
+            "exact_output": true,
+        });
+        if let Some(t) = opts.timeout {
+            body["timeout_seconds"] = t.as_secs_f64().into();
+        }
+        if let Some(c) = &opts.cwd {
+            body["cwd"] = c.clone().into();
+        }
+        let url = format!("{}/v1/sandboxes/{}/exec/stream", self.url, seg(id));
+        let mut resp = self
+            .http
+            .post(url)
+            .bearer_auth(&self.key)
+            .header("accept", "text/event-stream")
+            .json(&body)
+            .send()
+            .await
+            .map_err(|source| ClientError::Connect {
+                url: self.url.clone(),
+                source,
+            })?;
+        let status = resp.status();
+        if !status.is_success() {
+            let body = resp.json().await.unwrap_or(Value::Null);
+            return Err(self.api_error(status, body));
+        }
+        let mut end: Option<CodeEnd> = None;
+        read_sse(&mut resp, |event, data| {
+            let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
+            let flag = |k: &str| v.get(k).and_then(Value::as_bool).unwrap_or(false);
+            match event {
+                "stdout" | "stderr" => {
+                    let bytes = v
+                        .get("data")
+                        .and_then(Value::as_str)
+                        .and_then(|d| base64::engine::general_purpose::STANDARD.decode(d).ok());
+                    if let Some(bytes) = bytes {
+                        let s = if event == "stdout" {
+                            Stream::Stdout
+                        } else {
+                            Stream::Stderr
+                        };
+                        on_output(s, &bytes);
+                    }
+                }
+                "exit" => {
+                    end = Some(CodeEnd {
+                        exit_code: v
+                            .get("exit_code")
+                            .and_then(Value::as_i64)
+                            .and_then(|c| i32::try_from(c).ok())
+                            .unwrap_or(1),
+                        timed_out: flag("timed_out"),
+                        oom_killed: flag("oom_killed"),
+                        pids_limit: flag("pids_limit"),
+                        messages: v
+                            .get("messages")
+                            .and_then(Value::as_array)
+                            .map(|m| {
+                                m.iter()
+                                    .filter_map(Value::as_str)
+                                    .map(str::to_string)
+                                    .collect()
+                            })
+                            .unwrap_or_default(),
+                        error: None,
+                    });
+                }
+                "error" => {
+                    end = Some(CodeEnd {
+                        exit_code: 1,
+                        error: Some(
+                            v.get("error")
+                                .and_then(Value::as_str)
+                                .unwrap_or("the exec failed")
+                                .to_string(),
+                        ),
+                        ..CodeEnd::default()
+                    });
+                }
+                _ => {}
+            }
+        })
+        .await?;
+        Ok(end.unwrap_or(CodeEnd {
+            exit_code: 1,
+            error: Some("the daemon ended the stream before the program finished".into()),
+            ..CodeEnd::default()
         }))
     }
 

@@ -313,6 +313,16 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
     // finish, then stop anyway. Sandboxes keep running either way.
     let stopping = Arc::new(tokio::sync::Notify::new());
     let notify = stopping.clone();
+    // No Nagle: an SSE stream's small writes (an exec's `exit` event, then
+    // the body's end) would otherwise each wait for the client's delayed
+    // ACK, up to 40 ms, on a connection the client reuses (`runcell run`:
+    // create, exec/stream, delete on one connection).
+    use axum::serve::ListenerExt as _;
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("could not set TCP_NODELAY on a connection: {e}");
+        }
+    });
     let server = axum::serve(listener, router(state.clone())).with_graceful_shutdown(async move {
         shutdown_signal().await;
         tracing::info!(

@@ -67,6 +67,28 @@ pub(crate) fn run(
     Ok(())
 }
 
+/// A program run with `language` (exec): its code, its arguments (each an
+/// argument of the interpreter's command line), environment and directory.
+pub(crate) fn code_run(
+    code_text: &str,
+    args: &[String],
+    request_env: &BTreeMap<String, String>,
+    merged_env: &BTreeMap<String, String>,
+    cwd: Option<&str>,
+) -> Result<(), ApiError> {
+    code(code_text)?;
+    for a in args {
+        limits::check_command("args", a)?;
+    }
+    limits::check_env("env", request_env)?;
+    limits::check_env("env", merged_env)?;
+    if let Some(c) = cwd {
+        limits::check_path("cwd", c)?;
+    }
+    limits::check_encoded("args, env and cwd", &args.join("\0"), merged_env, cwd)?;
+    Ok(())
+}
+
 /// A cell's source code.
 pub(crate) fn code(code: &str) -> Result<(), ApiError> {
     Ok(limits::check_len(

@@ -270,11 +270,13 @@ pub struct NetworkPolicyObject {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ExecStreamEventName {
-    /// `{"chunk": "..."}`: output.
+    /// `{"chunk": "..."}`: output (`{"data": base64}` with `exact_output`).
     Stdout,
-    /// `{"chunk": "..."}`: output, and runcell's notes on limits hit.
+    /// `{"chunk": "..."}`: output, and runcell's notes on limits hit
+    /// (`{"data": base64}`, output only, with `exact_output`).
     Stderr,
-    /// `{"exit_code", "oom_killed", "pids_limit"}`: the last event.
+    /// `{"exit_code", "oom_killed", "pids_limit"}`: the last event (with
+    /// `exact_output` also `timed_out` and `messages`, the notes on limits).
     Exit,
     /// `{"error": "..."}`: the last event (a timeout contains "timeout").
     Error,

@@ -13,7 +13,8 @@ use runcell_protocol::Command;
 use serde::Deserialize;
 
 use super::kit::{
-    json_event, with_marker, AppResult, Chunk, Exit, JsonBody, Line, OwnedSandbox, Sandboxed, St,
+    json_event, with_marker, AppResult, Chunk, Data, Exit, JsonBody, Line, OwnedSandbox, Sandboxed,
+    St,
 };
 use crate::error::ApiError;
 use crate::state::{AppState, Entry};
@@ -30,10 +31,41 @@ pub(crate) struct ExecReq {
     /// Keep the processes the command leaves behind running after it returns.
     #[serde(default)]
     background: bool,
+    /// Run source code instead of a shell line (runcell extension): `cmd`
+    /// is then a program in this language (`python`, `javascript` or
+    /// `bash`), run as `runcell run` runs it: the language's interpreter on
+    /// a file holding the code, followed by `args`.
+    language: Option<String>,
+    /// Arguments of the program given with `language`.
+    #[serde(default)]
+    args: Vec<String>,
+    /// `exec/stream` only (runcell extension, what `runcell run` uses):
+    /// output events carry `{"data": base64}`, the bytes exactly as
+    /// written, and the notes on limits come only in the closing `exit`
+    /// event (`messages`, `timed_out`), which also ends a timed-out exec.
+    #[serde(default)]
+    exact_output: bool,
+}
+
+/// What an exec request runs.
+fn command(req: &ExecReq) -> AppResult<Option<runcell_protocol::Language>> {
+    match &req.language {
+        None if !req.args.is_empty() => Err(ApiError::bad_request(
+            "args needs language: a shell command line takes its arguments in cmd",
+        )),
+        None => Ok(None),
+        Some(l) => l
+            .parse()
+            .map(Some)
+            .map_err(|e: runcell_protocol::UnknownLanguage| {
+                ApiError::bad_request(format!("language: {e}"))
+            }),
+    }
 }
 
 fn run_options(state: &AppState, e: &Entry, req: &ExecReq) -> AppResult<RunOptions> {
-    if req.cmd.trim().is_empty() {
+    let code = command(req)?.is_some();
+    if !code && req.cmd.trim().is_empty() {
         return Err(ApiError::bad_request("cmd required"));
     }
     let timeout = match req.timeout_seconds {
@@ -47,9 +79,14 @@ fn run_options(state: &AppState, e: &Entry, req: &ExecReq) -> AppResult<RunOptio
         .env
         .clone();
     env.extend(req.env.clone());
-    validate::run(&req.cmd, &req.env, &env, req.cwd.as_deref())?;
+    if code {
+        validate::code_run(&req.cmd, &req.args, &req.env, &env, req.cwd.as_deref())?;
+    } else {
+        validate::run(&req.cmd, &req.env, &env, req.cwd.as_deref())?;
+    }
     Ok(RunOptions {
         env,
+        args: req.args.clone(),
         cwd: req.cwd.clone(),
         timeout: Some(timeout),
         background: req.background,
@@ -69,16 +106,25 @@ pub(crate) async fn exec(
     // The output is held once (at most the output limit per stream, which
     // the agent enforces), then moved into the answer without a copy.
     let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-    let outcome = e
-        .sandbox
-        .exec_streaming(Command::Shell(req.cmd.clone()), &opts, |s, b| {
-            e.log.append(s, b);
-            match s {
-                Output::Stdout => stdout.extend_from_slice(b),
-                Output::Stderr => stderr.extend_from_slice(b),
-            }
-        })
-        .await?;
+    let collect = |s: Output, b: &[u8]| {
+        e.log.append(s, b);
+        match s {
+            Output::Stdout => stdout.extend_from_slice(b),
+            Output::Stderr => stderr.extend_from_slice(b),
+        }
+    };
+    let outcome = match command(&req)? {
+        Some(language) => {
+            e.sandbox
+                .run_code_streaming(language, &req.cmd, &opts, collect)
+                .await?
+        }
+        None => {
+            e.sandbox
+                .exec_streaming(Command::Shell(req.cmd.clone()), &opts, collect)
+                .await?
+        }
+    };
     state.metrics.exec_latency.observe(started.elapsed());
     state.touch(&e).await;
     let x = &outcome.exit;
@@ -131,7 +177,7 @@ pub(crate) async fn exec_stream(
     state.touch(&e).await;
     let (tx, response) = super::stream::sse_channel();
     tokio::spawn(async move {
-        let result = stream_exec(&e, &req.cmd, &opts, tx).await;
+        let result = stream_exec(&e, &req, &opts, tx).await;
         state.touch(&e).await;
         if let Err(err) = result {
             tracing::info!(sandbox = %e.sandbox.id(), "exec stream ended: {err}");
@@ -161,17 +207,22 @@ enum StreamError {
 /// is killed.
 async fn stream_exec(
     e: &Entry,
-    cmd: &str,
+    req: &ExecReq,
     opts: &RunOptions,
     mut tx: super::stream::SseSender,
 ) -> Result<(), StreamError> {
     use super::stream::{error_event, SendError, Utf8Carry};
     use runcell_core::RunEvent;
-    let mut run = match e
-        .sandbox
-        .exec_start(Command::Shell(cmd.to_string()), opts)
-        .await
-    {
+    let started = match command(req) {
+        Ok(Some(language)) => e.sandbox.run_code_start(language, &req.cmd, opts).await,
+        // Checked before the stream began.
+        Ok(None) | Err(_) => {
+            e.sandbox
+                .exec_start(Command::Shell(req.cmd.clone()), opts)
+                .await
+        }
+    };
+    let mut run = match started {
         Ok(r) => r,
         Err(err) => {
             let _ = tx.send(error_event(&ApiError::from(err).message)).await;
@@ -204,15 +255,24 @@ async fn stream_exec(
             // client hung up.
             return Err(StreamError::Gone);
         }
-        let (name, text) = match stream {
-            Output::Stdout => ("stdout", out.push(&bytes)),
-            Output::Stderr => ("stderr", err.push(&bytes)),
+        let name = match stream {
+            Output::Stdout => "stdout",
+            Output::Stderr => "stderr",
         };
-        if text.is_empty() {
-            continue;
-        }
-        let event = json_event(name, &Chunk { chunk: &text });
-        drop(text);
+        let event = if req.exact_output {
+            use base64::Engine as _;
+            let data = base64::engine::general_purpose::STANDARD.encode(&bytes);
+            json_event(name, &Data { data: &data })
+        } else {
+            let text = match stream {
+                Output::Stdout => out.push(&bytes),
+                Output::Stderr => err.push(&bytes),
+            };
+            if text.is_empty() {
+                continue;
+            }
+            json_event(name, &Chunk { chunk: &text })
+        };
         if tx.send(event).await == Err(SendError::Stalled) {
             tracing::warn!(
                 sandbox = %e.sandbox.id(),
@@ -229,7 +289,18 @@ async fn stream_exec(
             return Err(StreamError::Stalled);
         }
     };
-    let last = if outcome.exit.timed_out {
+    let last = if req.exact_output {
+        json_event(
+            "exit",
+            &Exit {
+                exit_code: outcome.status(),
+                oom_killed: outcome.oom_killed,
+                pids_limit: outcome.pids_limit,
+                timed_out: Some(outcome.exit.timed_out),
+                messages: Some(outcome.messages()),
+            },
+        )
+    } else if outcome.exit.timed_out {
         error_event(&format!(
             "exec timeout after {}s",
             runcell_core::format_secs(outcome.timeout)
@@ -252,6 +323,8 @@ async fn stream_exec(
                 exit_code: outcome.status(),
                 oom_killed: outcome.oom_killed,
                 pids_limit: outcome.pids_limit,
+                timed_out: None,
+                messages: None,
             },
         )
     };

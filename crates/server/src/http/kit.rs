@@ -320,6 +320,13 @@ pub(crate) struct Chunk<'a> {
     pub(crate) chunk: &'a str,
 }
 
+/// The data of an output event of an `exact_output` exec stream: the bytes,
+/// base64.
+#[derive(Serialize)]
+pub(crate) struct Data<'a> {
+    pub(crate) data: &'a str,
+}
+
 /// The data of a log `line` event.
 #[derive(Serialize)]
 pub(crate) struct Line<'a> {
@@ -332,4 +339,11 @@ pub(crate) struct Exit {
     pub(crate) exit_code: i32,
     pub(crate) oom_killed: bool,
     pub(crate) pids_limit: bool,
+    /// With `exact_output`: the exec hit its timeout.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) timed_out: Option<bool>,
+    /// With `exact_output`: the notes on limits hit, which then are not
+    /// sent as `stderr` events.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) messages: Option<Vec<String>>,
 }

@@ -1,0 +1,158 @@
+//! `runcell run` through a local daemon's standby pool: the cases of
+//! `run_cases/` (the same as `run.rs` runs in the `runcell` process) with
+//! every run taken by a daemon (`--daemon always`), plus how `runcell run`
+//! finds a daemon and what it does without one. Needs root.
+
+mod common;
+mod run_cases;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+/// A daemon of the test's own; `runcell run` reaches it as a local user
+/// does: its address and the key file `runcell serve` wrote.
+#[derive(Debug)]
+pub struct Runner {
+    daemon: Daemon,
+}
+
+fn runner() -> Runner {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let daemon =
+        Daemon::start(&data_dir(&format!("run-{n}")), free_port(), &[]).remove_data_on_drop();
+    Runner { daemon }
+}
+
+impl Runner {
+    fn cmd(&self) -> Command {
+        let mut c = Command::new(RUNCELL);
+        c.env("RUNCELL_URL", &self.daemon.url)
+            .env("RUNCELL_DATA_DIR", &self.daemon.data)
+            .env_remove("RUNCELL_API_KEY")
+            .env("RUNCELL_RUN_DAEMON", "always")
+            // Nothing may be made here: the daemon makes the sandboxes.
+            .env("RUNCELL_STATE_DIR", "/nonexistent/runcell-run-daemon");
+        c
+    }
+
+    fn sandboxes(&self) -> Vec<Value> {
+        let (code, out, err) = runcell_cli(&self.daemon, &["sandbox", "ls", "--json"]);
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str(&out).unwrap()
+    }
+
+    /// Waits until the daemon holds no sandbox (that of a killed run is
+    /// removed after its idle TTL); false if one is still there after
+    /// `within`.
+    fn nothing_left(&self, within: Duration) -> bool {
+        let until = Instant::now() + within;
+        loop {
+            if self.sandboxes().is_empty() {
+                return true;
+            }
+            if Instant::now() > until {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        // Every run deletes its sandbox before it exits.
+        if !std::thread::panicking() {
+            assert!(
+                self.nothing_left(Duration::from_secs(2)),
+                "a run left its sandbox in the daemon: {:?}",
+                self.sandboxes()
+            );
+        }
+    }
+}
+
+#[test]
+fn the_run_takes_a_sandbox_of_the_daemon() {
+    let r = runner();
+    let mut child = r
+        .cmd()
+        .args(["run", "bash", "-c", "echo started; sleep 30"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line, "started\n");
+    let list = r.sandboxes();
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(list[0]["metadata"]["created_by"], "runcell run", "{list:?}");
+    // An interrupted run stops its program and deletes its sandbox.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+}
+
+#[test]
+fn auto_finds_the_daemon_and_never_bypasses_it() {
+    let r = runner();
+    for (mode, in_daemon) in [("auto", true), ("never", false)] {
+        let child = r
+            .cmd()
+            .env("RUNCELL_RUN_DAEMON", mode)
+            .env("RUNCELL_STATE_DIR", "/run/runcell-test/cli-daemon")
+            .args(["run", "bash", "-c", &format!("sleep 0.5; echo {mode}")])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let until = Instant::now() + Duration::from_millis(400);
+        let mut seen = false;
+        while Instant::now() < until && !seen {
+            seen = !r.sandboxes().is_empty();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{mode}\n"));
+        assert_eq!(seen, in_daemon, "--daemon {mode}");
+    }
+}
+
+#[test]
+fn without_a_daemon_auto_runs_here_and_always_fails_plainly() {
+    require_root("run");
+    // A port nothing listens on, with a key at hand.
+    let url = format!("http://127.0.0.1:{}", free_port());
+    let run = |mode: &str| {
+        Command::new(RUNCELL)
+            .env("RUNCELL_URL", &url)
+            .env("RUNCELL_API_KEY", "rc_nothing")
+            .env("RUNCELL_STATE_DIR", "/run/runcell-test/cli-daemon")
+            .env("RUNCELL_RUN_DAEMON", mode)
+            .args(["run", "python", "-c", "print(6*7)"])
+            .output()
+            .unwrap()
+    };
+    let out = run("auto");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "42\n");
+    assert_eq!(out.status.code(), Some(0));
+    let out = run("always");
+    assert_eq!(out.status.code(), Some(125));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with(
+            "runcell: the daemon did not make the sandbox: Could not reach the runcell daemon at"
+        ),
+        "{err}"
+    );
+}
