@@ -156,3 +156,62 @@ fn without_a_daemon_auto_runs_here_and_always_fails_plainly() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn the_exec_extensions_refuse_what_they_cannot_run_naming_the_field() {
+    let r = runner();
+    let d = &r.daemon;
+    let sb: Value = d
+        .req(reqwest::Method::POST, "/v1/sandboxes")
+        .json(&serde_json::json!({"template": "host", "ttl_seconds": 30}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = sb["id"].as_str().unwrap();
+    for (body, field) in [
+        (serde_json::json!({"cmd": "echo", "args": ["a"]}), "args"),
+        (
+            serde_json::json!({"cmd": "1", "language": "cobol"}),
+            "language",
+        ),
+    ] {
+        for path in ["exec", "exec/stream"] {
+            let resp = d
+                .req(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/{path}"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 400, "{path} {body}");
+            let err: Value = resp.json().await.unwrap();
+            assert!(
+                err["error"].as_str().unwrap().starts_with(field),
+                "{path} {body}: {err}"
+            );
+        }
+    }
+    // The plain exec runs code with its arguments too.
+    let out: Value = d
+        .req(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/exec"))
+        .json(&serde_json::json!({
+            "cmd": "import sys; print(sys.argv[1:])",
+            "language": "python",
+            "args": ["a", "b c"],
+        }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(out["stdout"], "['a', 'b c']\n", "{out}");
+    let resp = d
+        .req(reqwest::Method::DELETE, &format!("/v1/sandboxes/{id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 204);
+}
