@@ -11,11 +11,13 @@
 # The egress proxy (10 MiB and small downloads, proxied vs direct):
 #   sudo ./scripts/bench.sh --egress [--iterations N]
 # Throughput of the 164 HumanEval programs with their tests, a fresh sandbox
-# each (bare, bwrap, runcell run, HTTP API at concurrency 2 and 8):
+# each (bare, bwrap, runcell run without and through a daemon, HTTP API at
+# concurrency 2 and 8):
 #   sudo ./scripts/bench.sh --throughput [--rounds N] [--concurrency 2,8]
 # Density: 500 idle sandboxes (memory per sandbox, daemon RSS, create latency):
 #   sudo ./scripts/bench.sh --density [--sandboxes N]
-# CPU per run (process tree + kernel threads; bare, bwrap, runcell run):
+# CPU per run (process tree + kernel threads + system-wide; bare, bwrap,
+# runcell run with and without a daemon):
 #   sudo ./scripts/bench.sh --cpu [RUNS_PER_BLOCK] [ROUNDS]
 # Cluster mode's forwarding hop (1, 2, 3 nodes on one etcd member):
 #   sudo ./scripts/bench.sh --cluster [--creates N] [--execs N]

@@ -108,17 +108,17 @@ fn the_run_takes_a_sandbox_of_the_daemon() {
 fn auto_finds_the_daemon_and_never_bypasses_it() {
     let r = runner();
     for (mode, in_daemon) in [("auto", true), ("never", false)] {
-        let child = r
+        let mut child = r
             .cmd()
             .env("RUNCELL_RUN_DAEMON", mode)
             .env("RUNCELL_STATE_DIR", "/run/runcell-test/cli-daemon")
-            .args(["run", "bash", "-c", &format!("sleep 0.5; echo {mode}")])
+            .args(["run", "bash", "-c", &format!("sleep 1; echo {mode}")])
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        let until = Instant::now() + Duration::from_millis(400);
+        // Watched for as long as the run lasts.
         let mut seen = false;
-        while Instant::now() < until && !seen {
+        while !seen && child.try_wait().unwrap().is_none() {
             seen = !r.sandboxes().is_empty();
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -155,4 +155,63 @@ fn without_a_daemon_auto_runs_here_and_always_fails_plainly() {
         ),
         "{err}"
     );
+}
+
+#[tokio::test]
+async fn the_exec_extensions_refuse_what_they_cannot_run_naming_the_field() {
+    let r = runner();
+    let d = &r.daemon;
+    let sb: Value = d
+        .req(reqwest::Method::POST, "/v1/sandboxes")
+        .json(&serde_json::json!({"template": "host", "ttl_seconds": 30}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = sb["id"].as_str().unwrap();
+    for (body, field) in [
+        (serde_json::json!({"cmd": "echo", "args": ["a"]}), "args"),
+        (
+            serde_json::json!({"cmd": "1", "language": "cobol"}),
+            "language",
+        ),
+    ] {
+        for path in ["exec", "exec/stream"] {
+            let resp = d
+                .req(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/{path}"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 400, "{path} {body}");
+            let err: Value = resp.json().await.unwrap();
+            assert!(
+                err["error"].as_str().unwrap().starts_with(field),
+                "{path} {body}: {err}"
+            );
+        }
+    }
+    // The plain exec runs code with its arguments too.
+    let out: Value = d
+        .req(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/exec"))
+        .json(&serde_json::json!({
+            "cmd": "import sys; print(sys.argv[1:])",
+            "language": "python",
+            "args": ["a", "b c"],
+        }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(out["stdout"], "['a', 'b c']\n", "{out}");
+    let resp = d
+        .req(reqwest::Method::DELETE, &format!("/v1/sandboxes/{id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 204);
 }
