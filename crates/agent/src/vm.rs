@@ -121,9 +121,17 @@ fn run(started: Instant) -> Result<(), VmInitError> {
     let restart = Arc::new(tokio::sync::Notify::new());
     if let Ok(control) = wait_for_port(CONTROL_PORT_NAME) {
         let restart = restart.clone();
+        // Forked while this process has one thread, before the filter.
+        let clock = match runcell_jail::clock::clock_keeper() {
+            Ok(fd) => Some(fs::File::from(fd)),
+            Err(e) => {
+                tracing::warn!("the guest clock cannot be set after a restore: {e}");
+                None
+            }
+        };
         std::thread::Builder::new()
             .name("control".into())
-            .spawn(move || control_loop(&control, &restart))
+            .spawn(move || control_loop(&control, &restart, clock))
             .map_err(step("starting the control thread"))?;
     }
     fs::create_dir_all(LOWER).map_err(step(format!("creating {LOWER}")))?;
@@ -571,8 +579,12 @@ fn mount_disk(stage: &Path) -> Result<(), VmInitError> {
 /// wrote; answered `S`. `R` starts the agent's channel anew (its streams
 /// end and it says `HELLO` again): a host that restored this guest from a
 /// memory image asks, since the guest never saw its previous host go;
-/// answered `R`. While the host is away a read returns end of file.
-fn control_loop(port: &Path, restart: &tokio::sync::Notify) {
+/// answered `R`. `T<nanoseconds since the epoch>\n` sets the guest's
+/// clock (through the clock keeper: [`runcell_jail::clock`]), which stood
+/// still while the guest was stopped or saved; answered `T`. Digits are
+/// neither `S` nor `R`, so an older agent ignores the time. While the host
+/// is away a read returns end of file.
+fn control_loop(port: &Path, restart: &tokio::sync::Notify, mut clock: Option<fs::File>) {
     use std::io::{Read, Write};
     let mut file = match fs::OpenOptions::new().read(true).write(true).open(port) {
         Ok(f) => f,
@@ -582,12 +594,30 @@ fn control_loop(port: &Path, restart: &tokio::sync::Notify) {
         }
     };
     let mut buf = [0u8; 64];
+    // The digits of a time being read (after a `T`, until its newline).
+    let mut time: Option<Vec<u8>> = None;
     loop {
         match file.read(&mut buf) {
             Ok(0) | Err(_) => std::thread::sleep(Duration::from_millis(20)),
             Ok(n) => {
                 for &b in &buf[..n] {
+                    if let Some(digits) = time.as_mut() {
+                        if b != b'\n' {
+                            if digits.len() < 32 {
+                                digits.push(b);
+                            }
+                            continue;
+                        }
+                        digits.push(b'\n');
+                        if let Some(keeper) = clock.as_mut() {
+                            let _ = keeper.write_all(digits);
+                        }
+                        time = None;
+                        let _ = file.write_all(b"T");
+                        continue;
+                    }
                     match b {
+                        b'T' => time = Some(Vec::new()),
                         b'S' => {
                             nix::unistd::sync();
                             let _ = file.write_all(b"S");

@@ -111,6 +111,8 @@ async fn microvms_pause_resume_snapshot_and_fork_their_files() {
         body["error"].as_str().unwrap_or("").contains("paused"),
         "{body}"
     );
+    // Its clock stands still while it is stopped; the resume sets it.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     assert_eq!(
         d.status(Method::POST, &path("pause"), Some(json!({})))
             .await,
@@ -122,6 +124,7 @@ async fn microvms_pause_resume_snapshot_and_fork_their_files() {
         204
     );
     assert_eq!(d.sandbox(&id).await["status"], "running");
+    assert_clock_is_the_hosts(&d, &id).await;
     let (s, body) = d.exec(&id, "cat ~/f").await;
     assert_eq!(
         (s, body["stdout"].as_str()),
@@ -264,7 +267,7 @@ async fn a_hibernated_microvm_wakes_with_its_memory_even_after_a_sigkill() {
     assert_eq!(leftovers(&data, &id), Vec::<String>::new());
 
     d.kill9();
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     let d = Daemon::start(&data, port, &args);
     // A cell wakes it, and the variable is still there.
     let v = ok(run(&d, "print(x)")).await;
@@ -276,6 +279,8 @@ async fn a_hibernated_microvm_wakes_with_its_memory_even_after_a_sigkill() {
         "{view}"
     );
     assert_ne!(view["state_lost"], true, "{view}");
+    // Its clock was saved with it, a daemon restart ago; the wake set it.
+    assert_clock_is_the_hosts(&d, &id).await;
     let (_, body) = d
         .exec(&id, "cat ~/f; kill -0 $(cat ~/bg) && echo alive")
         .await;
@@ -307,4 +312,21 @@ async fn a_hibernated_microvm_wakes_with_its_memory_even_after_a_sigkill() {
     assert_eq!(leftovers(&data, &id), Vec::<String>::new());
     assert_eq!(entries(&data.join("memory")), Vec::<String>::new());
     assert_eq!(entries(&data.join("states")), Vec::<String>::new());
+}
+
+/// The guest's clock reads the host's time (within a second and a half:
+/// an exec under TCG takes a while), not the time it stood still at.
+async fn assert_clock_is_the_hosts(d: &Daemon, id: &str) {
+    let (s, body) = d.exec(id, "date +%s.%N").await;
+    assert_eq!(s, 200, "{body}");
+    let guest: f64 = body["stdout"].as_str().unwrap().trim().parse().unwrap();
+    let host = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        (host - guest).abs() < 1.5,
+        "the guest's clock is {:.1} s off the host's",
+        host - guest
+    );
 }

@@ -22,6 +22,7 @@
 
 pub mod btrfs;
 pub mod cgroup;
+pub mod clock;
 mod command;
 pub mod confine;
 pub mod gvisor;

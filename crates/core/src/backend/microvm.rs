@@ -1051,6 +1051,35 @@ fn guest_sync(dir: &Path) -> Result<(), MicrovmError> {
     Ok(())
 }
 
+/// The control request that sets the guest's clock to the host's now:
+/// `T<nanoseconds since the epoch>\n` (see the agent's `control_loop`).
+pub(crate) fn clock_request() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!("T{}\n", now.as_nanos())
+}
+
+/// Sets the guest's clock to the host's, which stood still while the
+/// guest was stopped (a pause, a save). A guest whose agent cannot (an
+/// older one ignores the request) keeps its own; that is logged, not an
+/// error.
+fn guest_set_clock(dir: &Path) {
+    use std::io::{Read, Write};
+    let attempt = || -> std::io::Result<()> {
+        let path = socket_path(dir, "ctl.sock").map_err(std::io::Error::other)?;
+        let short = runcell_jail::socket::SocketPath::new(&path)?;
+        let mut s = std::os::unix::net::UnixStream::connect(short.path())?;
+        s.set_read_timeout(Some(Duration::from_secs(1)))?;
+        s.write_all(clock_request().as_bytes())?;
+        let mut answer = [0u8; 1];
+        s.read_exact(&mut answer)
+    };
+    if let Err(e) = attempt() {
+        tracing::debug!("microvm: the guest's clock was not set: {e}");
+    }
+}
+
 /// Whether `pid` is the VMM of the sandbox in `dir` (its command line
 /// names the sandbox's pidfile: immune to pid reuse).
 fn is_our_vmm(dir: &Path, pid: i32) -> bool {
@@ -1535,6 +1564,7 @@ impl Instance for VmInstance {
     fn thaw(&self) -> Result<(), BackendError> {
         self.vmm.resume(&self.monitor()?)?;
         self.paused.store(false, Ordering::SeqCst);
+        guest_set_clock(&self.dir);
         Ok(())
     }
 

@@ -263,6 +263,14 @@ async fn kick(control: &Path) {
         s.write_all(b"R").await?;
         let mut answer = [0u8; 1];
         s.read_exact(&mut answer).await?;
+        // Its clock stood still since the image was saved.
+        s.write_all(super::clock_request().as_bytes()).await?;
+        if tokio::time::timeout(Duration::from_secs(1), s.read_exact(&mut answer))
+            .await
+            .is_err()
+        {
+            tracing::debug!("microvm: the restored guest's clock was not set");
+        }
         Ok::<_, std::io::Error>(())
     };
     if let Err(e) = tokio::time::timeout(HELLO_PATIENCE, attempt)
