@@ -222,16 +222,7 @@ pub async fn run(config: RuntimeConfig, args: RunArgs) -> u8 {
     };
     let outcome = {
         let run = sandbox.run_code_streaming(language, &code, &run_opts, |stream, bytes| {
-            let _ = match stream {
-                Output::Stdout => {
-                    let mut o = std::io::stdout().lock();
-                    o.write_all(bytes).and_then(|_| o.flush())
-                }
-                Output::Stderr => {
-                    let mut e = std::io::stderr().lock();
-                    e.write_all(bytes).and_then(|_| e.flush())
-                }
-            };
+            echo(stream == Output::Stderr, bytes);
         });
         tokio::select! {
             r = run => Some(r),
@@ -340,16 +331,7 @@ async fn through_daemon(args: &RunArgs, language: Language, code: &str) -> Resul
             &args.args,
             &opts,
             |stream, bytes| {
-                let _ = match stream {
-                    runcell_client::Stream::Stdout => {
-                        let mut o = std::io::stdout().lock();
-                        o.write_all(bytes).and_then(|_| o.flush())
-                    }
-                    runcell_client::Stream::Stderr => {
-                        let mut e = std::io::stderr().lock();
-                        e.write_all(bytes).and_then(|_| e.flush())
-                    }
-                };
+                echo(stream == runcell_client::Stream::Stderr, bytes);
             },
         );
         tokio::select! {
@@ -400,4 +382,15 @@ pub async fn interrupted() {
         _ = term.recv() => {}
         _ = hup.recv() => {}
     }
+}
+
+/// Passes a program's output through as it comes, to our stderr or stdout.
+fn echo(to_stderr: bool, bytes: &[u8]) {
+    let _ = if to_stderr {
+        let mut e = std::io::stderr().lock();
+        e.write_all(bytes).and_then(|_| e.flush())
+    } else {
+        let mut o = std::io::stdout().lock();
+        o.write_all(bytes).and_then(|_| o.flush())
+    };
 }

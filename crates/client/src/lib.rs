@@ -885,24 +885,7 @@ impl Client {
         if let Some(c) = &opts.cwd {
             body["cwd"] = c.clone().into();
         }
-        let url = format!("{}/v1/sandboxes/{}/exec/stream", self.url, seg(id));
-        let mut resp = self
-            .http
-            .post(url)
-            .bearer_auth(&self.key)
-            .header("accept", "text/event-stream")
-            .json(&body)
-            .send()
-            .await
-            .map_err(|source| ClientError::Connect {
-                url: self.url.clone(),
-                source,
-            })?;
-        let status = resp.status();
-        if !status.is_success() {
-            let body = resp.json().await.unwrap_or(Value::Null);
-            return Err(self.api_error(status, body));
-        }
+        let mut resp = self.exec_stream_open(id, &body).await?;
         let mut end: Option<ExecEnd> = None;
         read_sse(&mut resp, |event, data| {
             let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
@@ -981,24 +964,7 @@ impl Client {
         if let Some(c) = &opts.cwd {
             body["cwd"] = c.clone().into();
         }
-        let url = format!("{}/v1/sandboxes/{}/exec/stream", self.url, seg(id));
-        let mut resp = self
-            .http
-            .post(url)
-            .bearer_auth(&self.key)
-            .header("accept", "text/event-stream")
-            .json(&body)
-            .send()
-            .await
-            .map_err(|source| ClientError::Connect {
-                url: self.url.clone(),
-                source,
-            })?;
-        let status = resp.status();
-        if !status.is_success() {
-            let body = resp.json().await.unwrap_or(Value::Null);
-            return Err(self.api_error(status, body));
-        }
+        let mut resp = self.exec_stream_open(id, &body).await?;
         let mut end: Option<CodeEnd> = None;
         read_sse(&mut resp, |event, data| {
             let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
@@ -1264,6 +1230,34 @@ impl Client {
                 serde_json::from_slice(&bytes).unwrap_or(Value::Null),
             ))
         }
+    }
+
+    /// Starts `POST /v1/sandboxes/{id}/exec/stream` with `body`: the
+    /// response whose SSE events the caller reads, or the API's error.
+    async fn exec_stream_open(
+        &self,
+        id: &str,
+        body: &Value,
+    ) -> Result<reqwest::Response, ClientError> {
+        let url = format!("{}/v1/sandboxes/{}/exec/stream", self.url, seg(id));
+        let resp = self
+            .http
+            .post(url)
+            .bearer_auth(&self.key)
+            .header("accept", "text/event-stream")
+            .json(body)
+            .send()
+            .await
+            .map_err(|source| ClientError::Connect {
+                url: self.url.clone(),
+                source,
+            })?;
+        let status = resp.status();
+        if !status.is_success() {
+            let body = resp.json().await.unwrap_or(Value::Null);
+            return Err(self.api_error(status, body));
+        }
+        Ok(resp)
     }
 
     /// The daemon's error; a refused key says where the key came from.
