@@ -535,3 +535,38 @@ async fn snapshot_fork_and_volume_fields_are_checked() {
     still_serving(&d).await;
     d.delete_all().await;
 }
+
+/// A language name is a field like any other: a wrong one is a 400 that
+/// names `language`, and a megabyte of it is not sent back, on every route
+/// that takes one.
+#[tokio::test(flavor = "multi_thread")]
+async fn language_names_are_checked_and_never_echoed_whole() {
+    let d = Daemon::start(&data_dir("hostile-language"), free_port(), &[]);
+    let id = d.create(json!({})).await;
+    let huge = "l".repeat(1 << 20);
+    for (path, body) in [
+        ("exec", json!({"cmd": "1", "language": huge.clone()})),
+        ("exec/stream", json!({"cmd": "1", "language": huge.clone()})),
+        ("repl/sessions", json!({"language": huge.clone()})),
+        ("exec", json!({"cmd": "1", "language": "cobol\u{0}"})),
+    ] {
+        let r = d
+            .req(Method::POST, &format!("/v1/sandboxes/{id}/{path}"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        assert_eq!(status, 400, "{path}: {}", &text[..text.len().min(300)]);
+        assert!(
+            text.len() < 2048,
+            "{path}: a huge value was echoed: {} bytes",
+            text.len()
+        );
+        assert!(text.contains("anguage"), "{path}: {text}");
+    }
+    let (s, out) = d.exec(&id, "echo alive").await;
+    assert_eq!((s, out["stdout"].as_str()), (200, Some("alive\n")));
+    d.delete_all().await;
+}

@@ -68,14 +68,36 @@ impl FromStr for Language {
             "python" | "python3" | "py" => Ok(Language::Python),
             "javascript" | "js" | "node" | "nodejs" => Ok(Language::Javascript),
             "bash" | "sh" | "shell" => Ok(Language::Bash),
-            _ => Err(UnknownLanguage(s.to_string())),
+            _ => Err(UnknownLanguage(clip(s))),
         }
     }
 }
 
+/// At most [`NAME_ECHO`] characters of a name a request gave, for an error
+/// that names it (a megabyte of name is not sent back).
+fn clip(s: &str) -> String {
+    match s.char_indices().nth(NAME_ECHO) {
+        Some((end, _)) => format!("{}…", &s[..end]),
+        None => s.to_string(),
+    }
+}
+
+/// How much of an unknown language's name its error repeats.
+const NAME_ECHO: usize = 64;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unknown_name_is_repeated_short() {
+        let long = "é".repeat(100_000);
+        let e = long.parse::<Language>().unwrap_err().to_string();
+        assert!(e.len() < 400, "{} bytes", e.len());
+        assert!(e.contains("é…\""), "{e}");
+        let e = "cobol".parse::<Language>().unwrap_err().to_string();
+        assert!(e.contains("\"cobol\""), "{e}");
+    }
 
     #[test]
     fn parses_names_and_aliases_and_lists_known_ones_on_error() {

@@ -163,7 +163,10 @@ async fn set(state: &Arc<AppState>, on: bool, uri: Uri, req: Request) -> Respons
             Ok(Some(n)) => forward(&cluster, &n, None, uri, req).await,
             Ok(None) => ApiError::new(
                 StatusCode::NOT_FOUND,
-                format!("Node {name} is not in the cluster (no live lease)."),
+                format!(
+                    "Node {} is not in the cluster (no live lease).",
+                    crate::http::kit::clip(name)
+                ),
             )
             .into_response(),
             Err(e) => store_down("the node to drain cannot be looked up", &e),
