@@ -962,8 +962,11 @@ def back_pressure(a, b, c):
             elif name in ("exit", "error"):
                 seen[name] = json.loads(data) if data else None
                 return True
-            # A third of the way: the program is still held back.
-            if not mid_check and reader.bytes > 18_000_000:
+            # Early on (4 MB of 53 read): the program is still held back.
+            # Later is not a fair test: loopback TCP buffers on the two
+            # hops (autotuned to several MB each on a quiet machine) hold a
+            # good part of the stream, and then the program has finished.
+            if not mid_check and reader.bytes > 4_000_000:
                 s, _, r = run(a, a.key, streamed, "pgrep -x seq >/dev/null && echo running || echo done", timeout=15)
                 mid_check["r"] = (s, (r or {}).get("stdout", "").strip())
             return False
@@ -1003,7 +1006,7 @@ def back_pressure(a, b, c):
             f"slept {reader.slept:.1f} of {reader.elapsed:.1f} s",
         )
         check(
-            "the sandbox's program was held back by the slow reader (still running a third of the way in)",
+            "the sandbox's program was held back by the slow reader (still running 4 MB in)",
             mid_check.get("r") == (200, "running"),
             mid_check,
         )

@@ -248,11 +248,16 @@ async fn pump(fd: OwnedFd, mut cmds: mpsc::Receiver<PumpCmd>) {
                 }
                 Some(PumpCmd::Finish(ack)) => {
                     // Everything the interpreter wrote before it reported the
-                    // cell done is already in the pipe: take it.
+                    // cell done is already in the pipe: take it. A plain
+                    // read(2), not `try_read`: that answers WouldBlock
+                    // without reading while the reactor has not yet seen
+                    // the pipe become readable, which lost a cell's last
+                    // line now and then.
                     while open {
-                        match rx.try_read(&mut buf) {
+                        match nix::unistd::read(&rx, &mut buf) {
                             Ok(0) => open = false,
                             Ok(n) => deliver(&mut sink, &buf[..n], &mut total, &mut forwarded).await,
+                            Err(nix::errno::Errno::EINTR) => {}
                             Err(_) => break,
                         }
                     }
