@@ -167,7 +167,8 @@ export function runMarkdownFile(path: string, opts: RunOptions): Outcome[] {
 //   data directory) are mapped by `substitutions` first.
 // A leading `sudo ` is dropped (the tests run as root). Commands matching
 // `background` (a server) run in the background until their output shows
-// the last line the transcript shows for them, then get SIGTERM.
+// the last line the transcript shows for them, then they and everything
+// they started get SIGTERM.
 
 export interface Step {
   /** 1-based line of the `$ ` line in the Markdown file. */
@@ -257,10 +258,12 @@ export function runTranscript(block: Block, opts: TranscriptOptions): Transcript
       const rc = shellQuote(join(out, `rc.${i}`));
       if (opts.background?.test(s.command)) {
         const last = s.expected.length ? substitute(s.expected[s.expected.length - 1]!, subs) : "";
+        // In a session of its own, so the SIGTERM reaches the server and
+        // whatever it started, not only a subshell wrapping it.
         script.push(
-          `{ ${s.command}\n} >${o} 2>&1 </dev/null &`,
+          `setsid bash -c ${shellQuote(s.command)} >${o} 2>&1 </dev/null &`,
           `bg=$!; for _ in $(seq 300); do grep -qF -- ${shellQuote(last)} ${o} 2>/dev/null && break; kill -0 $bg 2>/dev/null || break; sleep 0.1; done`,
-          `if kill -0 $bg 2>/dev/null; then kill -TERM $bg; wait $bg; echo 0 >${rc}; else wait $bg; echo $? >${rc}; fi`,
+          `if kill -0 $bg 2>/dev/null; then kill -TERM -- -$bg; wait $bg; echo 0 >${rc}; else wait $bg; echo $? >${rc}; fi`,
         );
       } else {
         script.push(`{ ${s.command}\n} >${o} 2>&1 </dev/null; echo $? >${rc}`);

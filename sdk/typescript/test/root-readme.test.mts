@@ -160,3 +160,29 @@ test("the transcript runner fails a wrong output or status and maps README liter
   assert.equal(showsInOrder(["a", "x b y", "c"], ["a", "x ... y", "c"]), null);
   assert.equal(showsInOrder(["c", "a"], ["a", "c"]), "c");
 });
+
+test("a background command of a transcript is stopped with everything it started", () => {
+  const cwd = mkdtempSync(join(tmpdir(), "readme-self-"));
+  try {
+    // The server's own child records its pid: it must be gone afterwards.
+    const md = "```console\n$ srv-like sh -c 'sleep 300 & echo $! > child; echo ready; wait'\nready\n$ echo after\nafter\n```\n";
+    const [b] = fencedBlocks(md);
+    writeFileSync(join(cwd, "srv-like"), '#!/bin/sh\nexec "$@"\n', { mode: 0o755 });
+    const r = runTranscript(b!, { cwd, background: /^srv-like\b/, env: { PATH: `${cwd}:${process.env.PATH ?? ""}` } });
+    assert.ok(r.ok, r.failures.join("\n") + r.outputs.join("\n") + r.stderr);
+    const child = Number(readFileSync(join(cwd, "child"), "utf8").trim());
+    assert.ok(child > 1, "the background command did not start its child");
+    let alive = true;
+    for (let i = 0; i < 50 && alive; i++) {
+      try {
+        process.kill(child, 0);
+        spawnSync("sleep", ["0.1"]);
+      } catch {
+        alive = false;
+      }
+    }
+    assert.equal(alive, false, `pid ${child}, started by the background command, outlived the transcript`);
+  } finally {
+    rmSync(cwd, { recursive: true, force: true });
+  }
+});
