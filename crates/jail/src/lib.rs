@@ -26,6 +26,7 @@ pub mod clock;
 mod command;
 pub mod confine;
 pub mod gvisor;
+pub mod idmap_mount;
 pub mod inside;
 pub mod layer;
 pub mod probe;
