@@ -227,3 +227,81 @@ async fn gvisor_and_jail_sandboxes_share_a_volume_with_the_same_owners() {
     );
     assert!(!on_host.exists(), "the volume's mount point was left");
 }
+
+/// A hibernated gVisor sandbox keeps its volume (nobody else may write it
+/// while it sleeps) and wakes with it mounted again and its memory kept,
+/// an open file on the volume included; a snapshot of it says it carries
+/// no memory.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gvisor_sandbox_hibernates_and_wakes_with_its_volume() {
+    let data = data_dir("gv-volumes-wake");
+    let d = Daemon::start(&data, free_port(), &[]);
+    let (s, body) = d
+        .post("/v1/volumes", json!({"name": "kept", "size_mb": 8}))
+        .await;
+    assert_eq!(s, 201, "{body}");
+    let id = d
+        .create(json!({"isolation": "gvisor", "ttl_seconds": 300,
+                       "volumes": [{"name": "kept", "path": "/work"}]}))
+        .await;
+    ok(&d, &id, "echo before > /work/f").await;
+    let session = d.create_session(&id, json!({"language": "python"})).await;
+    let sid = session["id"].as_str().unwrap().to_string();
+    let run = |code: &str| {
+        d.req(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/repl/sessions/{sid}/run"),
+        )
+        .json(&json!({ "code": code }))
+    };
+    let r = run("h = open('/work/f', 'a'); x = 42")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    // A snapshot carries its files only: its children get no volumes, and
+    // its processes could not be restored without them.
+    let (s, snap) = d
+        .post(&format!("/v1/sandboxes/{id}/snapshots"), json!({}))
+        .await;
+    assert_eq!((s, &snap["memory"]), (201, &json!(false)), "{snap}");
+    let snap_path = format!("/v1/snapshots/{}", snap["id"].as_str().unwrap());
+    assert_eq!(d.status(Method::DELETE, &snap_path, None).await, 204);
+    assert_eq!(
+        d.status(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/hibernate"),
+            Some(json!({}))
+        )
+        .await,
+        204
+    );
+    assert_eq!(d.sandbox(&id).await["status"], "hibernated");
+    wait_gone(&data.join("sandboxes-gvisor").join(&id)).await;
+    assert_eq!(mounts_mentioning(&id), Vec::<String>::new());
+    let (s, body) = d
+        .post(
+            "/v1/sandboxes",
+            json!({"isolation": "jail", "volumes": [{"name": "kept"}]}),
+        )
+        .await;
+    assert_eq!(s, 409, "a second writer while it sleeps: {body}");
+    // A cell wakes it: its variable and its open file are still there.
+    let r = run("h.write('after\\n'); h.flush(); print(x)")
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!((status, &v["stdout"]), (200, &json!("42\n")), "{v}");
+    let view = d.sandbox(&id).await;
+    assert_ne!(view["state_lost"], true, "{view}");
+    assert_eq!(ok(&d, &id, "cat /work/f").await, "before\nafter\n");
+    d.delete(&id).await;
+    wait_gone(&data.join("sandboxes-gvisor").join(&id)).await;
+    assert_eq!(mounts_mentioning(&id), Vec::<String>::new());
+    assert_eq!(
+        d.status(Method::DELETE, "/v1/volumes/kept", None).await,
+        204
+    );
+}
