@@ -9,7 +9,10 @@
 //!   holding the writable layer over the template's read-only layers,
 //!   mounted on the host (privately) until the sandbox is removed; the
 //!   container's root is `rootfs/root`, served by runsc's gofer, so a full
-//!   writable layer fails with `ENOSPC` as in the jail;
+//!   writable layer fails with `ENOSPC` as in the jail; its
+//!   `volumes/<i>` are the sandbox's volumes, idmapped binds
+//!   ([`runcell_jail::idmap_mount`]) that the spec hands runsc as bind
+//!   mounts;
 //! * `bundle/config.json`: the OCI bundle written at start;
 //! * `host/` (0700, bind-mounted at [`HOST_DIR`]): `setup.sock`, bound by
 //!   the host, to which the agent connects for its spec, and `agent.sock`,
