@@ -226,27 +226,12 @@ async fn a_microvm_runs_behind_the_same_api_when_emulation_is_allowed() {
     d.delete(&id).await;
 }
 
-/// Mounting volumes is the jail's for now: a gVisor sandbox says so
-/// plainly (400) instead of failing later; pausing works (saving files:
-/// `gvisor_state.rs`).
+/// A gVisor sandbox pauses and resumes (saving files: `gvisor_state.rs`;
+/// volumes: `gvisor_volumes.rs`).
 #[tokio::test(flavor = "multi_thread")]
-async fn gvisor_sandboxes_refuse_what_only_the_jail_can_do_by_name() {
+async fn gvisor_sandboxes_pause_and_resume() {
     let data = data_dir("iso-state");
     let d = Daemon::start(&data, free_port(), &[]);
-    for (body, word) in [(
-        json!({"isolation": "gvisor", "volumes": [{"name": "v"}]}),
-        "volumes",
-    )] {
-        if word == "volumes" {
-            let (s, _) = d
-                .post("/v1/volumes", json!({"name": "v", "size_mb": 8}))
-                .await;
-            assert_eq!(s, 201);
-        }
-        let (s, body) = d.post("/v1/sandboxes", body).await;
-        assert_eq!(s, 400, "{body}");
-        assert!(body["error"].as_str().unwrap().contains(word), "{body}");
-    }
     let id = d.create(json!({"isolation": "gvisor"})).await;
     // Pausing works: the host's freezer stops the sentry and its gofer.
     assert_eq!(d.exec(&id, "echo before > /tmp/p").await.0, 200);
@@ -279,9 +264,4 @@ async fn gvisor_sandboxes_refuse_what_only_the_jail_can_do_by_name() {
     // It still runs.
     assert_eq!(d.exec(&id, "true").await.0, 200);
     d.delete(&id).await;
-    assert_eq!(
-        d.status(reqwest::Method::DELETE, "/v1/volumes/v", None)
-            .await,
-        204
-    );
 }

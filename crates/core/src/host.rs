@@ -115,13 +115,16 @@ fn backend_for(
     };
     match isolation {
         Isolation::Jail => None,
-        Isolation::Gvisor => Some(std::sync::Arc::new(crate::backend::GvisorBackend::new(
-            None,
-            agent,
-            beside("gvisor"),
-            format!("{}-gvisor", config.cgroup_parent),
-            config.agent_log.clone(),
-        ))),
+        Isolation::Gvisor => Some(std::sync::Arc::new(
+            crate::backend::GvisorBackend::new(
+                None,
+                agent,
+                beside("gvisor"),
+                format!("{}-gvisor", config.cgroup_parent),
+                config.agent_log.clone(),
+            )
+            .with_id_map(config.id_map),
+        )),
         Isolation::Microvm => {
             let mut vm = crate::backend::MicrovmConfig::new(
                 agent,

@@ -376,7 +376,7 @@ impl Runtime {
                 what,
             }))
         };
-        if !opts.mounts.is_empty() && isolation != Isolation::Jail {
+        if !opts.mounts.is_empty() && isolation == Isolation::Microvm {
             return unsupported("mount volumes");
         }
         // The jail's setup and gVisor's host-side composition refuse a

@@ -15,6 +15,9 @@
 //! * [`gvisor`] does both sides for gVisor sandboxes: the host composes
 //!   their root filesystem, and the agent (`gvisor-init`) gets its spec and
 //!   binds its socket through host unix sockets.
+//! * [`idmap_mount`] (host side) mounts a volume for a gVisor sandbox
+//!   through the jail's id map inverted, so both kinds of sandbox keep the
+//!   same owners on it.
 //! * [`SandboxCommand`] (sandbox side) starts a [`std::process::Command`] as
 //!   the sandbox user, so the agent needs no `unsafe` `pre_exec` of its own.
 //!
@@ -26,6 +29,7 @@ pub mod clock;
 mod command;
 pub mod confine;
 pub mod gvisor;
+pub mod idmap_mount;
 pub mod inside;
 pub mod layer;
 pub mod probe;

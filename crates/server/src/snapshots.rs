@@ -468,7 +468,12 @@ impl<'a> Service<'a> {
         e: &Arc<Entry>,
         image: &Path,
     ) -> Result<(Saved<'a>, bool), ApiError> {
-        if e.sandbox.isolation() != runcell_core::backend::Isolation::Gvisor {
+        // A sandbox with volumes saves its files only: its processes could
+        // be restored only with the volumes mounted again, and a snapshot's
+        // or a fork's children do not get the volumes.
+        if e.sandbox.isolation() != runcell_core::backend::Isolation::Gvisor
+            || !self.lineage_of(e.sandbox.id()).volumes.is_empty()
+        {
             return Ok((self.save(e).await?, false));
         }
         let id = e.sandbox.id().to_string();

@@ -9,7 +9,10 @@
 //!   holding the writable layer over the template's read-only layers,
 //!   mounted on the host (privately) until the sandbox is removed; the
 //!   container's root is `rootfs/root`, served by runsc's gofer, so a full
-//!   writable layer fails with `ENOSPC` as in the jail;
+//!   writable layer fails with `ENOSPC` as in the jail; its
+//!   `volumes/<i>` are the sandbox's volumes, idmapped binds
+//!   ([`runcell_jail::idmap_mount`]) that the spec hands runsc as bind
+//!   mounts;
 //! * `bundle/config.json`: the OCI bundle written at start;
 //! * `host/` (0700, bind-mounted at [`HOST_DIR`]): `setup.sock`, bound by
 //!   the host, to which the agent connects for its spec, and `agent.sock`,
@@ -149,6 +152,15 @@ pub enum GvisorError {
     /// Building or removing the root filesystem failed.
     #[error("Could not build the sandbox's root filesystem.")]
     Rootfs(#[source] runcell_jail::inside::SetupError),
+    /// A volume could not be mounted for the sandbox.
+    #[error("Could not mount volume {target} for the sandbox.")]
+    Volume {
+        /// Where the sandbox would see it.
+        target: String,
+        /// Why.
+        #[source]
+        source: runcell_jail::idmap_mount::IdmapMountError,
+    },
     /// Cgroup setup or teardown failed.
     #[error(transparent)]
     Cgroup(#[from] CgroupError),
@@ -473,6 +485,8 @@ pub struct GvisorBackend {
     cgroup_parent: String,
     platform: Platform,
     agent_log: Option<String>,
+    /// The jail's id map: volumes are mounted through its inverse.
+    id_map: runcell_jail::IdMap,
 }
 
 impl GvisorBackend {
@@ -496,7 +510,17 @@ impl GvisorBackend {
             cgroup_parent,
             platform: Platform::Ptrace,
             agent_log,
+            id_map: runcell_jail::IdMap::default(),
         }
+    }
+
+    /// The same backend with the jail's id map `map` (the default map
+    /// otherwise): a volume's files, owned on disk by `map.host_base + U`
+    /// as a jail sandbox's user `U` writes them, are shown to a gVisor
+    /// sandbox as owned by `U`, and its writes are stored the same way.
+    pub fn with_id_map(mut self, map: runcell_jail::IdMap) -> Self {
+        self.id_map = map;
+        self
     }
 
     /// The same backend on `platform` (e.g. [`Platform::Kvm`] on a host
@@ -660,6 +684,8 @@ const RUNSC_DIR: &str = "runsc";
 const ROOTFS_DIR: &str = "rootfs";
 /// The directory bind-mounted at [`HOST_DIR`].
 const HOST_SUBDIR: &str = "host";
+/// Where, in the root filesystem's stage, the volumes' idmapped binds are.
+const VOLUMES_SUBDIR: &str = "volumes";
 /// The directory of the egress socket.
 const EGRESS_DIR: &str = "egress";
 /// The state file written once the sandbox is ready.
@@ -887,11 +913,12 @@ impl GvisorPrepared {
             egress_socket: egress_enabled.map(|_| PathBuf::from(EGRESS_SOCKET)),
             egress_enabled: egress_enabled.unwrap_or(false),
             state_layers: spec.state_layers.clone(),
-            // Volumes are refused for gVisor sandboxes before they start.
+            // runsc mounts the volumes (the spec's mounts), not the agent.
             mounts: Vec::new(),
         };
         let root = runcell_jail::gvisor::compose_rootfs(&init, &dir.join(ROOTFS_DIR))
             .map_err(GvisorError::Rootfs)?;
+        let volumes = self.mount_volumes(&spec.mounts)?;
         let egress = if egress_enabled.is_some() {
             let sockets = dir.join(EGRESS_DIR);
             fs::create_dir_all(&sockets).map_err(io_err(&sockets))?;
@@ -923,7 +950,7 @@ impl GvisorPrepared {
 
         let bundle = dir.join("bundle");
         fs::create_dir_all(&bundle).map_err(io_err(&bundle))?;
-        let config = self.oci_config(spec, &root, &hostname);
+        let config = self.oci_config(spec, &root, &hostname, &volumes);
         let config_path = bundle.join("config.json");
         fs::write(
             &config_path,
@@ -1087,8 +1114,71 @@ impl GvisorPrepared {
         })
     }
 
+    /// Mounts each volume of `mounts` at `<stage>/volumes/<i>`, idmapped
+    /// through the inverse of the jail's id map (and read-only there if
+    /// asked), and returns the OCI bind mounts that hand them to runsc.
+    ///
+    /// gVisor's gofer creates files with the sandbox's own ids (`U`), where
+    /// a jail sandbox's user is `host_base + U` on the host; through the
+    /// idmapped bind both leave and see the same owners on the volume's
+    /// disk. Read-only is the host mount's, so the gofer's writes fail
+    /// with `EROFS` whatever gVisor would allow. The mounts are under the
+    /// stage's private tmpfs, so they go with it ([`runcell_jail::gvisor::unmount_rootfs`]).
+    /// Spec mounts, unlike binds into the root, are served with runsc's
+    /// `shared` file access (`--file-access-mounts`, its default), so
+    /// gVisor revalidates what it cached when another sandbox changed it.
+    fn mount_volumes(
+        &self,
+        mounts: &[runcell_jail::BindMount],
+    ) -> Result<Vec<serde_json::Value>, GvisorError> {
+        let base = self.dir.join(ROOTFS_DIR).join(VOLUMES_SUBDIR);
+        let mut out = Vec::with_capacity(mounts.len());
+        for (i, m) in mounts.iter().enumerate() {
+            let target = m.target.display().to_string();
+            let sane = m.target.is_absolute()
+                && m.target.components().count() >= 2
+                && m.target.components().all(|c| {
+                    matches!(
+                        c,
+                        std::path::Component::RootDir | std::path::Component::Normal(_)
+                    )
+                });
+            if !sane {
+                return Err(GvisorError::Volume {
+                    target,
+                    source: runcell_jail::idmap_mount::IdmapMountError::BadPath(m.target.clone()),
+                });
+            }
+            let at = base.join(i.to_string());
+            fs::create_dir_all(&at).map_err(io_err(&at))?;
+            runcell_jail::idmap_mount::bind_idmapped(
+                &m.source,
+                &at,
+                self.backend.id_map,
+                m.read_only,
+            )
+            .map_err(|source| GvisorError::Volume {
+                target: target.clone(),
+                source,
+            })?;
+            out.push(serde_json::json!({
+                "destination": m.target,
+                "type": "bind",
+                "source": at,
+                "options": ["rbind", if m.read_only { "ro" } else { "rw" }, "nosuid", "nodev"],
+            }));
+        }
+        Ok(out)
+    }
+
     /// The OCI runtime spec of the sandbox's container.
-    fn oci_config(&self, spec: &StartSpec, root: &Path, hostname: &str) -> serde_json::Value {
+    fn oci_config(
+        &self,
+        spec: &StartSpec,
+        root: &Path,
+        hostname: &str,
+        volumes: &[serde_json::Value],
+    ) -> serde_json::Value {
         use serde_json::json;
         let caps = [
             "CAP_CHOWN",
@@ -1121,7 +1211,7 @@ impl GvisorPrepared {
             args.push(format!("{}{l}", runcell_jail::gvisor::LOG_ARG));
         }
         let env: Vec<String> = Vec::new();
-        let mounts = vec![
+        let mut mounts = vec![
             json!({"destination": "/proc", "type": "proc", "source": "proc"}),
             json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
                    "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
@@ -1135,6 +1225,7 @@ impl GvisorPrepared {
             json!({"destination": "/tmp", "type": "bind",
                    "source": root.join("tmp"), "options": ["rbind", "rw"]}),
         ];
+        mounts.extend(volumes.iter().cloned());
         let mut namespaces = vec![
             json!({"type": "pid"}),
             json!({"type": "ipc"}),

@@ -109,7 +109,7 @@ impl<'a> Service<'a> {
             .runtime
             .backend_for(isolation)
             .map_err(|e| ApiError::bad_request(format!("isolation: {e}")))?;
-        // Every backend saves files; only the jail mounts volumes.
+        // Every backend saves files; the jail and gVisor mount volumes.
         if isolation != runcell_core::backend::Isolation::Jail {
             let saves = matches!(
                 isolation,
@@ -120,7 +120,9 @@ impl<'a> Service<'a> {
                 Some("on_idle: hibernate")
             } else if !lineage.state_layers.is_empty() && !saves {
                 Some("from_snapshot")
-            } else if !lineage.volumes.is_empty() {
+            } else if !lineage.volumes.is_empty()
+                && isolation != runcell_core::backend::Isolation::Gvisor
+            {
                 Some("volumes")
             } else {
                 None
@@ -128,7 +130,7 @@ impl<'a> Service<'a> {
             if let Some(what) = what {
                 return Err(ApiError::bad_request(if what == "volumes" {
                     format!(
-                        "volumes needs the jail isolation; a {isolation} sandbox cannot mount volumes yet."
+                        "volumes needs the jail or gvisor isolation; a {isolation} sandbox cannot mount volumes yet."
                     )
                 } else {
                     format!(
