@@ -347,29 +347,49 @@ async fn microvm_rows(dir: &std::path::Path, m: usize, layer_mb: u64) {
             .timed(Method::POST, &format!("/v1/sandboxes/{sb}/snapshots"), 201)
             .await;
         snap.push(d);
-        assert_eq!(v["memory"], false);
+        assert_eq!(v["memory"], true, "the snapshot has no memory: {v}");
         let (d, v) = api
             .timed(Method::POST, &format!("/v1/sandboxes/{sb}/fork"), 201)
             .await;
         fork.push(d);
-        children.push(v["id"].as_str().expect("child id").to_string());
+        assert_eq!(v["memory"], true, "the fork has no memory: {v}");
+        let child = v["id"].as_str().expect("child id").to_string();
+        // The child is the parent's guest, code context included.
+        let v = api
+            .ok(
+                Method::POST,
+                &cell.replace(&sb, &child),
+                json!({"code": "print(x)"}),
+                200,
+            )
+            .await;
+        assert_eq!(v["stdout"], "42\n", "the fork lost the variable: {v}");
+        children.push(child);
     }
-    row(&format!("microVM snapshot ({layer_mb} MB written)"), snap);
     row(
-        &format!("microVM fork ({layer_mb} MB written; includes booting the child)"),
+        &format!("microVM snapshot with memory ({layer_mb} MB written)"),
+        snap,
+    );
+    row(
+        &format!(
+            "microVM fork with memory ({layer_mb} MB written; save + the child's QEMU loading it)"
+        ),
         fork,
     );
     // Allocated bytes, each hard-linked image counted once (one `du` over
     // both directories), the guests' disks first.
     let vms = du_allocated(&[&data.join("sandboxes-microvm")]);
     let all = du_allocated(&[&data.join("sandboxes-microvm"), &data.join("states")]);
+    let images = du_allocated(&[&data.join("snapshot-memory")]);
     println!(
         "\nmicroVM disk: the {} guests' disks take {:.1} MB; the {} saved layers add {:.1} MB \
-         (hard-linked image chains; allocated bytes, each image counted once)",
+         (hard-linked image chains; allocated bytes, each image counted once); the {m} \
+         snapshots' memory images take {:.1} MB (a fork's is removed once its child loaded it)",
         1 + m,
         vms as f64 / 1e6,
         2 * m,
-        all.saturating_sub(vms) as f64 / 1e6
+        all.saturating_sub(vms) as f64 / 1e6,
+        images as f64 / 1e6
     );
     for c in &children {
         api.delete(c).await;

@@ -246,7 +246,8 @@ async fn connection(agent: Arc<Agent>, conn: u64, stream: Box<dyn Conn>) {
         Event::Hello {
             version: PROTOCOL_VERSION,
             agent_version: env!("CARGO_PKG_VERSION").into(),
-            sandbox_id: agent.shared.spec.sandbox_id.clone(),
+            sandbox_id: crate::vm::sandbox_id()
+                .unwrap_or_else(|| agent.shared.spec.sandbox_id.clone()),
         },
         Vec::new(),
     )

@@ -584,6 +584,19 @@ fn mount_disk(stage: &Path) -> Result<(), VmInitError> {
 /// still while the guest was stopped or saved; answered `T`. Digits are
 /// neither `S` nor `R`, so an older agent ignores the time. While the host
 /// is away a read returns end of file.
+/// The sandbox id the host gave a guest restored from another sandbox's
+/// memory (a fork's, a snapshot's): its spec still names the saved one.
+static SANDBOX_ID: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// The sandbox this guest now is, where the host renamed it (`I<id>` on
+/// the control port, after a restore into a new sandbox).
+pub(crate) fn sandbox_id() -> Option<String> {
+    SANDBOX_ID
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+}
+
 fn control_loop(port: &Path, restart: &tokio::sync::Notify, mut clock: Option<fs::File>) {
     use std::io::{Read, Write};
     let mut file = match fs::OpenOptions::new().read(true).write(true).open(port) {
@@ -596,11 +609,30 @@ fn control_loop(port: &Path, restart: &tokio::sync::Notify, mut clock: Option<fs
     let mut buf = [0u8; 64];
     // The digits of a time being read (after a `T`, until its newline).
     let mut time: Option<Vec<u8>> = None;
+    // A sandbox id being read (after an `I`, until its newline).
+    let mut id: Option<Vec<u8>> = None;
     loop {
         match file.read(&mut buf) {
             Ok(0) | Err(_) => std::thread::sleep(Duration::from_millis(20)),
             Ok(n) => {
                 for &b in &buf[..n] {
+                    if let Some(name) = id.as_mut() {
+                        if b != b'\n' {
+                            if name.len() < 64 {
+                                name.push(b);
+                            }
+                            continue;
+                        }
+                        let name = String::from_utf8_lossy(name).into_owned();
+                        if runcell_jail::check_id(&name).is_ok() {
+                            *SANDBOX_ID
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(name);
+                        }
+                        id = None;
+                        let _ = file.write_all(b"I");
+                        continue;
+                    }
                     if let Some(digits) = time.as_mut() {
                         if b != b'\n' {
                             if digits.len() < 32 {
@@ -618,6 +650,7 @@ fn control_loop(port: &Path, restart: &tokio::sync::Notify, mut clock: Option<fs
                     }
                     match b {
                         b'T' => time = Some(Vec::new()),
+                        b'I' => id = Some(Vec::new()),
                         b'S' => {
                             nix::unistd::sync();
                             let _ = file.write_all(b"S");

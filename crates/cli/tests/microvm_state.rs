@@ -1,8 +1,10 @@
 //! MicroVM sandboxes that outlive their processes (issue 14), under TCG
 //! emulation (this host's KVM cannot run a guest): pause and resume stop
 //! and continue the guest (exec answers 409 meanwhile); snapshots and forks
-//! carry the guest's writable disk, copy-on-write; hibernation saves the
-//! guest's memory to a file and the wake restores it, so a code context's
+//! carry the guest's writable disk, copy-on-write, and its memory (a code
+//! context's variable is in the fork and the snapshot's sandbox, and the
+//! source runs on with it); hibernation saves the guest's memory to a file
+//! and the wake restores it, so a code context's
 //! variables and a background process are still there, also after the
 //! daemon was SIGKILLed in between. Deleting leaves nothing behind. Real
 //! daemon, real HTTP, real QEMU guests; needs root, QEMU, qemu-img and the
@@ -60,7 +62,7 @@ fn entries(dir: &std::path::Path) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn microvms_pause_resume_snapshot_and_fork_their_files() {
+async fn microvms_pause_resume_snapshot_and_fork_their_files_and_memory() {
     let _turn = ONE_AT_A_TIME.lock().await;
     // Deep enough that the VMM's sockets (channel, control, QMP) are
     // reached through the short link (`sun_path` holds 108 bytes).
@@ -132,22 +134,39 @@ async fn microvms_pause_resume_snapshot_and_fork_their_files() {
         "{body}"
     );
 
-    // A snapshot starts microVMs with its files: the file written just
-    // before it is there (the guest flushed its disk first).
+    // A snapshot carries the guest's files and memory: the file written
+    // just before it is there (the guest flushed its disk first), and so
+    // is a code context's variable; the source runs on with both.
+    let session = d.create_session(&id, json!({"language": "python"})).await;
+    let sid = session["id"].as_str().unwrap().to_string();
+    let (s, body) = cell(&d, &id, &sid, "x = 42").await;
+    assert_eq!(s, 200, "{body}");
     let (s, body) = d.exec(&id, "echo late > ~/late").await;
     assert_eq!(s, 200, "{body}");
+    let t0 = std::time::Instant::now();
     let (s, snap) = d.post(&path("snapshots"), json!({})).await;
+    eprintln!("microvm snapshot with memory: {:?}", t0.elapsed());
     assert_eq!(s, 201, "{snap}");
-    assert_eq!(snap["memory"], false, "{snap}");
+    assert_eq!(snap["memory"], true, "{snap}");
+    let (_, body) = cell(&d, &id, &sid, "x += 1\nprint(x)").await;
+    assert_eq!(
+        body["stdout"], "43\n",
+        "the source after its snapshot: {body}"
+    );
+    // Without limits of its own it takes the source's (the saved guest's).
+    let t0 = std::time::Instant::now();
     let from = d
-        .create_json(
-            json!({"from_snapshot": snap["id"], "ttl_seconds": 600, "limits": {"memory_mb": 384}}),
-        )
+        .create_json(json!({"from_snapshot": snap["id"], "ttl_seconds": 600}))
         .await;
+    eprintln!("microvm create from a memory snapshot: {:?}", t0.elapsed());
     assert_eq!(from["isolation"], "microvm", "{from}");
+    assert_ne!(from["state_lost"], true, "{from}");
     let from = from["id"].as_str().unwrap().to_string();
     let (_, body) = d.exec(&from, "cat ~/f ~/deep/er/x ~/late").await;
     assert_eq!(body["stdout"], "kept\nd\nlate\n", "{body}");
+    let (s, body) = cell(&d, &from, &sid, "print(x)").await;
+    assert_eq!((s, &body["stdout"]), (200, &json!("42\n")), "{body}");
+    assert_clock_is_the_hosts(&d, &from).await;
 
     // Its files are disk images: they start microVMs only, said plainly.
     let (s, body) = d
@@ -166,12 +185,20 @@ async fn microvms_pause_resume_snapshot_and_fork_their_files() {
     let (s, _) = d.exec(&id, "echo after > ~/after").await;
     assert_eq!(s, 200);
 
-    // A fork starts with the parent's files now and goes its own way.
+    // A fork starts with the parent's files and memory now and goes its
+    // own way.
+    let t0 = std::time::Instant::now();
     let (s, fork) = d.post(&path("fork"), json!({})).await;
+    eprintln!("microvm fork with memory: {:?}", t0.elapsed());
     assert_eq!(s, 201, "{fork}");
-    assert_eq!(fork["memory"], false, "{fork}");
+    assert_eq!(fork["memory"], true, "{fork}");
+    assert_ne!(fork["state_lost"], true, "{fork}");
     assert_eq!(fork["isolation"], "microvm", "{fork}");
     let child = fork["id"].as_str().unwrap().to_string();
+    let (s, body) = cell(&d, &child, &sid, "x += 100\nprint(x)").await;
+    assert_eq!((s, &body["stdout"]), (200, &json!("143\n")), "{body}");
+    let (_, body) = cell(&d, &id, &sid, "print(x)").await;
+    assert_eq!(body["stdout"], "43\n", "the parent after its fork: {body}");
     let (_, body) = d
         .exec(&child, "cat ~/f ~/after && echo mine > ~/child")
         .await;
@@ -197,8 +224,26 @@ async fn microvms_pause_resume_snapshot_and_fork_their_files() {
     assert_eq!(s, 200, "{body}");
     let (s, snap2) = d.post(&path("snapshots"), json!({})).await;
     assert_eq!(s, 201, "{snap2}");
+    assert_eq!(snap2["memory"], true, "{snap2}");
     let (_, body) = d.exec(&id, "cat ~/f ~/again").await;
     assert_eq!(body["stdout"], "kept\nagain\n", "{body}");
+    // A memory image that does not load: the sandbox starts on the
+    // snapshot's files and says what it lost.
+    let image = data
+        .join("snapshot-memory")
+        .join(snap2["id"].as_str().unwrap())
+        .join("memory");
+    std::fs::write(&image, b"not a migration stream").unwrap();
+    let lost = d
+        .create_json(json!({"from_snapshot": snap2["id"], "ttl_seconds": 600}))
+        .await;
+    assert_eq!(lost["state_lost"], true, "{lost}");
+    let lost = lost["id"].as_str().unwrap().to_string();
+    let (_, body) = d.exec(&lost, "cat ~/again").await;
+    assert_eq!(body["stdout"], "again\n", "{body}");
+    let (s, body) = cell(&d, &lost, &sid, "print(x)").await;
+    assert_eq!(s, 404, "no context came with the files: {body}");
+    d.delete(&lost).await;
     let snap2_path = format!("/v1/snapshots/{}", snap2["id"].as_str().unwrap());
     assert_eq!(d.status(Method::DELETE, &snap2_path, None).await, 204);
 
@@ -213,6 +258,22 @@ async fn microvms_pause_resume_snapshot_and_fork_their_files() {
         assert_eq!(leftovers(&data, s), Vec::<String>::new());
     }
     assert_eq!(entries(&data.join("states")), Vec::<String>::new());
+    assert_eq!(entries(&data.join("snapshot-memory")), Vec::<String>::new());
+}
+
+/// Runs `code` in code context `sid` of sandbox `id`: (status, answer).
+async fn cell(d: &Daemon, id: &str, sid: &str, code: &str) -> (u16, Value) {
+    let r = d
+        .req(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/repl/sessions/{sid}/run"),
+        )
+        .json(&json!({ "code": code }))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap())
 }
 
 /// Hibernation of a microVM saves its memory (QEMU's migration to a file):

@@ -20,8 +20,10 @@
 //! fork's image lives until its children started from it. A create from
 //! such a snapshot, or a fork, restores the image over a copy-on-write
 //! copy of the files; where that fails it starts on the files alone and
-//! says `state_lost`. A microVM hibernates with its memory too (QEMU's
-//! migration to a file); its snapshots and forks carry files only.
+//! says `state_lost`. A microVM does the same over QEMU: its memory
+//! migrates to a file (the guest stopped, its disk chain linked), and it
+//! is continued in place; a fork or a snapshot's sandbox is a new QEMU
+//! loading that file over a copy-on-write overlay of the saved disk.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -471,8 +473,11 @@ impl<'a> Service<'a> {
         // A sandbox with volumes saves its files only: its processes could
         // be restored only with the volumes mounted again, and a snapshot's
         // or a fork's children do not get the volumes.
-        if e.sandbox.isolation() != runcell_core::backend::Isolation::Gvisor
-            || !self.lineage_of(e.sandbox.id()).volumes.is_empty()
+        let isolation = e.sandbox.isolation();
+        if !matches!(
+            isolation,
+            runcell_core::backend::Isolation::Gvisor | runcell_core::backend::Isolation::Microvm
+        ) || !self.lineage_of(e.sandbox.id()).volumes.is_empty()
         {
             return Ok((self.save(e).await?, false));
         }
@@ -519,6 +524,9 @@ impl<'a> Service<'a> {
             }
         };
         let with_memory = match memory {
+            // A microVM's channel stays open through the save (its VMM
+            // runs on): nothing to reconnect.
+            Ok(()) if isolation == runcell_core::backend::Isolation::Microvm => true,
             Ok(()) => {
                 // Its agent closed every host connection for the checkpoint.
                 if let Err(err) = e.sandbox.reconnect().await {
@@ -672,6 +680,16 @@ impl<'a> Service<'a> {
             && image.is_dir()
         {
             spec.memory_image = Some(image);
+        }
+        // A microVM's saved guest keeps its RAM, vCPUs and cgroup limits:
+        // a create that names none gets its source's, so it can take it.
+        if spec.memory_image.is_some()
+            && snap.isolation == runcell_core::backend::Isolation::Microvm
+        {
+            if let Ok(Some(source)) = self.0.registry.get(&snap.sandbox_id) {
+                let limits = source.limits.over(self.0.config.default_limits);
+                spec.limits = Some(crate::limits::LimitsReq::from(&limits));
+            }
         }
         spec.template.get_or_insert(snap.template);
         let isolation = *spec.isolation.get_or_insert(snap.isolation);

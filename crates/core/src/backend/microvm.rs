@@ -30,7 +30,12 @@
 //!   ([`StartSpec::memory_image`]) launches the same machine with
 //!   `-incoming` on a disk with the same content, continues it and
 //!   re-attaches as after a daemon restart. Processes and code contexts go
-//!   on where they were; the guest's clock lags by the time it was saved.
+//!   on where they were; the host sets the guest's clock (`T`) and, for a
+//!   new sandbox (a fork, a snapshot's), its sandbox id (`I`). A snapshot
+//!   or fork ([`Instance::save_running`]) saves the files and the memory
+//!   the same way, then continues the same VMM (`cont`): the source runs
+//!   on with its memory and its channel. The saved guest's RAM, vCPUs and
+//!   limits must be the new sandbox's, else the restore is refused.
 //! * Pause: the VMM stops the guest's vCPUs (QMP `stop`/`cont`); its
 //!   memory stays.
 //! * Limits: memory and processes are the `memory.max` and `pids.max` of
@@ -84,7 +89,8 @@ use super::{
 /// The name of the guest's virtio-serial port for the agent's channel.
 pub const PORT_NAME: &str = "runcell.agent";
 /// The name of the guest's virtio-serial port for the host's control
-/// requests (`S`: flush the file systems; the agent's `vm-init`).
+/// requests (`S`: flush the file systems; `R`: restart the channel;
+/// `T<ns>`: set the clock; `I<id>`: the sandbox id; the agent's `vm-init`).
 pub const CONTROL_PORT_NAME: &str = "runcell.ctl";
 /// In the state directory: the blank disks every sandbox's chain ends in
 /// (not a sandbox: its name is no sandbox id).
@@ -168,6 +174,9 @@ pub enum MicrovmError {
     /// The VMM refused or failed a request about a running guest.
     #[error("The VMM failed: {0}")]
     Vmm(String),
+    /// A saved guest is not the sandbox asked for.
+    #[error("The saved guest cannot start this sandbox: {0}.")]
+    Mismatch(String),
     /// Saving or restoring the sandbox's state failed.
     #[error("Saving or restoring the sandbox's state failed while {0}.")]
     State(String, #[source] std::io::Error),
@@ -707,15 +716,7 @@ impl MicrovmBackend {
         };
         let spec_json = serde_json::to_vec(&init).unwrap_or_default();
 
-        let memory_mib = limits
-            .memory_bytes
-            .div_ceil(1 << 20)
-            .saturating_add(GUEST_OVERHEAD_MIB)
-            .max(MIN_MEMORY_MIB);
-        let host_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let vcpus = u32::try_from(limits.cpu_millis.div_ceil(1000).max(1))
-            .unwrap_or(1)
-            .min(u32::try_from(host_cpus).unwrap_or(1));
+        let (memory_mib, vcpus) = guest_size(&limits);
         let mut cmdline = String::from(
             "console=ttyS0 panic=-1 reboot=t quiet loglevel=3 random.trust_cpu=on \
              tsc=reliable no_timer_check",
@@ -725,10 +726,7 @@ impl MicrovmBackend {
         // the kernel the host's TSC rate (what QEMU's guests read).
         // The process and memory limits, applied by the guest's init
         // (vm-init) to the guest cgroup it and the sandbox live in.
-        cmdline.push_str(&format!(
-            " runcell.pids={} runcell.memory={}",
-            limits.pids, limits.memory_bytes
-        ));
+        cmdline.push_str(&limit_args(&limits));
         if let Some(khz) = host_tsc_khz() {
             cmdline.push_str(&format!(" tsc_early_khz={khz}"));
         }
@@ -842,6 +840,11 @@ impl MicrovmBackend {
             .map_err(|e| MicrovmError::State("reading the saved machine".into(), e))?;
         let machine: Machine = serde_json::from_slice(&raw)
             .map_err(|e| MicrovmError::BadState(prepared.id.clone(), e))?;
+        // A fork, a snapshot's sandbox or a wake runs with the limits it
+        // was saved with: only a sandbox that asks for the same takes it.
+        if let Some(why) = limits_differ(&machine, &spec.limits) {
+            return Err(MicrovmError::Mismatch(why));
+        }
         for f in [&machine.kernel, &machine.initramfs, &machine.root_image] {
             if !f.is_file() {
                 return Err(MicrovmError::State(
@@ -905,6 +908,49 @@ impl MicrovmBackend {
             false,
         ))
     }
+}
+
+/// A guest's RAM (MiB) and vCPUs for `limits`.
+fn guest_size(limits: &Limits) -> (u64, u32) {
+    let memory_mib = limits
+        .memory_bytes
+        .div_ceil(1 << 20)
+        .saturating_add(GUEST_OVERHEAD_MIB)
+        .max(MIN_MEMORY_MIB);
+    let host_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let vcpus = u32::try_from(limits.cpu_millis.div_ceil(1000).max(1))
+        .unwrap_or(1)
+        .min(u32::try_from(host_cpus).unwrap_or(1));
+    (memory_mib, vcpus)
+}
+
+/// The kernel command line's limits, applied by the guest's init
+/// (vm-init) to the guest cgroup it and the sandbox live in.
+fn limit_args(limits: &Limits) -> String {
+    format!(
+        " runcell.pids={} runcell.memory={}",
+        limits.pids, limits.memory_bytes
+    )
+}
+
+/// Why a guest saved as `machine` cannot become a sandbox with `limits`
+/// (its RAM, vCPUs and cgroup limits are the saved guest's), if it cannot.
+fn limits_differ(machine: &Machine, limits: &Limits) -> Option<String> {
+    let (memory_mib, vcpus) = guest_size(limits);
+    if machine.memory_mib != memory_mib || machine.vcpus != vcpus {
+        return Some(format!(
+            "the saved guest has {} MiB and {} vCPUs, this sandbox {memory_mib} MiB and {vcpus}",
+            machine.memory_mib, machine.vcpus
+        ));
+    }
+    let args = limit_args(limits);
+    if !machine.cmdline.contains(&format!("{args} ")) {
+        return Some(format!(
+            "the saved guest's limits are not this sandbox's ({})",
+            args.trim()
+        ));
+    }
+    None
 }
 
 /// The host CPU's clock rate in kHz, from `/proc/cpuinfo`.
@@ -1488,7 +1534,43 @@ impl VmInstance {
         Ok(bytes)
     }
 
-    fn save_memory(&self, image: &Path) -> Result<(), MicrovmError> {
+    /// Saves the running guest's files into `layer` and its memory into
+    /// `image`, of one instant, and runs it on: stopped and flushed, its
+    /// disk chain linked and switched to a new overlay, its memory migrated
+    /// (QEMU leaves the source stopped, its disks released), then continued
+    /// (`cont` takes the disks back). Its agent's channel never closed.
+    fn save_and_run_on(&self, image: &Path, layer: &Path) -> Result<u64, MicrovmError> {
+        let t0 = Instant::now();
+        let machine = self.machine_for_memory()?;
+        self.stop()?;
+        let saved = self.save_disk(layer).and_then(|bytes| {
+            let t_disk = t0.elapsed();
+            self.write_memory(image, &machine)?;
+            Ok((bytes, t_disk))
+        });
+        let t_memory = t0.elapsed();
+        // Whatever came of it, the guest runs on (with its memory).
+        let resumed = self.vmm.resume(&self.monitor()?);
+        if resumed.is_ok() {
+            self.paused.store(false, Ordering::SeqCst);
+            guest_set_clock(&self.dir);
+        }
+        let (bytes, t_disk) = saved?;
+        resumed?;
+        tracing::debug!(
+            sandbox = %self.id,
+            disk_us = runcell_protocol::units::micros(t_disk),
+            memory_us = runcell_protocol::units::micros(t_memory - t_disk),
+            resume_us = runcell_protocol::units::micros(t0.elapsed() - t_memory),
+            image_bytes = allocated(&image.join(MEMORY_FILE)),
+            "microvm saved and running on"
+        );
+        Ok(bytes)
+    }
+
+    /// The machine a memory image of this guest records, or why none can
+    /// be taken.
+    fn machine_for_memory(&self) -> Result<Machine, MicrovmError> {
         let state = StateFile::read(&self.dir, &self.id)?;
         let Some(machine) = state.machine else {
             return Err(MicrovmError::Unsupported(
@@ -1500,18 +1582,29 @@ impl VmInstance {
                 "saving the memory of a guest an older version started",
             ));
         }
-        if !self.paused.load(Ordering::SeqCst) {
-            self.stop()?;
-        }
+        Ok(machine)
+    }
+
+    /// Migrates the stopped guest's memory into the new directory `image`
+    /// with the machine it belongs to.
+    fn write_memory(&self, image: &Path, machine: &Machine) -> Result<(), MicrovmError> {
         fs::create_dir_all(image)
             .map_err(|e| MicrovmError::State(format!("creating {}", image.display()), e))?;
         fs::write(
             image.join(MEMORY_MACHINE),
-            serde_json::to_vec(&machine).unwrap_or_default(),
+            serde_json::to_vec(machine).unwrap_or_default(),
         )
         .map_err(|e| MicrovmError::State(format!("writing {}", image.display()), e))?;
         self.vmm
-            .save_memory(&self.monitor()?, &image.join(MEMORY_FILE))?;
+            .save_memory(&self.monitor()?, &image.join(MEMORY_FILE))
+    }
+
+    fn save_memory(&self, image: &Path) -> Result<(), MicrovmError> {
+        let machine = self.machine_for_memory()?;
+        if !self.paused.load(Ordering::SeqCst) {
+            self.stop()?;
+        }
+        self.write_memory(image, &machine)?;
         // The memory is saved: this guest must not run on (its disk is
         // what the image goes with).
         self.saved.store(true, Ordering::SeqCst);
@@ -1584,6 +1677,15 @@ impl Instance for VmInstance {
         let saved = self.save_memory(image);
         if saved.is_err() {
             let _ = fs::remove_dir_all(image);
+        }
+        Ok(saved?)
+    }
+
+    fn save_running(&self, image: &Path, layer: &Path) -> Result<u64, BackendError> {
+        let saved = self.save_and_run_on(image, layer);
+        if saved.is_err() {
+            let _ = fs::remove_dir_all(image);
+            let _ = fs::remove_dir_all(layer);
         }
         Ok(saved?)
     }

@@ -137,10 +137,10 @@ pub(crate) async fn system(State(state): St) -> Json<SystemView> {
                             None => files.to_string(),
                         }
                     } else if microvm {
-                        let files = "pause stops the guest's vCPUs (QMP stop/cont; its memory stays); snapshots and forks save files (the guest's writable disk, a qcow2 chain: the guest flushes it, its image becomes read-only and is hard-linked, the guest goes on on a new overlay), not memory";
+                        let files = "pause stops the guest's vCPUs (QMP stop/cont; its memory stays); hibernation, snapshots and forks save files (the guest's writable disk, a qcow2 chain: the guest flushes it, its image becomes read-only and is hard-linked, the guest goes on on a new overlay)";
                         match &microvm_memory {
-                            Some(Ok(())) => format!("{files}; hibernation saves memory too (QEMU's migration to a file and -incoming, verified here): processes and code contexts go on after the wake"),
-                            Some(Err(why)) => format!("{files}; hibernation saves files only (the guest boots again on its disk): {why}"),
+                            Some(Ok(())) => format!("{files}, and memory too (QEMU's migration to a file and -incoming, verified here): processes and code contexts go on after a wake, and come along into a snapshot's sandboxes and a fork (the guest is stopped for the migration and continued in place); a create that asks for other limits, network, environment or volumes, or a restore that fails, starts on the files and says state_lost"),
+                            Some(Err(why)) => format!("{files}, not memory (the guest boots again on its disk): {why}"),
                             None => "this daemon does not run microVMs".into(),
                         }
                     } else {

@@ -180,7 +180,13 @@ impl<'a> Service<'a> {
             }
             None => {
                 let restored = match &memory_image {
-                    Some(image) if isolation == runcell_core::backend::Isolation::Gvisor => {
+                    Some(image)
+                        if matches!(
+                            isolation,
+                            runcell_core::backend::Isolation::Gvisor
+                                | runcell_core::backend::Isolation::Microvm
+                        ) =>
+                    {
                         let started = self
                             .start(
                                 &template,
@@ -197,13 +203,22 @@ impl<'a> Service<'a> {
                         // Its files still start it; what it lost is said.
                         lineage.state_lost = started.is_err();
                         if let Err(e) = &started {
-                            tracing::warn!("a gVisor sandbox's memory could not be restored; starting it on its files: {}", e.message);
+                            tracing::warn!("a {isolation} sandbox's memory could not be restored; starting it on its files: {}", e.message);
                         }
                         started.ok()
                     }
                     _ => None,
                 };
                 memory = restored.is_some();
+                // The restored agent has its source's egress setting: it
+                // gets this sandbox's.
+                if let Some(s) = &restored {
+                    if let Some(n) = s.network() {
+                        if let Err(e) = s.set_network(n.policy).await {
+                            tracing::warn!(sandbox = %s.id(), "its egress setting could not be applied: {e}");
+                        }
+                    }
+                }
                 let sandbox = match restored {
                     Some(s) => s,
                     None => {

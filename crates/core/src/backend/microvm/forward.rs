@@ -137,7 +137,11 @@ async fn run(
     let setup = async {
         let chan = connect(&cfg.channel, deadline).await?;
         if let Some(control) = &cfg.kick {
-            kick(control).await;
+            let id = cfg
+                .dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned());
+            kick(control, id.as_deref().unwrap_or_default()).await;
         }
         let (mut r, w) = chan.into_split();
         // The guest speaks first (its port is then open at both ends). A
@@ -252,9 +256,10 @@ async fn skip_to_hello<R: tokio::io::AsyncRead + Unpin>(
     }
 }
 
-/// Asks the guest over its control port (`R`) to start its channel anew;
-/// quietly does nothing where it cannot.
-async fn kick(control: &Path) {
+/// Asks the guest over its control port (`R`) to start its channel anew,
+/// sets its clock (`T`) and tells it its sandbox id (`I`: a fork's guest
+/// was saved as its parent); quietly does nothing where it cannot.
+async fn kick(control: &Path, id: &str) {
     let Ok(short) = runcell_jail::socket::SocketPath::new(control) else {
         return;
     };
@@ -270,6 +275,13 @@ async fn kick(control: &Path) {
             .is_err()
         {
             tracing::debug!("microvm: the restored guest's clock was not set");
+        }
+        s.write_all(format!("I{id}\n").as_bytes()).await?;
+        if tokio::time::timeout(Duration::from_secs(1), s.read_exact(&mut answer))
+            .await
+            .is_err()
+        {
+            tracing::debug!("microvm: the restored guest did not take its sandbox id");
         }
         Ok::<_, std::io::Error>(())
     };

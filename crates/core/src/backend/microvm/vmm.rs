@@ -281,6 +281,17 @@ impl Vmm for Qemu {
             if let Some(pid) = read_pidfile(guest.pidfile) {
                 break pid;
             }
+            // A QEMU that could not load its memory image exits (and
+            // removes its pidfile) right after daemonizing: its monitor,
+            // bound before it did, no longer answers.
+            if guest.incoming.is_some()
+                && t0.elapsed() > Duration::from_millis(200)
+                && Qmp::connect(guest.monitor).is_err()
+            {
+                return Err(MicrovmError::Vmm(
+                    "the memory image did not load (QEMU exited)".into(),
+                ));
+            }
             if t0.elapsed() > Duration::from_secs(5) {
                 return Err(MicrovmError::VmmFailed(format!(
                     "QEMU wrote no pid to {}",
@@ -295,8 +306,10 @@ impl Vmm for Qemu {
             let t0 = Instant::now();
             loop {
                 let status = Qmp::connect(guest.monitor).and_then(|mut q| q.status());
+                // One that exited (the image did not load) answers no more.
+                let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
                 match status.as_deref() {
-                    Ok("inmigrate") | Err(_) if t0.elapsed() < INCOMING_TIMEOUT => {
+                    Ok("inmigrate") | Err(_) if alive && t0.elapsed() < INCOMING_TIMEOUT => {
                         std::thread::sleep(Duration::from_millis(20))
                     }
                     Ok("paused") | Ok("running") => break,
