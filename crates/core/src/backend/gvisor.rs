@@ -736,9 +736,15 @@ fn hierarchy() -> Result<&'static Hierarchy, CgroupError> {
 /// space (a host stub process), so a fork bomb at the limit churns host
 /// threads: at 512, 16 × pids + 1024 (9,216) was met in about half of the
 /// bash bombs of `crates/cli/tests/exec_lifetime.rs` (sampled peaks over
-/// 8,500), crashing the sentry; 24 × pids + 2048 held in every run.
+/// 8,500), crashing the sentry; 24 × pids + 2048 held at 512. At 128 the
+/// same bomb peaked at 2,300 to 4,500 host tasks (11 runs, 2026-12-01),
+/// against 24 × 128 + 2048 = 5,120: too close (the sentry crashed in some
+/// test runs). 32 × pids + 4096 leaves about twice the peaks seen at both.
+/// The stubs keep their threads after the processes are gone (a bombed
+/// sandbox with five processes held 4,385 host tasks until deleted), which
+/// docs/SECURITY.md counts against the host's `pid_max`.
 pub fn host_pids(pids: u64) -> u64 {
-    pids.saturating_mul(24).saturating_add(2048)
+    pids.saturating_mul(32).saturating_add(4096)
 }
 
 /// The `RLIMIT_NPROC` of a sandbox whose process limit is `pids`: a
