@@ -58,7 +58,7 @@
 //!   new one's. A sandbox tied to its process stops when the process's end
 //!   of the channel closes (the agent exits; the guest kernel panics and
 //!   QEMU, told not to reboot, exits).
-//! * Volumes ([`volumes`]): one `virtiofsd` per volume, sharing an
+//! * Volumes (`microvm/volumes.rs`): one `virtiofsd` per volume, sharing an
 //!   idmapped bind of it (the jail's owners on disk), a `vhost-user-fs`
 //!   device each and the guest's RAM as a shared memfd; vm-init mounts
 //!   them where the jail's setup binds them from. QEMU cannot migrate such
