@@ -51,11 +51,14 @@ fi
 
 # The microVM backend: QEMU (its `microvm` machine), qemu-img for the
 # guests' writable disks (qcow2 overlays), mkfs.ext4 for template images and
-# blank disks, and the guest kernel in the cache (scripts/microvm-assets.sh).
+# blank disks, virtiofsd for volumes, and the guest kernel in the cache
+# (scripts/microvm-assets.sh).
 mneed=()
 [ -x /usr/bin/qemu-system-x86_64 ] || mneed+=(qemu-system-x86)
 [ -x /usr/bin/qemu-img ] || mneed+=(qemu-utils)
 [ -x /usr/sbin/mkfs.ext4 ] || mneed+=(e2fsprogs)
+# virtiofsd serves volumes to microVMs (QEMU 7.2's C one).
+[ -x /usr/lib/qemu/virtiofsd ] || mneed+=(qemu-system-common)
 if [ ${#mneed[@]} -gt 0 ]; then
   echo "installing: ${mneed[*]}"
   export DEBIAN_FRONTEND=noninteractive

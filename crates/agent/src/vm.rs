@@ -326,6 +326,7 @@ async fn serve(port: PathBuf, restart: Arc<tokio::sync::Notify>) -> Result<(), V
     tracing::debug!(sandbox = %spec.sandbox_id, "spec received");
     fs::create_dir_all(&spec.staging_dir).map_err(step("creating the staging directory"))?;
     mount_disk(&spec.staging_dir)?;
+    mount_volumes(&spec)?;
     if spec.egress_socket.is_some() {
         egress_listener(opener.clone())?;
     }
@@ -570,6 +571,51 @@ fn mount_disk(stage: &Path) -> Result<(), VmInitError> {
         None::<&str>,
     )
     .map_err(step("mounting the writable disk"))
+}
+
+/// Where the host's volumes are mounted: the `n`th at `VOLUMES/<n>`,
+/// which is the source the spec's `n`th bind mount names.
+const VOLUMES: &str = "/run/vm/volumes";
+/// The virtio-fs tag of the `n`th volume (the host's `vhost-user-fs`
+/// device): `VOLUME_TAG<n>`.
+const VOLUME_TAG: &str = "runcell-vol";
+
+/// Mounts each volume the host shares (one virtio-fs device per volume,
+/// in the spec's order) where the spec's bind mount takes it from; the
+/// jail's setup then binds it at its path in the sandbox. Read-only is
+/// the host's (its `virtiofsd` serves a read-only mount) and the guest's
+/// mount says so too. Owners are the sandbox's ids as the host stores
+/// them through its id map, so the sandbox's user owns what it wrote.
+fn mount_volumes(spec: &InitSpec) -> Result<(), VmInitError> {
+    for (n, m) in spec.mounts.iter().enumerate() {
+        let at = Path::new(VOLUMES).join(n.to_string());
+        if m.source != at {
+            return Err(step(format!(
+                "mounting the volume at {}",
+                m.target.display()
+            ))(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("its source {} is not {}", m.source.display(), at.display()),
+            )));
+        }
+        fs::create_dir_all(&at).map_err(step(format!("creating {}", at.display())))?;
+        let mut flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+        if m.read_only {
+            flags |= MsFlags::MS_RDONLY;
+        }
+        mount(
+            Some(format!("{VOLUME_TAG}{n}").as_str()),
+            &at,
+            Some("virtiofs"),
+            flags,
+            None::<&str>,
+        )
+        .map_err(step(format!(
+            "mounting the volume at {} (virtio-fs)",
+            m.target.display()
+        )))?;
+    }
+    Ok(())
 }
 
 /// Serves the host's control port for ever, on a thread of its own (a

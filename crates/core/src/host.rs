@@ -132,6 +132,7 @@ fn backend_for(
                 options.allow_emulation,
             );
             vm.agent_log = config.agent_log.clone();
+            vm.id_map = config.id_map;
             Some(std::sync::Arc::new(crate::backend::MicrovmBackend::new(vm)))
         }
     }

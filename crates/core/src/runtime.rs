@@ -376,9 +376,6 @@ impl Runtime {
                 what,
             }))
         };
-        if !opts.mounts.is_empty() && isolation == Isolation::Microvm {
-            return unsupported("mount volumes");
-        }
         // The jail's setup and gVisor's host-side composition refuse a
         // symlink a saved layer planted; a microVM's layers are disk images.
         if opts.memory_image.is_some() && isolation == Isolation::Jail {

@@ -58,6 +58,11 @@
 //!   new one's. A sandbox tied to its process stops when the process's end
 //!   of the channel closes (the agent exits; the guest kernel panics and
 //!   QEMU, told not to reboot, exits).
+//! * Volumes (`microvm/volumes.rs`): one `virtiofsd` per volume, sharing an
+//!   idmapped bind of it (the jail's owners on disk), a `vhost-user-fs`
+//!   device each and the guest's RAM as a shared memfd; vm-init mounts
+//!   them where the jail's setup binds them from. QEMU cannot migrate such
+//!   a guest, so its saves carry its files only.
 //! * Acceleration: KVM when `/dev/kvm` can run a guest ([`probe`] tries),
 //!   else QEMU's emulation (TCG) if the operator allowed it.
 //!
@@ -68,6 +73,7 @@ mod assets;
 mod forward;
 mod qmp;
 mod vmm;
+mod volumes;
 
 use std::fs;
 use std::os::unix::net::UnixListener;
@@ -79,7 +85,8 @@ use std::time::{Duration, Instant};
 use runcell_jail::InitSpec;
 
 pub use assets::Assets;
-pub use vmm::{Accel, GuestSpec, Qemu, Vmm};
+pub use vmm::{Accel, GuestSpec, Qemu, SharedDir, Vmm};
+pub use volumes::VolumeError;
 
 use super::{
     AgentChannel, Backend, BackendError, Counters, EgressSocket, Instance, Limits, PrepareSpec,
@@ -180,6 +187,9 @@ pub enum MicrovmError {
     /// Saving or restoring the sandbox's state failed.
     #[error("Saving or restoring the sandbox's state failed while {0}.")]
     State(String, #[source] std::io::Error),
+    /// The sandbox's volumes could not be shared with its guest.
+    #[error(transparent)]
+    Volume(#[from] VolumeError),
 }
 
 /// Settings of the microVM backend.
@@ -201,6 +211,11 @@ pub struct MicrovmConfig {
     pub allow_emulation: bool,
     /// The agents' log filter (`RUST_LOG` syntax), on the guest console.
     pub agent_log: Option<String>,
+    /// `virtiofsd` (QEMU's C one), which serves volumes to guests.
+    pub virtiofsd: PathBuf,
+    /// The jail's id map: a volume's files are owned on disk by
+    /// `host_base + U` for the sandbox's user `U`, whatever the isolation.
+    pub id_map: runcell_jail::IdMap,
 }
 
 impl MicrovmConfig {
@@ -216,12 +231,16 @@ impl MicrovmConfig {
             qemu_img: PathBuf::from("qemu-img"),
             allow_emulation,
             agent_log: None,
+            virtiofsd: PathBuf::from(DEFAULT_VIRTIOFSD),
+            id_map: runcell_jail::IdMap::default(),
         }
     }
 }
 
 /// Where `scripts/microvm-assets.sh` puts the kernel by default.
 pub const DEFAULT_ASSETS: &str = "/var/cache/runcell/microvm";
+/// Where Debian's `qemu-system-common` installs `virtiofsd`.
+pub const DEFAULT_VIRTIOFSD: &str = "/usr/lib/qemu/virtiofsd";
 
 /// What [`probe`] found.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -672,12 +691,48 @@ impl MicrovmBackend {
         let t0 = Instant::now();
         let accel = self.accel()?;
         let dir = prepared.dir.clone();
-        let id = prepared.id.clone();
-        let limits = spec.limits;
-        let disk = self.make_disk(&dir, &spec.state_layers, limits.disk_bytes)?;
+        let disk = self.make_disk(&dir, &spec.state_layers, spec.limits.disk_bytes)?;
         if let Some(image) = &spec.memory_image {
+            if !spec.mounts.is_empty() {
+                return Err(MicrovmError::Unsupported(
+                    "restoring the memory of a guest with volumes",
+                ));
+            }
             return self.restore(prepared, spec, image, disk, accel);
         }
+        if spec.mounts.is_empty() {
+            return self.boot_on(prepared, spec, disk, accel, t0, &[]);
+        }
+        let shared = volumes::start(
+            &dir,
+            &spec.mounts,
+            self.config.id_map,
+            &self.config.virtiofsd,
+            |name| socket_path(&dir, name),
+        )?;
+        let booted = self.boot_on(prepared, spec, disk, accel, t0, &shared);
+        match &booted {
+            // Each virtiofsd has its own copy of its bind by now (the
+            // guest mounted every volume before its agent was ready).
+            Ok(_) => volumes::detach_stage(&dir),
+            Err(_) => volumes::stop(&dir),
+        }
+        booted
+    }
+
+    /// Boots the guest of `prepared` on `disk`, with `shared` directories.
+    fn boot_on(
+        &self,
+        prepared: &MicrovmPrepared,
+        spec: &StartSpec,
+        disk: DiskChain,
+        accel: Accel,
+        t0: Instant,
+        shared: &[SharedDir],
+    ) -> Result<VmInstance, MicrovmError> {
+        let dir = prepared.dir.clone();
+        let id = prepared.id.clone();
+        let limits = spec.limits;
         let image = self.assets.template_image(&spec.rootfs)?;
         let initramfs = self.assets.initramfs(&self.config.agent)?;
         let t_assets = t0.elapsed();
@@ -709,10 +764,20 @@ impl MicrovmBackend {
             workdir: spec.workdir.clone(),
             egress_socket: egress.as_ref().map(|_| PathBuf::from(GUEST_EGRESS)),
             egress_enabled: egress.as_ref().is_some_and(|(_, on)| *on),
-            // Saved files are the writable disk's chain (`make_disk`);
-            // volumes are refused for microVMs before they start.
+            // Saved files are the writable disk's chain (`make_disk`).
             state_layers: Vec::new(),
-            mounts: Vec::new(),
+            // Volumes: vm-init mounts the nth shared directory (its tag)
+            // at the nth source, and the jail's setup binds it in.
+            mounts: spec
+                .mounts
+                .iter()
+                .enumerate()
+                .map(|(n, m)| runcell_jail::BindMount {
+                    source: Path::new(volumes::GUEST_VOLUMES).join(n.to_string()),
+                    target: m.target.clone(),
+                    read_only: m.read_only,
+                })
+                .collect(),
         };
         let spec_json = serde_json::to_vec(&init).unwrap_or_default();
 
@@ -747,7 +812,7 @@ impl MicrovmBackend {
             vcpus,
         };
         let channel = channel_path(&dir)?;
-        let pid = self.launch(&dir, &machine, &disk, accel, None)?;
+        let pid = self.launch(&dir, &machine, &disk, accel, None, shared)?;
         let state = StateFile {
             id: id.clone(),
             pid,
@@ -757,6 +822,7 @@ impl MicrovmBackend {
             vcpus,
             machine: Some(machine),
             disk: Some(disk.clone()),
+            volumes: shared.len(),
         };
         state.write(&dir)?;
         let t_launch = t0.elapsed();
@@ -804,6 +870,7 @@ impl MicrovmBackend {
         disk: &DiskChain,
         accel: Accel,
         incoming: Option<&Path>,
+        shared_dirs: &[SharedDir],
     ) -> Result<i32, MicrovmError> {
         self.vmm.launch(&GuestSpec {
             kernel: &machine.kernel,
@@ -820,6 +887,7 @@ impl MicrovmBackend {
             control: &socket_path(dir, "ctl.sock")?,
             monitor: &socket_path(dir, "qmp.sock")?,
             incoming,
+            shared_dirs,
         })
     }
 
@@ -863,7 +931,14 @@ impl MicrovmBackend {
             }
             _ => None,
         };
-        let pid = self.launch(&dir, &machine, &disk, accel, Some(&image.join(MEMORY_FILE)))?;
+        let pid = self.launch(
+            &dir,
+            &machine,
+            &disk,
+            accel,
+            Some(&image.join(MEMORY_FILE)),
+            &[],
+        )?;
         let state = StateFile {
             id: prepared.id.clone(),
             pid,
@@ -873,6 +948,7 @@ impl MicrovmBackend {
             vcpus: machine.vcpus,
             machine: Some(machine),
             disk: Some(disk.clone()),
+            volumes: 0,
         };
         let started = state.write(&dir).and_then(|()| {
             self.vmm.resume(&socket_path(&dir, "qmp.sock")?)?;
@@ -984,6 +1060,10 @@ struct StateFile {
     /// writable layer is a tmpfs in its memory).
     #[serde(default)]
     disk: Option<DiskChain>,
+    /// How many volumes it has (each a virtiofsd; its memory cannot be
+    /// saved).
+    #[serde(default)]
+    volumes: usize,
 }
 
 impl StateFile {
@@ -1146,9 +1226,19 @@ fn running_pid(dir: &Path) -> Option<i32> {
     vmm::read_pidfile(&dir.join("qemu.pid")).filter(|&pid| is_our_vmm(dir, pid))
 }
 
-/// Kills the VMM of `dir` and waits (up to 5 s) until it is gone.
+/// Kills the VMM of `dir` and waits (up to 5 s) until it is gone, and
+/// its volumes' virtiofsd processes with it.
 fn kill_vm(dir: &Path, pid: i32) {
     forward::stop(dir);
+    if volumes::has_volumes(dir) {
+        kill_only_vm(dir, pid);
+        volumes::stop(dir);
+    } else {
+        kill_only_vm(dir, pid);
+    }
+}
+
+fn kill_only_vm(dir: &Path, pid: i32) {
     if !is_our_vmm(dir, pid) {
         return;
     }
@@ -1190,6 +1280,10 @@ fn socket_path(dir: &Path, name: &str) -> Result<PathBuf, MicrovmError> {
 }
 
 fn remove_dir(dir: &Path) -> Result<(), MicrovmError> {
+    // No virtiofsd and no bind of a volume outlives the sandbox.
+    if volumes::has_volumes(dir) {
+        volumes::stop(dir);
+    }
     if let Some(name) = dir.file_name() {
         let _ = fs::remove_file(Path::new(SHORT_LINKS).join(name));
     }
@@ -1580,6 +1674,12 @@ impl VmInstance {
         if self.disk.lock().expect("disk lock").is_none() {
             return Err(MicrovmError::Unsupported(
                 "saving the memory of a guest an older version started",
+            ));
+        }
+        // QEMU refuses to migrate a guest with vhost-user-fs devices.
+        if state.volumes > 0 {
+            return Err(MicrovmError::Unsupported(
+                "saving the memory of a guest with volumes (QEMU cannot migrate its virtio-fs devices)",
             ));
         }
         Ok(machine)

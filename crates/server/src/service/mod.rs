@@ -109,7 +109,8 @@ impl<'a> Service<'a> {
             .runtime
             .backend_for(isolation)
             .map_err(|e| ApiError::bad_request(format!("isolation: {e}")))?;
-        // Every backend saves files; the jail and gVisor mount volumes.
+        // Every backend saves files and mounts volumes (a microVM's over
+        // virtio-fs); should one not, the caller hears it here.
         if isolation != runcell_core::backend::Isolation::Jail {
             let saves = matches!(
                 isolation,
@@ -120,23 +121,13 @@ impl<'a> Service<'a> {
                 Some("on_idle: hibernate")
             } else if !lineage.state_layers.is_empty() && !saves {
                 Some("from_snapshot")
-            } else if !lineage.volumes.is_empty()
-                && isolation != runcell_core::backend::Isolation::Gvisor
-            {
-                Some("volumes")
             } else {
                 None
             };
             if let Some(what) = what {
-                return Err(ApiError::bad_request(if what == "volumes" {
-                    format!(
-                        "volumes needs the jail or gvisor isolation; a {isolation} sandbox cannot mount volumes yet."
-                    )
-                } else {
-                    format!(
-                        "{what} needs the jail or gvisor isolation; a {isolation} sandbox cannot save files yet."
-                    )
-                }));
+                return Err(ApiError::bad_request(format!(
+                    "{what} needs the jail or gvisor isolation; a {isolation} sandbox cannot save files yet."
+                )));
             }
         }
         // Capacity: live sandboxes plus creates in flight.

@@ -75,6 +75,19 @@ pub struct GuestSpec<'a> {
     /// A memory image ([`Vmm::save_memory`]) to start from instead of
     /// booting: the guest is left paused where it was saved.
     pub incoming: Option<&'a Path>,
+    /// Host directories shared with the guest (volumes), each served by a
+    /// `virtiofsd` on a vhost-user socket. Such a guest's RAM is shared
+    /// with those processes, and the VMM cannot save its memory.
+    pub shared_dirs: &'a [SharedDir],
+}
+
+/// A directory shared with the guest over virtio-fs.
+#[derive(Debug, Clone)]
+pub struct SharedDir {
+    /// The tag the guest mounts it by.
+    pub tag: String,
+    /// The vhost-user socket its `virtiofsd` listens on.
+    pub socket: PathBuf,
 }
 
 /// Starts guests. Implementations keep the whole command line of their VMM.
@@ -244,6 +257,23 @@ impl Qemu {
                     format!("virtio-blk-pci,drive={node}"),
                 ],
             );
+        }
+        if !guest.shared_dirs.is_empty() {
+            // vhost-user devices need the guest's RAM in memory the
+            // virtiofsd processes can map: a shared memfd as the machine's
+            // memory backend (its size is `-m`'s).
+            args[1] = "microvm,pcie=on,acpi=on,memory-backend=mem".into();
+            args.push("-object".into());
+            args.push(format!(
+                "memory-backend-memfd,id=mem,size={}M,share=on",
+                guest.memory_mib
+            ));
+            for (n, dir) in guest.shared_dirs.iter().enumerate() {
+                args.push("-chardev".into());
+                args.push(format!("socket,id=fs{n},path={}", p(&dir.socket)));
+                args.push("-device".into());
+                args.push(format!("vhost-user-fs-pci,chardev=fs{n},tag={}", dir.tag));
+            }
         }
         if let Some(image) = guest.incoming {
             args.push("-incoming".into());
