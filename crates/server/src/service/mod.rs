@@ -109,27 +109,6 @@ impl<'a> Service<'a> {
             .runtime
             .backend_for(isolation)
             .map_err(|e| ApiError::bad_request(format!("isolation: {e}")))?;
-        // Every backend saves files and mounts volumes (a microVM's over
-        // virtio-fs); should one not, the caller hears it here.
-        if isolation != runcell_core::backend::Isolation::Jail {
-            let saves = matches!(
-                isolation,
-                runcell_core::backend::Isolation::Gvisor
-                    | runcell_core::backend::Isolation::Microvm
-            );
-            let what = if lineage.on_idle == Some(crate::snapshots::OnIdle::Hibernate) && !saves {
-                Some("on_idle: hibernate")
-            } else if !lineage.state_layers.is_empty() && !saves {
-                Some("from_snapshot")
-            } else {
-                None
-            };
-            if let Some(what) = what {
-                return Err(ApiError::bad_request(format!(
-                    "{what} needs the jail or gvisor isolation; a {isolation} sandbox cannot save files yet."
-                )));
-            }
-        }
         // Capacity: live sandboxes plus creates in flight.
         let in_flight = state.creating.fetch_add(1, Ordering::AcqRel);
         let _slot = Slot(&state.creating);
