@@ -15,21 +15,6 @@ use serde_json::json;
 /// sandboxes, and this machine has 2 cores.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Runs `code` in code context `sid` of sandbox `id`: (status, answer).
-async fn cell(d: &Daemon, id: &str, sid: &str, code: &str) -> (u16, serde_json::Value) {
-    let r = d
-        .req(
-            Method::POST,
-            &format!("/v1/sandboxes/{id}/repl/sessions/{sid}/run"),
-        )
-        .json(&json!({ "code": code }))
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap())
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn gvisor_snapshots_and_forks_carry_files_and_memory() {
     let _turn = ONE_AT_A_TIME.lock().await;

@@ -8,9 +8,6 @@
 
 mod common;
 
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
-
 use common::*;
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -34,34 +31,6 @@ async fn ok(d: &Daemon, id: &str, cmd: &str) -> String {
     let (code, out, err) = sh(d, id, cmd).await;
     assert_eq!(code, 0, "{cmd}: {out}{err}");
     out
-}
-
-/// The host's mount table lines that mention `what`.
-fn mounts_mentioning(what: &str) -> Vec<String> {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter(|l| l.contains(what))
-        .map(str::to_string)
-        .collect()
-}
-
-/// The host directory volume `vol-*` of `data` is mounted on (the only one).
-fn volume_on_host(data: &Path) -> PathBuf {
-    let mut mnts: Vec<PathBuf> = std::fs::read_dir(data.join("volumes"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "mnt"))
-        .collect();
-    assert_eq!(mnts.len(), 1, "{mnts:?}");
-    mnts.remove(0)
-}
-
-/// (uid, gid) of `path` on the host.
-fn owner(path: &Path) -> (u32, u32) {
-    let m = std::fs::metadata(path).unwrap();
-    (m.uid(), m.gid())
 }
 
 #[tokio::test(flavor = "multi_thread")]

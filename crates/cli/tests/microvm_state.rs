@@ -261,21 +261,6 @@ async fn microvms_pause_resume_snapshot_and_fork_their_files_and_memory() {
     assert_eq!(entries(&data.join("snapshot-memory")), Vec::<String>::new());
 }
 
-/// Runs `code` in code context `sid` of sandbox `id`: (status, answer).
-async fn cell(d: &Daemon, id: &str, sid: &str, code: &str) -> (u16, Value) {
-    let r = d
-        .req(
-            Method::POST,
-            &format!("/v1/sandboxes/{id}/repl/sessions/{sid}/run"),
-        )
-        .json(&json!({ "code": code }))
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap())
-}
-
 /// Hibernation of a microVM saves its memory (QEMU's migration to a file):
 /// a code context's variables and a background process are still there
 /// after the wake, also when the daemon was SIGKILLed and restarted in

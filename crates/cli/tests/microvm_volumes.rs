@@ -12,8 +12,7 @@
 
 mod common;
 
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::*;
 use reqwest::Method;
@@ -85,35 +84,6 @@ fn virtiofsds(data: &Path, id: &str) -> Vec<u32> {
         .filter(|(_, c)| c.contains("virtiofsd"))
         .map(|(pid, _)| pid)
         .collect()
-}
-
-/// The host's mount table lines (the test's mount namespace, the
-/// daemon's) that mention `what`.
-fn mounts_mentioning(what: &str) -> Vec<String> {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter(|l| l.contains(what))
-        .map(str::to_string)
-        .collect()
-}
-
-/// The host directory volume `vol-*` of `data` is mounted on (the only one).
-fn volume_on_host(data: &Path) -> PathBuf {
-    let mut mnts: Vec<PathBuf> = std::fs::read_dir(data.join("volumes"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "mnt"))
-        .collect();
-    assert_eq!(mnts.len(), 1, "{mnts:?}");
-    mnts.remove(0)
-}
-
-/// (uid, gid) of `path` on the host.
-fn owner(path: &Path) -> (u32, u32) {
-    let m = std::fs::metadata(path).unwrap();
-    (m.uid(), m.gid())
 }
 
 /// Deletes `id` and checks that nothing of it is left on the host: its

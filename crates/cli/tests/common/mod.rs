@@ -106,3 +106,49 @@ pub fn runcell_cli(d: &Daemon, args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// Runs `code` in code context `sid` of sandbox `id`: (status, answer).
+pub async fn cell(d: &Daemon, id: &str, sid: &str, code: &str) -> (u16, serde_json::Value) {
+    let r = d
+        .req(
+            reqwest::Method::POST,
+            &format!("/v1/sandboxes/{id}/repl/sessions/{sid}/run"),
+        )
+        .json(&serde_json::json!({ "code": code }))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap())
+}
+
+/// The host's mount table lines (the test's mount namespace, the
+/// daemon's) that mention `what`.
+pub fn mounts_mentioning(what: &str) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(what))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The host directory the only volume of the daemon with data directory
+/// `data` is mounted on (`<data>/volumes/*.mnt`).
+pub fn volume_on_host(data: &Path) -> PathBuf {
+    let mut mnts: Vec<PathBuf> = std::fs::read_dir(data.join("volumes"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "mnt"))
+        .collect();
+    assert_eq!(mnts.len(), 1, "{mnts:?}");
+    mnts.remove(0)
+}
+
+/// (uid, gid) of `path` on the host.
+pub fn owner(path: &Path) -> (u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).unwrap();
+    (m.uid(), m.gid())
+}
