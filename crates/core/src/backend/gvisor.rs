@@ -739,12 +739,14 @@ fn hierarchy() -> Result<&'static Hierarchy, CgroupError> {
 /// 8,500), crashing the sentry; 24 × pids + 2048 held at 512. At 128 the
 /// same bomb peaked at 2,300 to 4,500 host tasks (11 runs, 2026-12-01),
 /// against 24 × 128 + 2048 = 5,120: too close (the sentry crashed in some
-/// test runs). 32 × pids + 4096 leaves about twice the peaks seen at both.
-/// The stubs keep their threads after the processes are gone (a bombed
-/// sandbox with five processes held 4,385 host tasks until deleted), which
-/// docs/SECURITY.md counts against the host's `pid_max`.
+/// test runs), so the backstop is never below 8,192, about twice those
+/// peaks. (Not more at 512: a higher backstop there let a bomb that timed
+/// out churn for longer before its kill won.) The stubs keep their threads
+/// after the processes are gone (a bombed sandbox with five processes held
+/// 4,385 host tasks until deleted), which docs/SECURITY.md counts against
+/// the host's `pid_max`.
 pub fn host_pids(pids: u64) -> u64 {
-    pids.saturating_mul(32).saturating_add(4096)
+    pids.saturating_mul(24).saturating_add(2048).max(8192)
 }
 
 /// The `RLIMIT_NPROC` of a sandbox whose process limit is `pids`: a
@@ -1881,7 +1883,8 @@ mod tests {
         };
         let h = host_limits(&l);
         assert_eq!(h.memory_bytes, (256 << 20) + SENTRY_MEMORY);
-        assert_eq!(h.pids, 64 * 24 + 2048);
+        assert_eq!(h.pids, 8192, "at least 8,192 for a small limit");
+        assert_eq!(host_pids(512), 512 * 24 + 2048);
         assert_eq!((h.cpu_millis, h.disk_bytes), (500, 1 << 30));
         assert_eq!(host_pids(u64::MAX), u64::MAX);
     }
