@@ -27,10 +27,12 @@ pub struct KeyInfo {
 }
 
 fn hash(key: &str) -> String {
-    Sha256::digest(key.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    use std::fmt::Write as _;
+    let mut hex = String::with_capacity(64);
+    for b in Sha256::digest(key.as_bytes()) {
+        let _ = write!(hex, "{b:02x}");
+    }
+    hex
 }
 
 fn now() -> i64 {
@@ -60,12 +62,10 @@ pub fn add(conn: &Connection, key: &str, workspace: &str, name: &str) -> Result<
 
 /// The workspace of a valid, unrevoked key.
 pub fn workspace_of(conn: &Connection, key: &str) -> Result<Option<String>, RegistryError> {
+    // Every request asks: the statement is parsed once and kept.
     Ok(conn
-        .query_row(
-            "SELECT workspace FROM api_keys WHERE hash = ?1 AND revoked_at IS NULL",
-            params![hash(key)],
-            |r| r.get(0),
-        )
+        .prepare_cached("SELECT workspace FROM api_keys WHERE hash = ?1 AND revoked_at IS NULL")?
+        .query_row(params![hash(key)], |r| r.get(0))
         .optional()?)
 }
 
@@ -127,11 +127,9 @@ pub fn bootstrap(
 
 /// How many workspaces have a key that is not revoked.
 pub fn workspace_count(conn: &Connection) -> rusqlite::Result<u64> {
-    let n: i64 = conn.query_row(
-        "SELECT COUNT(DISTINCT workspace) FROM api_keys WHERE revoked_at IS NULL",
-        [],
-        |r| r.get(0),
-    )?;
+    let n: i64 = conn
+        .prepare_cached("SELECT COUNT(DISTINCT workspace) FROM api_keys WHERE revoked_at IS NULL")?
+        .query_row([], |r| r.get(0))?;
     Ok(u64::try_from(n).unwrap_or(0))
 }
 

@@ -164,6 +164,9 @@ impl Registry {
                 private_file(&journal)?;
             }
         }
+        // The hot statements (a create, an exec, a delete, each request's
+        // key) are parsed once and kept, not parsed again on every call.
+        conn.set_prepared_statement_cache_capacity(64);
         Ok(Self {
             conn: Mutex::new(conn),
         })
@@ -177,33 +180,52 @@ impl Registry {
             .unwrap_or_else(std::sync::PoisonError::into_inner))
     }
 
-    /// Inserts or replaces a record.
-    pub fn put(&self, r: &Record) -> Result<(), RegistryError> {
-        self.conn
+    /// Runs `f` in one write transaction (`BEGIN IMMEDIATE`), committed
+    /// when it returns `Ok` and rolled back otherwise: a create records its
+    /// sandbox, network policy and lineage in one WAL commit, not three.
+    pub fn transaction<T, E: From<rusqlite::Error>>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let mut conn = self
+            .conn
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .execute(
-                "INSERT OR REPLACE INTO sandboxes
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let out = f(&tx)?;
+        tx.commit()?;
+        Ok(out)
+    }
+
+    /// Inserts or replaces a record (keeping the network policy recorded
+    /// for its id, if any).
+    pub fn put(&self, r: &Record) -> Result<(), RegistryError> {
+        let conn = self
+            .conn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        conn.prepare_cached(
+            "INSERT OR REPLACE INTO sandboxes
              (id, workspace, template, metadata, limits, env, ttl_seconds, persistent,
               created_at, last_activity_ms, status, end_reason, network, isolation)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12,
                      (SELECT network FROM sandboxes WHERE id = ?1), ?13)",
-                params![
-                    r.id,
-                    r.workspace,
-                    r.template,
-                    serde_json::to_string(&r.metadata)?,
-                    serde_json::to_string(&r.limits)?,
-                    serde_json::to_string(&r.env)?,
-                    r.ttl_seconds as i64,
-                    r.persistent,
-                    r.created_at,
-                    r.last_activity_ms,
-                    r.status,
-                    r.end_reason,
-                    r.isolation.as_str(),
-                ],
-            )?;
+        )?
+        .execute(params![
+            r.id,
+            r.workspace,
+            r.template,
+            serde_json::to_string(&r.metadata)?,
+            serde_json::to_string(&r.limits)?,
+            serde_json::to_string(&r.env)?,
+            i64::try_from(r.ttl_seconds).unwrap_or(i64::MAX),
+            r.persistent,
+            r.created_at,
+            r.last_activity_ms,
+            r.status,
+            r.end_reason,
+            r.isolation.as_str(),
+        ])?;
         Ok(())
     }
 
@@ -215,11 +237,11 @@ impl Registry {
         self.conn
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .execute(
+            .prepare_cached(
                 "UPDATE sandboxes SET status = ?2, end_reason = ?3, ended_at_ms = ?4, env = '{}'
-             WHERE id = ?1",
-                params![id, status, reason, crate::clock::now_ms()],
-            )?;
+                 WHERE id = ?1",
+            )?
+            .execute(params![id, status, reason, crate::clock::now_ms()])?;
         Ok(())
     }
 
@@ -229,21 +251,21 @@ impl Registry {
             .conn
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        Ok(conn
-            .query_row(
+        let tomb = conn
+            .prepare_cached(
                 "SELECT workspace, end_reason, ended_at_ms, ttl_seconds FROM sandboxes
                  WHERE id = ?1 AND status != 'running'",
-                params![id],
-                |r| {
-                    Ok(Tombstone {
-                        workspace: r.get(0)?,
-                        reason: r.get::<_, Option<String>>(1)?.unwrap_or_default(),
-                        ended_at_ms: r.get::<_, Option<i64>>(2)?.unwrap_or(0),
-                        ttl_seconds: u64::try_from(r.get::<_, i64>(3)?).unwrap_or(0),
-                    })
-                },
-            )
-            .optional()?)
+            )?
+            .query_row(params![id], |r| {
+                Ok(Tombstone {
+                    workspace: r.get(0)?,
+                    reason: r.get::<_, Option<String>>(1)?.unwrap_or_default(),
+                    ended_at_ms: r.get::<_, Option<i64>>(2)?.unwrap_or(0),
+                    ttl_seconds: u64::try_from(r.get::<_, i64>(3)?).unwrap_or(0),
+                })
+            })
+            .optional()?;
+        Ok(tomb)
     }
 
     /// Removes the tombstones of sandboxes that ended before `before_ms`;
@@ -294,11 +316,8 @@ impl Registry {
             .conn
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .query_row(
-                "SELECT network FROM sandboxes WHERE id = ?1",
-                params![id],
-                |r| r.get(0),
-            )
+            .prepare_cached("SELECT network FROM sandboxes WHERE id = ?1")?
+            .query_row(params![id], |r| r.get(0))
             .optional()?
             .flatten();
         Ok(raw.map(|t| serde_json::from_str(&t)).transpose()?)
@@ -309,10 +328,8 @@ impl Registry {
         self.conn
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .execute(
-                "UPDATE sandboxes SET last_activity_ms = ?2 WHERE id = ?1",
-                params![id, at_ms],
-            )?;
+            .prepare_cached("UPDATE sandboxes SET last_activity_ms = ?2 WHERE id = ?1")?
+            .execute(params![id, at_ms])?;
         Ok(())
     }
 
@@ -323,13 +340,12 @@ impl Registry {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let row = conn
-            .query_row(
+            .prepare_cached(
                 "SELECT id, workspace, template, metadata, limits, env, ttl_seconds, persistent,
                         created_at, last_activity_ms, status, end_reason, isolation
                  FROM sandboxes WHERE id = ?1",
-                params![id],
-                raw_row,
-            )
+            )?
+            .query_row(params![id], raw_row)
             .optional()?;
         row.map(decode).transpose()
     }
@@ -340,7 +356,7 @@ impl Registry {
             .conn
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut stmt = conn.prepare(
+        let mut stmt = conn.prepare_cached(
             "SELECT id, workspace, template, metadata, limits, env, ttl_seconds, persistent,
                     created_at, last_activity_ms, status, end_reason, isolation
              FROM sandboxes WHERE status = ?1 ORDER BY created_at",
@@ -352,6 +368,39 @@ impl Registry {
         }
         Ok(out)
     }
+}
+
+/// Records a new sandbox with its network policy (`None`: no egress) on
+/// `conn`, inside a [`Registry::transaction`].
+pub fn insert(
+    conn: &Connection,
+    r: &Record,
+    network: Option<&runcell_egress::NetworkPolicy>,
+) -> Result<(), RegistryError> {
+    let network = network.map(serde_json::to_string).transpose()?;
+    conn.prepare_cached(
+        "INSERT OR REPLACE INTO sandboxes
+         (id, workspace, template, metadata, limits, env, ttl_seconds, persistent,
+          created_at, last_activity_ms, status, end_reason, network, isolation)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+    )?
+    .execute(params![
+        r.id,
+        r.workspace,
+        r.template,
+        serde_json::to_string(&r.metadata)?,
+        serde_json::to_string(&r.limits)?,
+        serde_json::to_string(&r.env)?,
+        i64::try_from(r.ttl_seconds).unwrap_or(i64::MAX),
+        r.persistent,
+        r.created_at,
+        r.last_activity_ms,
+        r.status,
+        r.end_reason,
+        network,
+        r.isolation.as_str(),
+    ])?;
+    Ok(())
 }
 
 type RawRow = (

@@ -142,12 +142,19 @@ pub fn put_lineage(conn: &Connection, id: &str, l: &Lineage) -> Result<(), Snaps
     Ok(())
 }
 
+/// Whether a sandbox has a lineage recorded (most have none: no saved
+/// files, volumes or idle rule of their own).
+pub fn has_lineage(conn: &Connection, id: &str) -> Result<bool, SnapshotError> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM lineage WHERE id = ?1")?
+        .exists(params![id])?)
+}
+
 /// A sandbox's lineage (empty when it has none).
 pub fn lineage(conn: &Connection, id: &str) -> Result<Lineage, SnapshotError> {
     let data: Option<String> = conn
-        .query_row("SELECT data FROM lineage WHERE id = ?1", params![id], |r| {
-            r.get(0)
-        })
+        .prepare_cached("SELECT data FROM lineage WHERE id = ?1")?
+        .query_row(params![id], |r| r.get(0))
         .optional()?;
     Ok(match data {
         Some(d) => serde_json::from_str(&d)?,

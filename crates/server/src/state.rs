@@ -291,8 +291,17 @@ impl AppState {
         if let Err(e) = self.registry.end(id, "deleted", reason) {
             tracing::warn!(sandbox = %id, "could not record the removal: {e}");
         }
-        // Its saved files go once nothing else uses them.
-        crate::snapshots::collect_unused(self);
+        // Its saved files go once nothing else uses them. A sandbox without
+        // a lineage (no saved files, volumes or idle rule) used no layer, so
+        // its end frees none: the scan of every snapshot and lineage and of
+        // the layer directories is skipped (it ran on every delete).
+        let had_lineage = self
+            .registry
+            .with_conn(|c| crate::snapshots::has_lineage(c, id))
+            .unwrap_or(true);
+        if had_lineage {
+            crate::snapshots::collect_unused(self);
+        }
         true
     }
 

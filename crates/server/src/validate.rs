@@ -22,15 +22,43 @@ impl From<RequestError> for ApiError {
     }
 }
 
-/// The ranges a request's limits must fall in on this daemon.
+/// The ranges a request's limits must fall in on this daemon. The host's
+/// part (its cores, as its cgroup's CPU quota allows, and its memory) is
+/// read once per daemon settings, not on every create and exec: finding
+/// the cores reads `/proc/self/cgroup`, the mount table and the quota
+/// files. A host's cores or memory changed while the daemon runs are seen
+/// after a restart.
 pub(crate) fn bounds(config: &ServeConfig) -> LimitBounds {
-    LimitBounds {
-        max_output_bytes: config.max_output_bytes,
-        ..LimitBounds::for_host(
-            config.max_exec_timeout,
-            config.max_lifetime,
-            &config.default_limits,
-        )
+    type Key = (
+        std::time::Duration,
+        std::time::Duration,
+        runcell_core::SandboxLimits,
+        u64,
+    );
+    static LAST: std::sync::Mutex<Option<(Key, LimitBounds)>> = std::sync::Mutex::new(None);
+    let key = (
+        config.max_exec_timeout,
+        config.max_lifetime,
+        config.default_limits,
+        config.max_output_bytes,
+    );
+    let mut last = LAST
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    match &*last {
+        Some((k, b)) if *k == key => *b,
+        _ => {
+            let b = LimitBounds {
+                max_output_bytes: config.max_output_bytes,
+                ..LimitBounds::for_host(
+                    config.max_exec_timeout,
+                    config.max_lifetime,
+                    &config.default_limits,
+                )
+            };
+            *last = Some((key, b));
+            b
+        }
     }
 }
 

@@ -153,3 +153,75 @@ fn a_row_of_the_untyped_format_loads() {
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// A create's record, network policy and lineage are committed together:
+/// after a successful transaction a reopened registry has all three, and a
+/// transaction that fails part-way leaves no row at all (a sandbox whose
+/// lineage could not be written is not half-recorded).
+#[test]
+fn a_create_is_recorded_whole_or_not_at_all() {
+    let dir = std::env::temp_dir().join(format!("runcell-registry-tx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("registry.db");
+    let reg = Registry::open(&path).unwrap();
+    reg.with_conn(crate::snapshots::init).unwrap();
+    let rec = Record {
+        id: "a".into(),
+        workspace: "local".into(),
+        template: "host".into(),
+        metadata: Default::default(),
+        limits: Default::default(),
+        env: Default::default(),
+        ttl_seconds: 300,
+        persistent: false,
+        created_at: 1,
+        last_activity_ms: 2,
+        status: "running".into(),
+        end_reason: None,
+        isolation: runcell_core::backend::Isolation::Jail,
+    };
+    let policy: runcell_egress::NetworkPolicy =
+        serde_json::from_value(serde_json::json!({"mode": "allowlist", "allow": ["pypi.org"]}))
+            .unwrap();
+    let lineage = crate::snapshots::Lineage {
+        on_idle: Some(crate::snapshots::OnIdle::Hibernate),
+        ..Default::default()
+    };
+    reg.transaction(
+        |c| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+            insert(c, &rec, Some(&policy))?;
+            crate::snapshots::put_lineage(c, "a", &lineage)?;
+            Ok(())
+        },
+    )
+    .unwrap();
+    let failed = reg.transaction(
+        |c| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+            insert(
+                c,
+                &Record {
+                    id: "b".into(),
+                    ..rec.clone()
+                },
+                None,
+            )?;
+            Err("the lineage could not be written".into())
+        },
+    );
+    assert!(failed.is_err());
+    drop(reg);
+    let reg = Registry::open(&path).unwrap();
+    assert_eq!(reg.get("a").unwrap().unwrap(), rec);
+    assert_eq!(reg.network("a").unwrap(), Some(policy));
+    assert_eq!(
+        reg.with_conn(|c| crate::snapshots::lineage(c, "a"))
+            .unwrap(),
+        lineage
+    );
+    assert!(reg
+        .with_conn(|c| crate::snapshots::has_lineage(c, "a"))
+        .unwrap());
+    assert!(reg.get("b").unwrap().is_none());
+    assert_eq!(reg.rows().unwrap(), 1);
+    std::fs::remove_dir_all(dir).unwrap();
+}

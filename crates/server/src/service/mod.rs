@@ -225,21 +225,20 @@ impl<'a> Service<'a> {
             end_reason: None,
             isolation,
         };
-        // The policy too, so a restarted daemon serves its egress the same way.
+        // One transaction: the record, its network policy (so a restarted
+        // daemon serves its egress the same way) and its lineage are
+        // committed together, before its id is answered.
         let recorded = state
             .registry
-            .put(&record)
-            .and_then(|()| match sandbox.network() {
-                Some(n) => state.registry.set_network(&record.id, &n.policy),
-                None => Ok(()),
-            })
-            .map_err(|e| e.to_string())
-            .and_then(|()| {
-                state
-                    .registry
-                    .with_conn(|c| crate::snapshots::put_lineage(c, &record.id, &lineage))
-                    .map_err(|e| e.to_string())
-            });
+            .transaction(
+                |c| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+                    let policy = sandbox.network().map(|n| n.policy);
+                    crate::registry::insert(c, &record, policy.as_ref())?;
+                    crate::snapshots::put_lineage(c, &record.id, &lineage)?;
+                    Ok(())
+                },
+            )
+            .map_err(|e| e.to_string());
         if let Err(e) = recorded {
             let _ = sandbox.destroy().await;
             return Err(ApiError::internal(format!(
@@ -247,6 +246,13 @@ impl<'a> Service<'a> {
             )));
         }
         let entry = Entry::new(sandbox, record, template, warm_context);
+        // The record just written holds this activity: the touch only sends
+        // the agent its deadline.
+        entry
+            .persisted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0 = now;
         state.touch(&entry).await;
         let boot = started.elapsed();
         state.metrics.creations.fetch_add(1, Ordering::Relaxed);
