@@ -255,7 +255,11 @@ async fn btrfs_saves_are_snapshots_forks_are_private_and_nothing_is_left() {
     // With no sandbox left, a graceful stop unmounts the store and frees
     // its loop device; the image stays for the next start.
     drop(d);
-    assert!(!is_mount_point(&store), "{} is still mounted", store.display());
+    assert!(
+        !is_mount_point(&store),
+        "{} is still mounted",
+        store.display()
+    );
     wait_no_loop(&data.join("store.img")).await;
     std::fs::remove_dir_all(&data).unwrap();
 }

@@ -70,7 +70,7 @@ async fn snapshots_paused_hibernated_sandboxes_and_volumes_survive_a_sigkill() {
     d.kill9();
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let d = Daemon::start(&data, port, AUTO);
+    let d = Daemon::start(&data, port, AUTO).remove_data_on_drop();
     assert!(!half.exists(), "a half-made layer was left");
     // The snapshot is listed and starts sandboxes.
     let list: Value = d.get("/v1/snapshots").await;
@@ -151,7 +151,7 @@ async fn snapshots_paused_hibernated_sandboxes_and_volumes_survive_a_sigkill() {
 #[tokio::test(flavor = "multi_thread")]
 async fn another_workspace_cannot_touch_saved_state() {
     let data = data_dir("persist-tenancy");
-    let d = Daemon::start(&data, free_port(), AUTO);
+    let d = Daemon::start(&data, free_port(), AUTO).remove_data_on_drop();
     let other = key_cmd(&data, &["create", "--workspace", "team-b", "--name", "t"])
         .trim()
         .to_string();

@@ -243,8 +243,16 @@ fn open_btrfs(data_dir: &Path) -> Result<PathBuf, StoreError> {
             .arg(&image)
             .arg(&root))?;
         if fresh {
-            let mode = runcell_jail::btrfs::enable_quota(&root).map_err(StoreError::Quota)?;
-            tracing::info!(quotas = mode, "made the btrfs layer store");
+            match runcell_jail::btrfs::enable_quota(&root) {
+                Ok(mode) => tracing::info!(quotas = mode, "made the btrfs layer store"),
+                Err(e) => {
+                    // Not left half-made: a later start would find the
+                    // image and use it without quotas (no disk limit).
+                    let _ = run(Command::new("umount").arg(&root));
+                    let _ = std::fs::remove_file(&image);
+                    return Err(StoreError::Quota(e));
+                }
+            }
         }
     }
     if !runcell_jail::btrfs::is_btrfs(&root) {
