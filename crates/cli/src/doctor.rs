@@ -71,6 +71,21 @@ pub fn main(args: DoctorArgs) -> ExitCode {
         for b in &r.backends {
             println!("  {:<18} {}  {}", b.name, mark(b.available), b.detail);
         }
+        // What `runcell serve`'s default (`--layer-store auto`) picks here.
+        println!("Layer store (runcell serve --layer-store auto, the default)");
+        match runcell_server::store::btrfs_possible() {
+            Ok(mkfs) => println!(
+                "  {:<18} {}  the kernel has btrfs and {} is installed: snapshots, forks and hibernation are copy-on-write (GET /v1/system says what a running daemon chose, and why)",
+                "btrfs",
+                mark(true),
+                mkfs.display()
+            ),
+            Err(why) => println!(
+                "  {:<18} {}  {why}: sandboxes write to a tmpfs and a save copies it",
+                "btrfs",
+                mark(false)
+            ),
+        }
         if !args.fresh {
             println!(
                 "(slow probes are kept for this boot in {}; --fresh probes again)",

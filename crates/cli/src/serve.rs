@@ -133,10 +133,13 @@ pub struct ServeArgs {
     #[arg(long, env = "RUNCELL_ALLOW_EMULATION", num_args = 0..=1, default_missing_value = "true")]
     allow_emulation: Option<bool>,
     /// Where jail sandboxes write: `tmpfs` (a tmpfs each; a snapshot, fork
-    /// or hibernation copies it), `btrfs` (a subvolume each on a btrfs
-    /// image in the data directory, needs mkfs.btrfs; saves are
-    /// copy-on-write snapshots, O(1) whatever was written) or `auto`
-    /// (btrfs where this host can). [default: tmpfs]
+    /// or hibernation copies it), `btrfs` (a subvolume each on a sparse
+    /// btrfs image in the data directory, `store.img`, loop-mounted at
+    /// `store/`; needs mkfs.btrfs; saves are copy-on-write snapshots, O(1)
+    /// whatever was written) or `auto` (btrfs where the kernel has it and
+    /// mkfs.btrfs is installed, else tmpfs; `GET /v1/system` and `runcell
+    /// doctor` say which and why). A graceful stop with no live sandbox
+    /// unmounts the store; the next start mounts it again. [default: auto]
     #[arg(long, env = "RUNCELL_LAYER_STORE")]
     layer_store: Option<runcell_server::store::LayerStoreKind>,
     /// Cgroup parent of this daemon's sandboxes (two daemons on one host

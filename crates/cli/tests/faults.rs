@@ -226,7 +226,14 @@ async fn sigkill_at_random_points_then_restart_binds_reattaches_and_leaves_nothi
             // Kill a starting daemon while it reconciles and fills its
             // standby pool (before it even binds its port).
             let mut starting = std::process::Command::new(env!("CARGO_BIN_EXE_runcell"))
-                .args(["serve", "--standby", "2", "--listen"])
+                .args([
+                    "serve",
+                    "--layer-store",
+                    "tmpfs",
+                    "--standby",
+                    "2",
+                    "--listen",
+                ])
                 .arg(format!("127.0.0.1:{port}"))
                 .arg("--data-dir")
                 .arg(&data)

@@ -24,7 +24,13 @@ fn banner(want: &str) -> String {
     let mut child = serve_command(Path::new(RUNCELL), port)
         .arg("--data-dir")
         .arg(&data)
-        .args(["--standby", "0", "--auto-build=false"])
+        .args([
+            "--standby",
+            "0",
+            "--auto-build=false",
+            "--layer-store",
+            "tmpfs",
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -79,7 +85,13 @@ fn serve_fails(args: &[&std::ffi::OsStr]) -> String {
     let started = Instant::now();
     let mut child = serve_command(Path::new(RUNCELL), port)
         .args(args)
-        .args(["--standby", "0", "--auto-build=false"])
+        .args([
+            "--standby",
+            "0",
+            "--auto-build=false",
+            "--layer-store",
+            "tmpfs",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

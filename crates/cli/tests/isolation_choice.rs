@@ -173,7 +173,7 @@ fn a_default_isolation_the_host_cannot_run_stops_serve_at_start_up() {
     require_root("isolation");
     let data = data_dir("isolation-default");
     let out = std::process::Command::new(RUNCELL)
-        .args(["serve", "--listen"])
+        .args(["serve", "--layer-store", "tmpfs", "--listen"])
         .arg(format!("127.0.0.1:{}", free_port()))
         .arg("--data-dir")
         .arg(&data)

@@ -252,13 +252,177 @@ async fn btrfs_saves_are_snapshots_forks_are_private_and_nothing_is_left() {
     assert!(!all.iter().any(|id| stages.contains(id)), "{stages:?}");
     wait_names(&store.join("states"), &[]).await;
 
-    // The store stays mounted after its daemon (for its next start).
+    // With no sandbox left, a graceful stop unmounts the store and frees
+    // its loop device; the image stays for the next start.
     drop(d);
-    let ok = std::process::Command::new("umount")
-        .arg(&store)
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "could not unmount {}", store.display());
+    assert!(
+        !is_mount_point(&store),
+        "{} is still mounted",
+        store.display()
+    );
+    wait_no_loop(&data.join("store.img")).await;
     std::fs::remove_dir_all(&data).unwrap();
+}
+
+/// The loop devices backing `image` (`losetup -j`).
+fn loop_devices(image: &Path) -> Vec<String> {
+    let out = std::process::Command::new("losetup")
+        .arg("-j")
+        .arg(image)
+        .output()
+        .expect("losetup (util-linux) runs");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Waits (up to 5 s) until no loop device backs `image` (autoclear frees
+/// it once the last reference goes).
+async fn wait_no_loop(image: &Path) {
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = loop_devices(image);
+        if left.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < until, "loop devices left: {left:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `runcell serve` on its built-in defaults (`--layer-store auto`) gets the
+/// btrfs store here (the test host has btrfs and mkfs.btrfs), and what it
+/// costs the host is dealt with: a graceful stop with no live sandbox
+/// unmounts the store and frees its loop device, a stop with one keeps it
+/// for the sandbox, a SIGKILLed daemon's mount is re-used; hibernated
+/// sandboxes, snapshots and volumes survive every kind of restart.
+#[tokio::test(flavor = "multi_thread")]
+async fn default_store_is_btrfs_released_on_a_graceful_stop_and_nothing_is_lost() {
+    require_root("the btrfs layer store");
+    let data = data_dir("auto-store");
+    let port = free_port();
+    let store = data.join("store");
+    let image = data.join("store.img");
+    // The daemon's own default: no --layer-store at all.
+    let start = || Daemon::spawn(Path::new(RUNCELL), &data, port, ["--auto-build=false"]);
+    let mut d = start();
+
+    let system: Value = d.get("/v1/system").await;
+    assert_eq!(system["layer_store"]["kind"], "btrfs", "{system}");
+    assert_eq!(system["layer_store"]["copy_on_write"], true, "{system}");
+    let reason = system["layer_store"]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("auto:") && reason.contains("mkfs.btrfs"),
+        "{system}"
+    );
+    assert!(is_mount_point(&store));
+    assert_eq!(loop_devices(&image).len(), 1);
+
+    // A hibernated sandbox, a snapshot and a volume with data on it.
+    let sleeper = d
+        .create(json!({"ttl_seconds": 600, "persistent": true}))
+        .await;
+    assert_eq!(d.exec(&sleeper, "echo zz > ~/h").await.0, 200);
+    assert_eq!(
+        d.status(
+            reqwest::Method::POST,
+            &format!("/v1/sandboxes/{sleeper}/hibernate"),
+            Some(json!({}))
+        )
+        .await,
+        204
+    );
+    let source = d.create(json!({"ttl_seconds": 600})).await;
+    assert_eq!(d.exec(&source, "echo snap > ~/s").await.0, 200);
+    let (s, snap) = d
+        .post(&format!("/v1/sandboxes/{source}/snapshots"), json!({}))
+        .await;
+    assert_eq!(s, 201, "{snap}");
+    let snap_id = snap["id"].as_str().unwrap().to_string();
+    d.delete(&source).await;
+    let (s, vol) = d
+        .post("/v1/volumes", json!({"name": "keep", "size_mb": 16}))
+        .await;
+    assert_eq!(s, 201, "{vol}");
+    let writer = d
+        .create(json!({"volumes": [{"name": "keep"}], "ttl_seconds": 600}))
+        .await;
+    assert_eq!(d.exec(&writer, "echo vol > /mnt/keep/f").await.0, 200);
+    d.delete(&writer).await;
+
+    // A live sandbox keeps the store mounted through a graceful stop (its
+    // mount namespace holds it), and the next start re-attaches it.
+    let live = d.create(json!({"ttl_seconds": 600})).await;
+    assert_eq!(d.exec(&live, "echo alive > ~/l").await.0, 200);
+    d.stop();
+    assert!(is_mount_point(&store), "unmounted under a live sandbox");
+    drop(d);
+    let mut d = start();
+    assert_eq!(loop_devices(&image).len(), 1, "a second loop device");
+    let (_, body) = d.exec(&live, "cat ~/l").await;
+    assert_eq!(body["stdout"], "alive\n", "{body}");
+    d.delete(&live).await;
+    wait_gone(&data.join("sandboxes").join(&live)).await;
+
+    // No live sandbox: a graceful stop unmounts the store and frees its
+    // loop device; the image stays.
+    d.stop();
+    assert!(!is_mount_point(&store), "the store is still mounted");
+    wait_no_loop(&image).await;
+    assert!(image.exists());
+    drop(d);
+
+    // The next start mounts it again; nothing was lost.
+    let mut d = start();
+    assert!(is_mount_point(&store));
+    assert_eq!(loop_devices(&image).len(), 1);
+    assert_eq!(d.sandbox(&sleeper).await["status"], "hibernated");
+    let (s, body) = d.exec(&sleeper, "cat ~/h").await;
+    assert_eq!((s, body["stdout"].as_str()), (200, Some("zz\n")), "{body}");
+    let restored = d.create(json!({"from_snapshot": snap_id})).await;
+    let (_, body) = d.exec(&restored, "cat ~/s").await;
+    assert_eq!(body["stdout"], "snap\n", "{body}");
+    let reader = d
+        .create(json!({"volumes": [{"name": "keep"}], "ttl_seconds": 600}))
+        .await;
+    let (_, body) = d.exec(&reader, "cat /mnt/keep/f").await;
+    assert_eq!(body["stdout"], "vol\n", "{body}");
+
+    // A SIGKILLed daemon leaves the store mounted; the next start uses
+    // that mount (no second loop device) and its sandboxes go on.
+    d.kill9();
+    assert!(is_mount_point(&store));
+    drop(d);
+    let d = start();
+    assert_eq!(loop_devices(&image).len(), 1, "a second loop device");
+    let (_, body) = d.exec(&restored, "cat ~/s").await;
+    assert_eq!(body["stdout"], "snap\n", "{body}");
+
+    for id in [&sleeper, &restored, &reader] {
+        d.delete(id).await;
+    }
+    assert_eq!(
+        d.status(
+            reqwest::Method::DELETE,
+            &format!("/v1/snapshots/{snap_id}"),
+            None
+        )
+        .await,
+        204
+    );
+    assert_eq!(
+        d.status(reqwest::Method::DELETE, "/v1/volumes/keep", None)
+            .await,
+        204
+    );
+    for id in [&sleeper, &restored, &reader] {
+        wait_gone(&data.join("sandboxes").join(id)).await;
+    }
+    // Dropping it stops it gracefully: nothing mounted, no loop device.
+    drop(d.remove_data_on_drop());
+    assert!(!is_mount_point(&store));
+    wait_no_loop(&image).await;
+    assert!(!data.exists(), "the data directory was left");
 }

@@ -10,11 +10,15 @@ use std::time::Duration;
 use common::*;
 use serde_json::{json, Value};
 
+/// The daemon's own default layer store (`auto`: btrfs on the test hosts),
+/// named because the test harness defaults to tmpfs.
+const AUTO: &[&str] = &["--layer-store", "auto"];
+
 #[tokio::test(flavor = "multi_thread")]
 async fn snapshots_paused_hibernated_sandboxes_and_volumes_survive_a_sigkill() {
     let data = data_dir("persist");
     let port = free_port();
-    let mut d = Daemon::start(&data, port, &[]);
+    let mut d = Daemon::start(&data, port, AUTO);
 
     let (s, vol) = d
         .post("/v1/volumes", json!({"name": "keep", "size_mb": 16}))
@@ -66,7 +70,7 @@ async fn snapshots_paused_hibernated_sandboxes_and_volumes_survive_a_sigkill() {
     d.kill9();
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let d = Daemon::start(&data, port, &[]);
+    let d = Daemon::start(&data, port, AUTO).remove_data_on_drop();
     assert!(!half.exists(), "a half-made layer was left");
     // The snapshot is listed and starts sandboxes.
     let list: Value = d.get("/v1/snapshots").await;
@@ -119,10 +123,22 @@ async fn snapshots_paused_hibernated_sandboxes_and_volumes_survive_a_sigkill() {
     for id in [&with_vol, &source, &restored, &paused, &sleeper] {
         wait_gone(&data.join("sandboxes").join(id)).await;
     }
-    let layers: Vec<_> = std::fs::read_dir(data.join("states"))
-        .map(|d| d.flatten().map(|e| e.file_name()).collect())
-        .unwrap_or_default();
-    assert!(layers.is_empty(), "layers left: {layers:?}");
+    // (Saved with btrfs, layers are in the store's states/; copies in
+    // states/.) The store's subvolumes go in the background.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let layers: Vec<_> = ["states", "store/states"]
+            .iter()
+            .flat_map(|dir| std::fs::read_dir(data.join(dir)).into_iter().flatten())
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        if layers.is_empty() {
+            break;
+        }
+        assert!(std::time::Instant::now() < until, "layers left: {layers:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let volumes: Vec<_> = std::fs::read_dir(data.join("volumes"))
         .map(|d| d.flatten().map(|e| e.file_name()).collect())
         .unwrap_or_default();
@@ -135,7 +151,7 @@ async fn snapshots_paused_hibernated_sandboxes_and_volumes_survive_a_sigkill() {
 #[tokio::test(flavor = "multi_thread")]
 async fn another_workspace_cannot_touch_saved_state() {
     let data = data_dir("persist-tenancy");
-    let d = Daemon::start(&data, free_port(), &[]);
+    let d = Daemon::start(&data, free_port(), AUTO).remove_data_on_drop();
     let other = key_cmd(&data, &["create", "--workspace", "team-b", "--name", "t"])
         .trim()
         .to_string();

@@ -130,6 +130,8 @@ const REFILL_DELAY: Duration = Duration::from_millis(100);
 struct Pool {
     ready: Mutex<std::collections::VecDeque<Box<dyn Prepared>>>,
     refilling: AtomicBool,
+    /// Set by [`Runtime::close_standbys`]: no more are prepared.
+    closed: AtomicBool,
 }
 
 impl Runtime {
@@ -280,8 +282,31 @@ impl Runtime {
         self.refill_now().await;
     }
 
+    /// Destroys the standbys and prepares no more (a stopping daemon that
+    /// unmounts the layer store their stages are in). A refill under way
+    /// is waited for, at most 10 s.
+    pub async fn close_standbys(&self) {
+        self.pool.closed.store(true, Ordering::Release);
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while self.pool.refilling.load(Ordering::Acquire) && std::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let ready: Vec<_> = self
+            .pool
+            .ready
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .drain(..)
+            .collect();
+        // Dropping one kills its agent and removes its stage (blocking).
+        let _ = tokio::task::spawn_blocking(move || drop(ready)).await;
+    }
+
     fn refill(&self) {
-        if self.config.standby == 0 || self.pool.refilling.swap(true, Ordering::AcqRel) {
+        if self.config.standby == 0
+            || self.pool.closed.load(Ordering::Acquire)
+            || self.pool.refilling.swap(true, Ordering::AcqRel)
+        {
             return;
         }
         let rt = self.clone();
@@ -296,7 +321,9 @@ impl Runtime {
 
     async fn refill_now(&self) {
         self.pool.refilling.store(true, Ordering::Release);
-        while self.standby_ready() < self.config.standby {
+        while self.standby_ready() < self.config.standby
+            && !self.pool.closed.load(Ordering::Acquire)
+        {
             let spec = Self::prepare_spec(&SandboxOptions::default(), false);
             let backend = self.default_backend();
             match tokio::task::spawn_blocking(move || backend.prepare(&spec)).await {

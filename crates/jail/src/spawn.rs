@@ -126,8 +126,9 @@ pub struct PrepareConfig {
     /// egress socket.
     pub host_network: bool,
     /// The btrfs layer store's directory of stages: the sandbox's writable
-    /// layer is the subvolume `<stage_store>/<id>` (made here, capped at
-    /// `disk_bytes` by a qgroup limit at start) instead of a tmpfs, so a
+    /// layer is the subvolume `<stage_store>/<id>` (made here and capped
+    /// at `disk_bytes` by a qgroup limit; a start with another `disk_bytes`
+    /// sets it again) instead of a tmpfs, so a
     /// save is a snapshot of it ([`Jail::export_layer`]). `None`: a tmpfs.
     pub stage_store: Option<PathBuf>,
 }
@@ -327,6 +328,9 @@ impl Standby {
             let stage = store.join(&cfg.id);
             crate::btrfs::create_subvolume(&stage)?;
             cleanup.stage = Some(stage.clone());
+            // Capped now at the prepared limit: a start with the same
+            // `disk_bytes` (the default) sets nothing.
+            crate::btrfs::limit(&stage, cfg.limits.disk_bytes.max(1 << 20))?;
             owned.push(stage);
         }
         for d in &owned {
@@ -495,7 +499,9 @@ impl Standby {
             cg.set_limits(&cfg.limits)?;
         }
         if let Some(stage) = &self.stage {
-            crate::btrfs::limit(stage, cfg.limits.disk_bytes.max(1 << 20))?;
+            if cfg.limits.disk_bytes != self.prepared_limits.disk_bytes {
+                crate::btrfs::limit(stage, cfg.limits.disk_bytes.max(1 << 20))?;
+            }
         }
         // The host's network namespace has no use for the proxy.
         let egress_enabled = match cfg.egress {

@@ -174,7 +174,11 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
     // Before any sandbox is prepared: a standby's mount namespace is a
     // copy of the host's at its clone, and must see the store mounted.
     let layer_store = store::open(&config.data_dir, config.layer_store)?;
-    tracing::info!(layer_store = layer_store.name(), "layer store");
+    tracing::info!(
+        layer_store = layer_store.name(),
+        reason = layer_store.reason(),
+        "layer store"
+    );
     let runtime = Runtime::new(RuntimeConfig {
         state_dir: config.data_dir.join("sandboxes"),
         stage_store: layer_store.stages(),
@@ -220,6 +224,7 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
         attaching: Default::default(),
         saving_layers: Default::default(),
         cluster,
+        layer_store,
     });
     reconcile(&state).await;
     if let Some(c) = &state.cluster {
@@ -351,8 +356,44 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
     {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    release_layer_store(&state).await;
     tracing::info!("stopped; sandboxes keep running and are re-attached by the next start");
     Ok(())
+}
+
+/// On a graceful stop: with no live sandbox left, the btrfs layer store
+/// is unmounted (its loop device goes too); the image keeps every
+/// snapshot and hibernated sandbox for the next start, which mounts it
+/// again. A live sandbox (running or paused, whatever its backend: its
+/// mount namespace holds the store, and a layer in it may be its lower)
+/// keeps it mounted for the next start to re-attach to.
+async fn release_layer_store(state: &Arc<AppState>) {
+    if state.layer_store.stages().is_none() {
+        return;
+    }
+    // The standbys' stages are in the store, and their namespaces hold it.
+    state.runtime.close_standbys().await;
+    let live = match state.registry.with_status("running") {
+        Ok(r) => r.len(),
+        Err(e) => {
+            tracing::warn!("the layer store stays mounted: could not read the registry: {e}");
+            return;
+        }
+    };
+    if live > 0 {
+        tracing::info!(
+            sandboxes = live,
+            "the layer store stays mounted for the sandboxes that keep running"
+        );
+        return;
+    }
+    let store = state.layer_store.clone();
+    match tokio::task::spawn_blocking(move || store.release()).await {
+        Ok(Ok(true)) => tracing::info!("unmounted the layer store; the next start mounts it again"),
+        Ok(Ok(false)) => {}
+        Ok(Err(e)) => tracing::warn!("the layer store stays mounted: {e}"),
+        Err(e) => tracing::warn!("the layer store stays mounted: {e}"),
+    }
 }
 
 async fn shutdown_signal() {

@@ -186,6 +186,8 @@ pub struct AppState {
     pub transitions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// This node's membership of a cluster (`--cluster`), if any.
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// Where jail sandboxes' writable layers live (`--layer-store`).
+    pub layer_store: crate::store::LayerStore,
 }
 
 /// Grace the agent's own deadline gives the daemon to reap first.

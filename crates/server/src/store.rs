@@ -12,8 +12,14 @@
 //!   `stages/<id>`, capped by a qgroup limit; a save is a read-only
 //!   snapshot `states/<key>` of it, O(1) whatever it holds, and every
 //!   fork of it shares its extents.
-//! - `auto`: `btrfs` where the kernel has btrfs and `mkfs.btrfs` is
-//!   installed (or the image exists), `tmpfs` otherwise.
+//! - `auto` (the default): `btrfs` where the kernel has btrfs and
+//!   `mkfs.btrfs` is installed (or the image exists) and the image mounts,
+//!   `tmpfs` otherwise; [`LayerStore::reason`] says which and why.
+//!
+//! A daemon that stops gracefully with no live sandbox unmounts the store
+//! ([`LayerStore::release`]; the loop device goes with it, `mount -o loop`
+//! sets autoclear); the image stays and the next start mounts it again.
+//! A killed daemon leaves it mounted, and the next start uses that mount.
 //!
 //! A data directory that is itself on btrfs is not used directly: the
 //! disk limit needs quotas, which would have to be turned on for that
@@ -28,12 +34,12 @@ use std::process::Command;
 #[serde(rename_all = "lowercase")]
 pub enum LayerStoreKind {
     /// A tmpfs per sandbox; saves copy it.
-    #[default]
     Tmpfs,
     /// A subvolume per sandbox on a loop-mounted btrfs image; saves are
     /// snapshots.
     Btrfs,
     /// `btrfs` where this host can, `tmpfs` otherwise.
+    #[default]
     Auto,
 }
 
@@ -81,11 +87,16 @@ pub enum StoreError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LayerStore {
     /// A tmpfs per sandbox.
-    Tmpfs,
+    Tmpfs {
+        /// Why this store (the setting, or why `auto` could not have btrfs).
+        reason: String,
+    },
     /// The btrfs store mounted at `root`.
     Btrfs {
         /// Its mount point (`<data>/store`).
         root: PathBuf,
+        /// Why this store.
+        reason: String,
     },
 }
 
@@ -93,26 +104,82 @@ impl LayerStore {
     /// The directory of sandboxes' stages (subvolumes), with btrfs.
     pub fn stages(&self) -> Option<PathBuf> {
         match self {
-            Self::Tmpfs => None,
-            Self::Btrfs { root } => Some(root.join("stages")),
+            Self::Tmpfs { .. } => None,
+            Self::Btrfs { root, .. } => Some(root.join("stages")),
         }
     }
 
     /// The directory of state layers (snapshots), with btrfs.
     pub fn states(&self) -> Option<PathBuf> {
         match self {
-            Self::Tmpfs => None,
-            Self::Btrfs { root } => Some(root.join("states")),
+            Self::Tmpfs { .. } => None,
+            Self::Btrfs { root, .. } => Some(root.join("states")),
         }
     }
 
     /// `tmpfs` or `btrfs`.
     pub fn name(&self) -> &'static str {
         match self {
-            Self::Tmpfs => "tmpfs",
+            Self::Tmpfs { .. } => "tmpfs",
             Self::Btrfs { .. } => "btrfs",
         }
     }
+
+    /// Why this store runs: the setting that asked for it, or, with
+    /// `auto`, what made btrfs possible or not.
+    pub fn reason(&self) -> &str {
+        match self {
+            Self::Tmpfs { reason } | Self::Btrfs { reason, .. } => reason,
+        }
+    }
+
+    /// For a stopping daemon whose sandboxes are all gone (no live one
+    /// overlays a layer in the store or writes to a stage): unmounts the
+    /// btrfs store, and with it goes its loop device (autoclear). The
+    /// image stays, with every snapshot and hibernated sandbox in it; the
+    /// next start mounts it again. Returns whether it was unmounted: a
+    /// stage left in `stages/` (a sandbox this daemon does not know of)
+    /// keeps it mounted.
+    pub fn release(&self) -> Result<bool, StoreError> {
+        let Self::Btrfs { root, .. } = self else {
+            return Ok(false);
+        };
+        let stages = root.join("stages");
+        let left = std::fs::read_dir(&stages)
+            .map_err(io("listing", &stages))?
+            .count();
+        if left > 0 {
+            tracing::info!(
+                stages = left,
+                "the layer store stays mounted: sandboxes still have stages in it"
+            );
+            return Ok(false);
+        }
+        if !is_mounted(root) {
+            return Ok(false);
+        }
+        run(Command::new("umount").arg(root))?;
+        Ok(true)
+    }
+}
+
+/// Whether this host can have the btrfs store (`runcell doctor`): the
+/// path of `mkfs.btrfs`, or why not.
+pub fn btrfs_possible() -> Result<PathBuf, String> {
+    if !kernel_has_btrfs() {
+        return Err("the kernel has no btrfs (/proc/filesystems)".into());
+    }
+    find_mkfs().ok_or_else(|| MKFS_MISSING.into())
+}
+
+const MKFS_MISSING: &str = "mkfs.btrfs is not installed (apt-get install btrfs-progs)";
+
+fn find_mkfs() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/sbin".into()])
+        .map(|d| d.join("mkfs.btrfs"))
+        .find(|p| p.is_file())
 }
 
 fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> StoreError {
@@ -123,13 +190,24 @@ fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> StoreEr
 /// Sets up the layer store `kind` asks for in `data_dir`.
 pub fn open(data_dir: &Path, kind: LayerStoreKind) -> Result<LayerStore, StoreError> {
     match kind {
-        LayerStoreKind::Tmpfs => Ok(LayerStore::Tmpfs),
-        LayerStoreKind::Btrfs => open_btrfs(data_dir),
+        LayerStoreKind::Tmpfs => Ok(LayerStore::Tmpfs {
+            reason: "--layer-store tmpfs asks for it".into(),
+        }),
+        LayerStoreKind::Btrfs => {
+            open_btrfs(data_dir).map(|root| LayerStore::Btrfs {
+                root,
+                reason: "--layer-store btrfs asks for it".into(),
+            })
+        }
         LayerStoreKind::Auto => match open_btrfs(data_dir) {
-            Ok(s) => Ok(s),
+            Ok(root) => Ok(LayerStore::Btrfs {
+                root,
+                reason: "auto: the kernel has btrfs and the store's image is made and mounted (mkfs.btrfs is installed)".into(),
+            }),
             Err(e) => {
-                tracing::info!("layer store: tmpfs ({e})");
-                Ok(LayerStore::Tmpfs)
+                let reason = format!("auto: btrfs is not possible here ({e})");
+                tracing::info!("layer store: tmpfs; {reason}");
+                Ok(LayerStore::Tmpfs { reason })
             }
         },
     }
@@ -142,7 +220,7 @@ fn kernel_has_btrfs() -> bool {
     })
 }
 
-fn open_btrfs(data_dir: &Path) -> Result<LayerStore, StoreError> {
+fn open_btrfs(data_dir: &Path) -> Result<PathBuf, StoreError> {
     let data_dir = &std::path::absolute(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
     let image = data_dir.join("store.img");
     let root = data_dir.join("store");
@@ -155,6 +233,9 @@ fn open_btrfs(data_dir: &Path) -> Result<LayerStore, StoreError> {
     if !is_mounted(&root) {
         let fresh = !image.exists();
         if fresh {
+            if find_mkfs().is_none() {
+                return Err(StoreError::Unavailable(MKFS_MISSING.into()));
+            }
             make_image(data_dir, &image)?;
         }
         run(Command::new("mount")
@@ -162,8 +243,16 @@ fn open_btrfs(data_dir: &Path) -> Result<LayerStore, StoreError> {
             .arg(&image)
             .arg(&root))?;
         if fresh {
-            let mode = runcell_jail::btrfs::enable_quota(&root).map_err(StoreError::Quota)?;
-            tracing::info!(quotas = mode, "made the btrfs layer store");
+            match runcell_jail::btrfs::enable_quota(&root) {
+                Ok(mode) => tracing::info!(quotas = mode, "made the btrfs layer store"),
+                Err(e) => {
+                    // Not left half-made: a later start would find the
+                    // image and use it without quotas (no disk limit).
+                    let _ = run(Command::new("umount").arg(&root));
+                    let _ = std::fs::remove_file(&image);
+                    return Err(StoreError::Quota(e));
+                }
+            }
         }
     }
     if !runcell_jail::btrfs::is_btrfs(&root) {
@@ -179,7 +268,7 @@ fn open_btrfs(data_dir: &Path) -> Result<LayerStore, StoreError> {
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o711))
             .map_err(io("setting the mode of", &d))?;
     }
-    Ok(LayerStore::Btrfs { root })
+    Ok(root)
 }
 
 /// A sparse image as large as the data directory's file system (the
@@ -201,9 +290,9 @@ fn make_image(data_dir: &Path, image: &Path) -> Result<(), StoreError> {
     if let Err(e) = made {
         let _ = std::fs::remove_file(&tmp);
         return Err(match e {
-            StoreError::Command(m) if m.contains("No such file") => StoreError::Unavailable(
-                "mkfs.btrfs is not installed (apt-get install btrfs-progs)".into(),
-            ),
+            StoreError::Command(m) if m.contains("No such file") => {
+                StoreError::Unavailable(MKFS_MISSING.into())
+            }
             e => e,
         });
     }

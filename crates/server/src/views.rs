@@ -470,6 +470,9 @@ pub struct LayerStoreView {
     pub copy_on_write: bool,
     /// What a save does.
     pub detail: String,
+    /// Why this store runs: `--layer-store` asked for it, or with `auto`
+    /// (the default) what made btrfs possible or not here.
+    pub reason: String,
 }
 
 /// An isolation backend (runcell extension; see `GET /v1/system`).

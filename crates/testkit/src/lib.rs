@@ -304,40 +304,52 @@ impl Drop for Daemon {
         // SIGTERM first, so the daemon destroys its warm pools; sandboxes it
         // handed out outlive it by design (tests delete those themselves).
         self.stop();
-        if self.remove_data_on_drop {
-            let sandboxes = self.data.join("sandboxes");
-            if std::fs::read_dir(&sandboxes).map_or(true, |mut d| d.next().is_none()) {
-                // Volumes stay mounted after the daemon (for its next
-                // start): unmount them, never delete through them.
-                let volumes = std::fs::read_dir(self.data.join("volumes"))
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .map(|e| e.path())
-                    .filter(|p| p.extension().is_some_and(|x| x == "mnt"));
-                let mut mounted = false;
-                for mnt in volumes {
-                    let ok = Command::new("umount")
-                        .arg(&mnt)
-                        .status()
-                        .is_ok_and(|s| s.success());
-                    mounted |= !ok && std::fs::read_dir(&mnt).is_ok_and(|mut d| d.next().is_some());
-                }
-                // The btrfs layer store (`--layer-store btrfs`) too.
-                let store = self.data.join("store");
-                if std::fs::read_dir(&store).is_ok_and(|mut d| d.next().is_some()) {
-                    let ok = Command::new("umount")
-                        .arg(&store)
-                        .status()
-                        .is_ok_and(|s| s.success());
-                    mounted |= !ok;
-                }
-                if !mounted {
-                    let _ = std::fs::remove_dir_all(&self.data);
-                }
+        let no_sandboxes =
+            std::fs::read_dir(self.data.join("sandboxes")).map_or(true, |mut d| d.next().is_none());
+        // The btrfs layer store: a daemon that stopped gracefully with no
+        // live sandbox unmounted it; one that was killed (or left sandboxes)
+        // did not. With no sandbox left, unmount it here, so that no test
+        // leaves a mount or a loop device (autoclear) behind.
+        let store = self.data.join("store");
+        let mut mounted = false;
+        if is_mount_point(&store) {
+            mounted = !(no_sandboxes
+                && Command::new("umount")
+                    .arg(&store)
+                    .status()
+                    .is_ok_and(|s| s.success()));
+        }
+        if self.remove_data_on_drop && no_sandboxes && !mounted {
+            // Volumes stay mounted after the daemon (for its next start):
+            // unmount them, never delete through them.
+            let volumes = std::fs::read_dir(self.data.join("volumes"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "mnt"));
+            for mnt in volumes {
+                let ok = Command::new("umount")
+                    .arg(&mnt)
+                    .status()
+                    .is_ok_and(|s| s.success());
+                mounted |= !ok && std::fs::read_dir(&mnt).is_ok_and(|mut d| d.next().is_some());
+            }
+            if !mounted {
+                let _ = std::fs::remove_dir_all(&self.data);
             }
         }
     }
+}
+
+/// Whether `path` is a mount point in this process's mount namespace.
+pub fn is_mount_point(path: &Path) -> bool {
+    let want = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let want = want.to_string_lossy();
+    std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|m| {
+        m.lines()
+            .any(|l| l.split(' ').nth(4) == Some(want.as_ref()))
+    })
 }
 
 /// Best effort: deletes every sandbox the key sees.

@@ -153,13 +153,14 @@ pub(crate) async fn system(State(state): St) -> Json<SystemView> {
         layer_store: {
             let cow = state.runtime.config().stage_store.is_some();
             crate::views::LayerStoreView {
-                kind: if cow { "btrfs" } else { "tmpfs" }.into(),
+                kind: state.layer_store.name().into(),
                 copy_on_write: cow,
                 detail: if cow {
                     "each sandbox writes to a btrfs subvolume capped by a qgroup limit; a save is a read-only snapshot of it (O(1), forks share its extents)".into()
                 } else {
                     "each sandbox writes to a tmpfs; a save copies it (time and disk grow with what it wrote)".into()
                 },
+                reason: state.layer_store.reason().into(),
             }
         },
     })
