@@ -150,15 +150,7 @@ async fn gvisor_snapshots_and_forks_carry_files_and_memory() {
     );
 
     // Hibernation keeps the files; the next call wakes it.
-    assert_eq!(
-        d.status(
-            Method::POST,
-            &format!("/v1/sandboxes/{id}/hibernate"),
-            Some(json!({}))
-        )
-        .await,
-        204
-    );
+    assert_eq!(act(&d, &id, "hibernate").await, 204);
     assert_eq!(d.sandbox(&id).await["status"], "hibernated");
     let (s, body) = d.exec(&id, "cat ~/f").await;
     assert_eq!(
@@ -307,15 +299,7 @@ async fn a_hibernated_gvisor_sandbox_wakes_with_its_memory_even_after_a_sigkill(
                 .await,
             204
         );
-        assert_eq!(
-            d.status(
-                Method::POST,
-                &format!("/v1/sandboxes/{id}/wake"),
-                Some(json!({}))
-            )
-            .await,
-            204
-        );
+        assert_eq!(act(&d, &id, "wake").await, 204);
         kept_memory(&d, &id, run(&d, "x += 1\nprint(x)"), &format!("{n}\n")).await;
     }
 

@@ -12,27 +12,6 @@ use common::*;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-/// The jail's default id map: sandbox uid `U` is host uid `HOST_BASE + U`.
-const HOST_BASE: u32 = 1_000_000_000;
-
-/// Runs `cmd` in sandbox `id`: (exit code, stdout, stderr).
-async fn sh(d: &Daemon, id: &str, cmd: &str) -> (i64, String, String) {
-    let (s, body) = d.exec(id, cmd).await;
-    assert_eq!(s, 200, "{cmd}: {body}");
-    (
-        body["exit_code"].as_i64().unwrap(),
-        body["stdout"].as_str().unwrap().to_string(),
-        body["stderr"].as_str().unwrap().to_string(),
-    )
-}
-
-/// Runs `cmd` in sandbox `id` and fails unless it succeeds: its stdout.
-async fn ok(d: &Daemon, id: &str, cmd: &str) -> String {
-    let (code, out, err) = sh(d, id, cmd).await;
-    assert_eq!(code, 0, "{cmd}: {out}{err}");
-    out
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn gvisor_and_jail_sandboxes_share_a_volume_with_the_same_owners() {
     let data = data_dir("gv-volumes");
@@ -236,15 +215,7 @@ async fn a_gvisor_sandbox_hibernates_and_wakes_with_its_volume() {
     assert_eq!((s, &snap["memory"]), (201, &json!(false)), "{snap}");
     let snap_path = format!("/v1/snapshots/{}", snap["id"].as_str().unwrap());
     assert_eq!(d.status(Method::DELETE, &snap_path, None).await, 204);
-    assert_eq!(
-        d.status(
-            Method::POST,
-            &format!("/v1/sandboxes/{id}/hibernate"),
-            Some(json!({}))
-        )
-        .await,
-        204
-    );
+    assert_eq!(act(&d, &id, "hibernate").await, 204);
     assert_eq!(d.sandbox(&id).await["status"], "hibernated");
     wait_gone(&data.join("sandboxes-gvisor").join(&id)).await;
     assert_eq!(mounts_mentioning(&id), Vec::<String>::new());

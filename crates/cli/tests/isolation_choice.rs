@@ -235,26 +235,10 @@ async fn gvisor_sandboxes_pause_and_resume() {
     let id = d.create(json!({"isolation": "gvisor"})).await;
     // Pausing works: the host's freezer stops the sentry and its gofer.
     assert_eq!(d.exec(&id, "echo before > /tmp/p").await.0, 200);
-    assert_eq!(
-        d.status(
-            Method::POST,
-            &format!("/v1/sandboxes/{id}/pause"),
-            Some(json!({}))
-        )
-        .await,
-        204
-    );
+    assert_eq!(act(&d, &id, "pause").await, 204);
     assert_eq!(d.sandbox(&id).await["status"], "paused");
     assert_eq!(d.exec(&id, "true").await.0, 409);
-    assert_eq!(
-        d.status(
-            Method::POST,
-            &format!("/v1/sandboxes/{id}/resume"),
-            Some(json!({}))
-        )
-        .await,
-        204
-    );
+    assert_eq!(act(&d, &id, "resume").await, 204);
     let (s, body) = d.exec(&id, "cat /tmp/p").await;
     assert_eq!(
         (s, body["stdout"].as_str()),

@@ -180,15 +180,7 @@ async fn btrfs_saves_are_snapshots_forks_are_private_and_nothing_is_left() {
         .create(json!({"ttl_seconds": 600, "persistent": true}))
         .await;
     assert_eq!(d.exec(&sleeper, "echo zz > ~/h").await.0, 200);
-    assert_eq!(
-        d.status(
-            reqwest::Method::POST,
-            &format!("/v1/sandboxes/{sleeper}/hibernate"),
-            Some(json!({}))
-        )
-        .await,
-        204
-    );
+    assert_eq!(act(&d, &sleeper, "hibernate").await, 204);
     assert!(!names(&store.join("stages")).contains(&sleeper));
 
     // What a killed daemon left: a stage with no sandbox, a snapshot no
@@ -325,15 +317,7 @@ async fn default_store_is_btrfs_released_on_a_graceful_stop_and_nothing_is_lost(
         .create(json!({"ttl_seconds": 600, "persistent": true}))
         .await;
     assert_eq!(d.exec(&sleeper, "echo zz > ~/h").await.0, 200);
-    assert_eq!(
-        d.status(
-            reqwest::Method::POST,
-            &format!("/v1/sandboxes/{sleeper}/hibernate"),
-            Some(json!({}))
-        )
-        .await,
-        204
-    );
+    assert_eq!(act(&d, &sleeper, "hibernate").await, 204);
     let source = d.create(json!({"ttl_seconds": 600})).await;
     assert_eq!(d.exec(&source, "echo snap > ~/s").await.0, 200);
     let (s, snap) = d

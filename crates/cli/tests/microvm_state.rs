@@ -341,15 +341,7 @@ async fn a_hibernated_microvm_wakes_with_its_memory_even_after_a_sigkill() {
         d.status(Method::POST, &hibernate, Some(json!({}))).await,
         204
     );
-    assert_eq!(
-        d.status(
-            Method::POST,
-            &format!("/v1/sandboxes/{id}/wake"),
-            Some(json!({}))
-        )
-        .await,
-        204
-    );
+    assert_eq!(act(&d, &id, "wake").await, 204);
     let v = ok(run(&d, "x += 1\nprint(x)")).await;
     assert_eq!(v["stdout"], "43\n", "{v}");
 

@@ -18,27 +18,6 @@ use common::*;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-/// The jail's default id map: sandbox uid `U` is host uid `HOST_BASE + U`.
-const HOST_BASE: u32 = 1_000_000_000;
-
-/// Runs `cmd` in sandbox `id`: (exit code, stdout, stderr).
-async fn sh(d: &Daemon, id: &str, cmd: &str) -> (i64, String, String) {
-    let (s, body) = d.exec(id, cmd).await;
-    assert_eq!(s, 200, "{cmd}: {body}");
-    (
-        body["exit_code"].as_i64().unwrap(),
-        body["stdout"].as_str().unwrap().to_string(),
-        body["stderr"].as_str().unwrap().to_string(),
-    )
-}
-
-/// Runs `cmd` in sandbox `id` and fails unless it succeeds: its stdout.
-async fn ok(d: &Daemon, id: &str, cmd: &str) -> String {
-    let (code, out, err) = sh(d, id, cmd).await;
-    assert_eq!(code, 0, "{cmd}: {out}{err}");
-    out
-}
-
 /// A microVM sandbox with `volumes` that lives long enough for the test.
 fn vm(volumes: Value) -> Value {
     json!({
@@ -166,15 +145,7 @@ async fn microvms_share_volumes_with_jail_sandboxes_with_the_same_owners() {
     assert_eq!(s, 201, "{snap}");
     assert_eq!(snap["memory"], false, "{snap}");
     assert_eq!(ok(&d, &a, "cat /mnt/shared/f").await, "vm-1\n");
-    assert_eq!(
-        d.status(
-            Method::POST,
-            &format!("/v1/sandboxes/{a}/hibernate"),
-            Some(json!({}))
-        )
-        .await,
-        204
-    );
+    assert_eq!(act(&d, &a, "hibernate").await, 204);
     assert_eq!(d.sandbox(&a).await["status"], "hibernated");
     assert!(!data.join("memory").join(&a).exists(), "a memory image");
     assert_eq!(processes_of(&data, &a), Vec::new());

@@ -40,29 +40,13 @@ async fn snapshots_paused_hibernated_sandboxes_and_volumes_survive_a_sigkill() {
 
     let paused = d.create(json!({"ttl_seconds": 600})).await;
     assert_eq!(d.exec(&paused, "echo p > ~/p").await.0, 200);
-    assert_eq!(
-        d.status(
-            reqwest::Method::POST,
-            &format!("/v1/sandboxes/{paused}/pause"),
-            Some(json!({}))
-        )
-        .await,
-        204
-    );
+    assert_eq!(act(&d, &paused, "pause").await, 204);
 
     let sleeper = d
         .create(json!({"ttl_seconds": 600, "persistent": true}))
         .await;
     assert_eq!(d.exec(&sleeper, "echo h > ~/h").await.0, 200);
-    assert_eq!(
-        d.status(
-            reqwest::Method::POST,
-            &format!("/v1/sandboxes/{sleeper}/hibernate"),
-            Some(json!({}))
-        )
-        .await,
-        204
-    );
+    assert_eq!(act(&d, &sleeper, "hibernate").await, 204);
 
     // What a killed daemon was copying: a layer no record names.
     let half = data.join("states/l-00000000-0000-0000-0000-00000000dead");
@@ -81,15 +65,7 @@ async fn snapshots_paused_hibernated_sandboxes_and_volumes_survive_a_sigkill() {
     // The paused one is still paused (work is refused), and resumes.
     assert_eq!(d.sandbox(&paused).await["status"], "paused");
     assert_eq!(d.exec(&paused, "true").await.0, 409);
-    assert_eq!(
-        d.status(
-            reqwest::Method::POST,
-            &format!("/v1/sandboxes/{paused}/resume"),
-            Some(json!({}))
-        )
-        .await,
-        204
-    );
+    assert_eq!(act(&d, &paused, "resume").await, 204);
     let (_, body) = d.exec(&paused, "cat ~/p").await;
     assert_eq!(body["stdout"], "p\n", "{body}");
     // The hibernated one wakes with its files.

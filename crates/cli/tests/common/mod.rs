@@ -160,3 +160,35 @@ pub fn owner(path: &Path) -> (u32, u32) {
     let m = std::fs::metadata(path).unwrap();
     (m.uid(), m.gid())
 }
+
+/// The jail's default id map: sandbox uid `U` is host uid `HOST_BASE + U`.
+pub const HOST_BASE: u32 = 1_000_000_000;
+
+/// Runs `cmd` in sandbox `id`: (exit code, stdout, stderr).
+pub async fn sh(d: &Daemon, id: &str, cmd: &str) -> (i64, String, String) {
+    let (s, body) = d.exec(id, cmd).await;
+    assert_eq!(s, 200, "{cmd}: {body}");
+    (
+        body["exit_code"].as_i64().unwrap(),
+        body["stdout"].as_str().unwrap().to_string(),
+        body["stderr"].as_str().unwrap().to_string(),
+    )
+}
+
+/// Runs `cmd` in sandbox `id` and fails unless it succeeds: its stdout.
+pub async fn ok(d: &Daemon, id: &str, cmd: &str) -> String {
+    let (code, out, err) = sh(d, id, cmd).await;
+    assert_eq!(code, 0, "{cmd}: {out}{err}");
+    out
+}
+
+/// `POST /v1/sandboxes/{id}/{action}` (`pause`, `resume`, `hibernate`,
+/// `wake`) with an empty body: the status.
+pub async fn act(d: &Daemon, id: &str, action: &str) -> u16 {
+    d.status(
+        reqwest::Method::POST,
+        &format!("/v1/sandboxes/{id}/{action}"),
+        Some(serde_json::json!({})),
+    )
+    .await
+}
