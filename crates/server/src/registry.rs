@@ -204,29 +204,7 @@ impl Registry {
             .conn
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        conn.prepare_cached(
-            "INSERT OR REPLACE INTO sandboxes
-             (id, workspace, template, metadata, limits, env, ttl_seconds, persistent,
-              created_at, last_activity_ms, status, end_reason, network, isolation)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12,
-                     (SELECT network FROM sandboxes WHERE id = ?1), ?13)",
-        )?
-        .execute(params![
-            r.id,
-            r.workspace,
-            r.template,
-            serde_json::to_string(&r.metadata)?,
-            serde_json::to_string(&r.limits)?,
-            serde_json::to_string(&r.env)?,
-            i64::try_from(r.ttl_seconds).unwrap_or(i64::MAX),
-            r.persistent,
-            r.created_at,
-            r.last_activity_ms,
-            r.status,
-            r.end_reason,
-            r.isolation.as_str(),
-        ])?;
-        Ok(())
+        write(&conn, r, None)
     }
 
     /// Marks a sandbox ended, keeping a tombstone (who owned it, why and
@@ -378,11 +356,25 @@ pub fn insert(
     network: Option<&runcell_egress::NetworkPolicy>,
 ) -> Result<(), RegistryError> {
     let network = network.map(serde_json::to_string).transpose()?;
+    write(conn, r, Some(network))
+}
+
+/// Inserts or replaces `r` on `conn`, with `network` as its network policy
+/// (`Some(None)`: no egress) or, with `None`, the one already recorded for
+/// its id, if any.
+fn write(
+    conn: &Connection,
+    r: &Record,
+    network: Option<Option<String>>,
+) -> Result<(), RegistryError> {
+    let keep = network.is_none();
     conn.prepare_cached(
         "INSERT OR REPLACE INTO sandboxes
          (id, workspace, template, metadata, limits, env, ttl_seconds, persistent,
           created_at, last_activity_ms, status, end_reason, network, isolation)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12,
+                 CASE WHEN ?15 THEN (SELECT network FROM sandboxes WHERE id = ?1) ELSE ?13 END,
+                 ?14)",
     )?
     .execute(params![
         r.id,
@@ -397,8 +389,9 @@ pub fn insert(
         r.last_activity_ms,
         r.status,
         r.end_reason,
-        network,
+        network.flatten(),
         r.isolation.as_str(),
+        keep,
     ])?;
     Ok(())
 }
