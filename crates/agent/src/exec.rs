@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use runcell_jail::gvisor::ExecGroups;
-use runcell_jail::inside::ExecImage;
+use runcell_jail::inside::{ExecGroupFds, ExecImage};
+use runcell_jail::zygote::{Spawn, Zygote, ZygoteError};
 use runcell_jail::SandboxCommand;
 use runcell_protocol::{
     Command as Cmd, ErrorKind, Event, ExecRequest, ExecUser, ExitInfo, RunCodeRequest,
@@ -214,17 +215,9 @@ async fn run(
     agent.egress.apply_env(&mut env);
     env.extend(agent.spec.env.clone());
     env.extend(plan.env);
-    let mut cmd = Command::new(&plan.argv[0]);
-    cmd.args(&plan.argv[1..])
-        .env_clear()
-        .envs(&env)
-        .current_dir(&cwd)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    // The child std forks becomes the exec's supervisor; it forks the
-    // command. Under gVisor (no child subreaper) it does so in a cgroup of
-    // the exec's own, which it empties when the command ends.
+    // The supervisor starts the command. Under gVisor (no child subreaper)
+    // it does so in a cgroup of the exec's own, which it empties when the
+    // command ends.
     let group = match EXEC_GROUPS.get().map(ExecGroups::create) {
         Some(Ok(g)) => Some(g),
         Some(Err(e)) => {
@@ -254,31 +247,40 @@ async fn run(
         }
     };
     let fds = group.as_ref().map(|g| g.fds());
-    cmd.supervise_as(user.uid, user.gid, plan.background, fds, image);
     // Limit hits the sandbox's own kernel counts (gVisor, microVM).
     let hits_before = crate::limits::hits();
     let watching = crate::limits::active();
     let started = Instant::now();
-    // The program was found on the child's PATH above (ExecImage).
-    let mut child = match cmd.spawn() {
+    let spec = Start {
+        program: &plan.argv[0],
+        env: &env,
+        cwd: &cwd,
+        user: &user,
+        background: plan.background,
+        image,
+        group: fds,
+    };
+    // No `.await` from the start to `watch`: the reaper, which runs on this
+    // (single) runtime thread, must not reap the supervisor before.
+    let child = match start(spec) {
         Ok(c) => c,
         Err(e) => {
-            let kind = ErrorKind::SpawnFailed;
             return send_error(
                 out,
                 id,
-                kind,
+                ErrorKind::SpawnFailed,
                 format!("Could not start `{}`: {e}.", plan.argv[0]),
             )
             .await;
         }
     };
     let spawned = Instant::now();
-    let supervisor = child.id() as i32;
+    let supervisor = child.supervisor;
     let exited = agent.reaper.watch(supervisor);
-    // spawn returns once the supervisor has forked the command (it closes
-    // std's exec-error pipe only then), so the command is its first child.
-    let pid = procs::first_child(supervisor).unwrap_or(supervisor);
+    if let Some(report) = child.report {
+        tokio::spawn(relay_exit(agent.reaper.clone(), supervisor, report));
+    }
+    let pid = child.command;
     running.lock().expect("running lock").insert(
         (conn, id),
         Running {
@@ -286,11 +288,7 @@ async fn run(
             command: pid,
         },
     );
-
-    let stdin = child.stdin.take().map(OwnedFd::from);
-    let stdout = child.stdout.take().map(OwnedFd::from);
-    let stderr = child.stderr.take().map(OwnedFd::from);
-    drop(child);
+    let (stdin, stdout, stderr) = (child.stdin, child.stdout, child.stderr);
 
     send(out, id, Event::ExecStarted { pid }, Vec::new()).await;
     let announced = Instant::now();
@@ -368,6 +366,141 @@ async fn run(
         answered = at(Instant::now()),
         "exec done"
     );
+}
+
+/// The exec fork server (gVisor: see [`runcell_jail::zygote`]), when the
+/// agent started one.
+static ZYGOTE: std::sync::OnceLock<Zygote> = std::sync::OnceLock::new();
+/// Set once the fork server failed: supervisors are forked here again.
+static ZYGOTE_GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Starts every exec's supervisor through `zygote` from now on.
+pub fn use_zygote(zygote: Zygote) {
+    let _ = ZYGOTE.set(zygote);
+}
+
+/// What starting one exec takes.
+struct Start<'a> {
+    program: &'a str,
+    env: &'a BTreeMap<String, String>,
+    cwd: &'a str,
+    user: &'a ExecUser,
+    background: bool,
+    image: ExecImage,
+    group: Option<ExecGroupFds>,
+}
+
+/// A started exec: its supervisor, its command and the agent's ends of the
+/// command's standard streams.
+struct Child {
+    supervisor: i32,
+    command: i32,
+    stdin: Option<OwnedFd>,
+    stdout: Option<OwnedFd>,
+    stderr: Option<OwnedFd>,
+    /// The fork server's report pipe, which gives the exit; `None` for the
+    /// agent's own child, whose exit the reaper gives.
+    report: Option<OwnedFd>,
+}
+
+/// Starts an exec's supervisor, which starts the command: through the fork
+/// server where there is one, else by forking the agent. Returns once the
+/// command runs. Blocks the runtime thread meanwhile, as a fork does.
+fn start(spec: Start<'_>) -> std::io::Result<Child> {
+    use std::os::fd::AsFd;
+    if let Some(z) = ZYGOTE
+        .get()
+        .filter(|_| !ZYGOTE_GONE.load(Ordering::Relaxed))
+    {
+        let pipe =
+            || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from);
+        let (in_r, in_w) = pipe()?;
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
+        let req = Spawn {
+            uid: spec.user.uid,
+            gid: spec.user.gid,
+            keep_background: spec.background,
+            cwd: spec.cwd,
+            image: &spec.image,
+            stdin: in_r.as_fd(),
+            stdout: out_w.as_fd(),
+            stderr: err_w.as_fd(),
+            group: spec.group,
+        };
+        match z.spawn(&req) {
+            Ok(s) => {
+                return Ok(Child {
+                    supervisor: s.supervisor,
+                    command: s.command,
+                    stdin: Some(in_w),
+                    stdout: Some(out_r),
+                    stderr: Some(err_r),
+                    report: Some(s.report),
+                })
+            }
+            Err(ZygoteError::Start(e)) => return Err(e),
+            Err(e) => {
+                tracing::warn!(
+                    "{e} ({}); forking exec supervisors from the agent from now on",
+                    std::error::Error::source(&e)
+                        .map(|s| s.to_string())
+                        .unwrap_or_default()
+                );
+                ZYGOTE_GONE.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+    let mut cmd = Command::new(spec.program);
+    cmd.env_clear()
+        .envs(spec.env)
+        .current_dir(spec.cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd.supervise_as(
+        spec.user.uid,
+        spec.user.gid,
+        spec.background,
+        spec.group,
+        spec.image,
+    );
+    let mut child = cmd.spawn()?;
+    let supervisor = child.id() as i32;
+    // spawn returns once the supervisor has forked the command (it closes
+    // std's exec-error pipe only then), so the command is its first child.
+    let command = procs::first_child(supervisor).unwrap_or(supervisor);
+    Ok(Child {
+        supervisor,
+        command,
+        stdin: child.stdin.take().map(OwnedFd::from),
+        stdout: child.stdout.take().map(OwnedFd::from),
+        stderr: child.stderr.take().map(OwnedFd::from),
+        report: None,
+    })
+}
+
+/// Reads the exit a supervisor started by the fork server reports, hands
+/// it to whoever waits for the supervisor (as the reaper does for the
+/// agent's own children), then lets the fork server reap it.
+async fn relay_exit(reaper: crate::reaper::Reaper, supervisor: i32, report: OwnedFd) {
+    let mut bytes = Vec::new();
+    if let Ok(mut rx) = pipe::Receiver::from_owned_fd(report) {
+        let _ = rx.read_to_end(&mut bytes).await;
+    }
+    let exit = match runcell_jail::zygote::exit_status(&bytes) {
+        Some(st) if libc::WIFSIGNALED(st) => Exit::Signal(libc::WTERMSIG(st)),
+        Some(st) if libc::WIFEXITED(st) => Exit::Code(libc::WEXITSTATUS(st)),
+        Some(_) => Exit::Code(1),
+        // Ended without a word: killed (only the agent's SIGKILL can).
+        None => Exit::Signal(libc::SIGKILL),
+    };
+    reaper.deliver_exit(supervisor, exit);
+    if let Some(z) = ZYGOTE.get() {
+        if let Err(e) = z.reap(supervisor) {
+            tracing::warn!("{e}: supervisor {supervisor} stays a zombie");
+        }
+    }
 }
 
 async fn wait(

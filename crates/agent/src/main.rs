@@ -135,16 +135,28 @@ fn main() -> ExitCode {
         tracing::error!("{e}");
         return ExitCode::FAILURE;
     }
+    // Sandboxed processes must not read the agent's memory or /proc/1 files.
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        tracing::error!("could not make the agent non-dumpable: {e}");
+        return ExitCode::FAILURE;
+    }
+    // Under gVisor, where copying a large process is slow, exec supervisors
+    // are forked by a small copy of the agent made now, while it is
+    // single-threaded (before the sampler thread and the runtime).
+    if gvisor {
+        match runcell_jail::zygote::Zygote::start() {
+            Ok(z) => {
+                tracing::debug!(pid = z.pid(), "exec fork server started");
+                exec::use_zygote(z);
+            }
+            Err(e) => tracing::warn!("{e}: exec supervisors are forked from the agent"),
+        }
+    }
     if let Some((current, max)) = pids_current {
         if let Err(e) = limits::watch_sampled(current, max) {
             tracing::error!("could not start the process-limit sampler: {e}");
             return ExitCode::FAILURE;
         }
-    }
-    // Sandboxed processes must not read the agent's memory or /proc/1 files.
-    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
-        tracing::error!("could not make the agent non-dumpable: {e}");
-        return ExitCode::FAILURE;
     }
     tracing::debug!(
         us = runcell_protocol::units::micros(started.elapsed()),

@@ -84,12 +84,14 @@ impl Reaper {
     }
 
     fn deliver(&self, pid: Pid, exit: Exit) {
-        let tx = self
-            .state
-            .lock()
-            .expect("reaper lock")
-            .waiting
-            .remove(&pid.as_raw());
+        self.deliver_exit(pid.as_raw(), exit);
+    }
+
+    /// Hands `exit` to whoever watches `pid`, a process that is not the
+    /// agent's child (an exec supervisor the fork server started, which
+    /// reports its own exit): from here on `pid` is no longer waited for.
+    pub fn deliver_exit(&self, pid: i32, exit: Exit) {
+        let tx = self.state.lock().expect("reaper lock").waiting.remove(&pid);
         if let Some(tx) = tx {
             let _ = tx.send(exit);
         }

@@ -830,3 +830,67 @@ async fn landlock_confines_every_process_to_the_sandboxs_root() {
     assert_eq!(text(&r.stdout), "hi\n4\n", "{}", text(&r.stderr));
     sb.destroy().await.unwrap();
 }
+
+/// Every way an exec can end (exit code, signal, timeout, background
+/// leftovers, a program that cannot start, input) is reported as it
+/// happened, and none leaves a process or a zombie behind: under gVisor
+/// each exec's supervisor comes from the agent's fork server, which must
+/// start, report and reap every one of them.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_kind_of_exec_ending_is_reported_and_leaves_nothing_behind() {
+    let rt = runtime("isolation");
+    let sb = sandbox(&rt, limits()).await;
+    let processes = "ps -eo stat=,args=";
+    let before = text(&sh(&sb, processes).await.stdout);
+    let argv =
+        |a: &[&str]| runcell_protocol::Command::Argv(a.iter().map(|s| s.to_string()).collect());
+    let short = RunOptions {
+        timeout: Some(Duration::from_millis(500)),
+        ..RunOptions::default()
+    };
+    for round in 0..3 {
+        let r = sh(&sb, "echo out; echo err >&2; exit 7").await;
+        assert_eq!(
+            (r.outcome.status(), text(&r.stdout), text(&r.stderr)),
+            (7, "out\n".into(), "err\n".into())
+        );
+        let r = sh(&sb, "kill -9 $$").await;
+        assert_eq!(
+            r.outcome.exit.signal,
+            Some(9),
+            "round {round}: {:?}",
+            r.outcome
+        );
+        let r = sb.exec(argv(&["sleep", "30"]), &short).await.unwrap();
+        assert!(r.outcome.exit.timed_out, "round {round}: {:?}", r.outcome);
+        let r = sh(&sb, "sleep 60 & setsid sleep 61 & echo started").await;
+        assert_eq!(text(&r.stdout), "started\n");
+        for program in ["/etc/hostname", "/no/such/program"] {
+            let e = sb
+                .exec(argv(&[program]), &RunOptions::default())
+                .await
+                .expect_err("a program that cannot start");
+            let e = e.to_string();
+            assert!(e.contains("Could not start") && e.contains(program), "{e}");
+        }
+        let r = sb
+            .exec(
+                argv(&["cat"]),
+                &RunOptions {
+                    stdin: b"through stdin".to_vec(),
+                    ..RunOptions::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(text(&r.stdout), "through stdin");
+    }
+    // What ran before is all that runs now: no leftover, no zombie.
+    let after = text(&sh(&sb, processes).await.stdout);
+    assert_eq!(
+        after, before,
+        "processes before:\n{before}\nafter:\n{after}"
+    );
+    assert!(!after.lines().any(|l| l.starts_with('Z')), "{after}");
+    sb.destroy().await.unwrap();
+}

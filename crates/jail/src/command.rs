@@ -64,7 +64,9 @@ impl SandboxCommand for Command {
         // to and reads) and the image, laid out before the fork and only
         // read in the child.
         unsafe {
-            self.pre_exec(move || inside::supervise_exec(uid, gid, keep_background, group, &image))
+            self.pre_exec(move || {
+                inside::supervise_exec(uid, gid, keep_background, group, &image, None)
+            })
         }
     }
 

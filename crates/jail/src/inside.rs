@@ -1089,6 +1089,7 @@ pub fn supervise_exec(
     keep_background: bool,
     group: Option<ExecGroupFds>,
     image: &ExecImage,
+    report: Option<libc::c_int>,
 ) -> io::Result<()> {
     let set = supervisor_signals();
     if let Some(g) = group {
@@ -1142,6 +1143,11 @@ pub fn supervise_exec(
             libc::waitpid(main, std::ptr::null_mut(), 0);
             return Err(io::Error::from_raw_os_error(args.error));
         }
+        // Started through the fork server: say so (and the pids) on the
+        // report pipe, which the descriptor sweep below then closes.
+        if let Some(fd) = report {
+            crate::zygote::report_started(fd, main);
+        }
         // Hold nothing of the agent's or of the command's stdio: the command's
         // pipes must close when the last process of the exec is gone, and
         // std's exec-error pipe must close so the agent's spawn returns.
@@ -1157,13 +1163,29 @@ pub fn supervise_exec(
             Some(_) => return Err(io::Error::last_os_error()),
             None => 3,
         };
-        if libc::syscall(libc::SYS_close_range, first, crate::sys::MAX_FD, 0u32) < 0 {
-            // Kernels before 5.9: close what a process normally has open.
-            for fd in first..4096 {
-                libc::close(fd);
+        // The fork server's report pipe stays open: the exit goes there too.
+        let ranges: [(libc::c_uint, libc::c_uint); 2] = match report.filter(|&fd| fd >= first) {
+            Some(k) => [
+                (first as libc::c_uint, (k - 1) as libc::c_uint),
+                ((k + 1) as libc::c_uint, crate::sys::MAX_FD),
+            ],
+            None => [(first as libc::c_uint, crate::sys::MAX_FD), (1, 0)],
+        };
+        for (from, to) in ranges {
+            if from > to {
+                continue;
+            }
+            if libc::syscall(libc::SYS_close_range, from, to, 0u32) < 0 {
+                // Kernels before 5.9: close what a process normally has open.
+                for fd in from..=to.min(4095) {
+                    libc::close(fd as libc::c_int);
+                }
             }
         }
         let status = supervise(main, &set, keep_background, group.is_some());
+        if let Some(fd) = report {
+            crate::zygote::report_exited(fd, status);
+        }
         exit_like(status)
     }
 }
@@ -1258,7 +1280,17 @@ impl ExecImage {
             .iter()
             .map(|a| CString::new(a.as_str()).map_err(nul))
             .collect::<io::Result<_>>()?;
-        let argv_ptrs = args
+        Ok(Self::from_parts(path, args, env))
+    }
+
+    /// The image of `path` with `args` and `env` as they are (no `PATH`
+    /// search).
+    pub(crate) fn from_parts(
+        path: std::ffi::CString,
+        args: Vec<std::ffi::CString>,
+        env: Vec<std::ffi::CString>,
+    ) -> Self {
+        let argv = args
             .iter()
             .map(|a| a.as_ptr())
             .chain([std::ptr::null()])
@@ -1270,12 +1302,18 @@ impl ExecImage {
             .collect();
         let mut strings = args;
         strings.extend(env);
-        Ok(Self {
+        Self {
             path,
             _strings: strings,
-            argv: argv_ptrs,
+            argv,
             envp,
-        })
+        }
+    }
+
+    /// The program's path, its arguments and its environment.
+    pub(crate) fn parts(&self) -> (&std::ffi::CStr, &[std::ffi::CString], &[std::ffi::CString]) {
+        let argc = self.argv.len() - 1;
+        (&self.path, &self._strings[..argc], &self._strings[argc..])
     }
 }
 

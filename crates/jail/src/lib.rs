@@ -38,6 +38,7 @@ pub mod socket;
 mod spawn;
 mod spec;
 mod sys;
+pub mod zygote;
 
 pub use sys::finit_module;
 

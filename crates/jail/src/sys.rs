@@ -36,8 +36,14 @@ pub fn pidfd_send_signal(pidfd: RawFd, signal: i32) -> io::Result<()> {
 /// Waits until the pidfd reports that its process exited, up to `timeout_ms`.
 /// Returns whether it exited.
 pub fn pidfd_wait_exit(pidfd: RawFd, timeout_ms: i32) -> io::Result<bool> {
+    wait_readable(pidfd, timeout_ms)
+}
+
+/// Waits until `fd` is readable (or at its end), up to `timeout_ms`.
+/// Returns whether it is.
+pub fn wait_readable(fd: RawFd, timeout_ms: i32) -> io::Result<bool> {
     let mut pfd = libc::pollfd {
-        fd: pidfd,
+        fd,
         events: libc::POLLIN,
         revents: 0,
     };

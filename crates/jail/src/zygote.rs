@@ -1,0 +1,596 @@
+//! The exec fork server (sandbox side, gVisor): a small copy of the agent,
+//! forked while the agent is still single-threaded, that starts each
+//! exec's supervisor ([`crate::inside::supervise_exec`]) for it.
+//!
+//! Why: under gVisor's ptrace platform a process is expensive to copy. The
+//! agent, once its runtime runs, is a large multi-threaded process; forking
+//! it for every exec's supervisor (and breaking copy-on-write on the pages
+//! the child touches) cost about 9 ms of each exec. The fork server is
+//! forked at start-up, before any thread exists, so it is small, and being
+//! single-threaded it may allocate freely after its own forks. An exec is
+//! one message to it: the supervisor's settings and program
+//! ([`crate::inside::ExecImage`]), and the exec's descriptors (standard
+//! streams, a report pipe, its cgroup) passed as `SCM_RIGHTS`.
+//!
+//! The supervisor is the fork server's child (this gVisor ignores
+//! `CLONE_PARENT`), so the agent cannot wait for it: the supervisor reports
+//! on a pipe that it started the command (its own pid and the command's)
+//! or why it could not, and later the command's wait status, just before
+//! it exits the same way. [`Zygote::spawn`] blocks until the first report,
+//! as [`std::process::Command::spawn`] does; [`Started::report`] then
+//! gives the exit (or the end of the pipe, when the supervisor was
+//! killed). The fork server reaps a supervisor only when the agent says so
+//! ([`Zygote::reap`]), after it has read that exit: until then the
+//! supervisor's pid cannot be reused, so the agent may signal it.
+//!
+//! The fork server holds no descriptor but its socket, runs with the
+//! agent's credentials, seccomp filter, Landlock domain and process-limit
+//! cgroup (it is one process of the sandbox's count), is not dumpable (the
+//! agent's setting when it forks) and dies with the agent
+//! (`PR_SET_PDEATHSIG`). Should it be gone, [`Zygote::spawn`] says so
+//! ([`ZygoteError::Gone`]) and the agent forks supervisors itself again.
+
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+
+use crate::inside::{ExecGroupFds, ExecImage};
+
+/// The most bytes of one request (settings, program, arguments and
+/// environment); the agent's own request limits keep far below it.
+const MAX_REQUEST: usize = 256 << 20;
+
+/// How long [`Zygote::spawn`] waits for the supervisor's report.
+const REPORT_WAIT: Duration = Duration::from_secs(10);
+
+/// A request's first bytes: a tag and the length of what follows.
+const MAGIC: u32 = u32::from_le_bytes(*b"RCZ1");
+/// A request to reap a supervisor: this tag and its pid.
+const MAGIC_REAP: u32 = u32::from_le_bytes(*b"RCZ0");
+
+/// The report's kinds: the command started, or the errno of why not.
+const STARTED: i32 = 1;
+const FAILED: i32 = 2;
+/// The command's wait status, the supervisor's last report.
+const EXITED: i32 = 3;
+
+/// Why an exec could not be started through the fork server.
+#[derive(Debug, thiserror::Error)]
+pub enum ZygoteError {
+    /// The fork server is gone or its socket broke: start supervisors
+    /// another way.
+    #[error("The exec fork server is gone.")]
+    Gone(#[source] io::Error),
+    /// The supervisor could not start the command (the program is missing,
+    /// not executable, the directory does not exist...).
+    #[error("The command could not start.")]
+    Start(#[source] io::Error),
+    /// As `Start`, before the supervisor (when there was one) is reaped.
+    #[error("The command could not start.")]
+    Failed {
+        /// Why.
+        #[source]
+        error: io::Error,
+        /// The supervisor that reported it (0 when the fork server could
+        /// not fork one).
+        supervisor: i32,
+    },
+    /// `start` was called with more than one thread running.
+    #[error("The exec fork server must be started while the agent is single-threaded ({0} threads run).")]
+    Threaded(usize),
+    /// Setting it up failed.
+    #[error("Could not start the exec fork server.")]
+    Setup(#[source] io::Error),
+}
+
+/// The agent's end of the fork server.
+#[derive(Debug)]
+pub struct Zygote {
+    sock: Mutex<UnixStream>,
+    pid: i32,
+}
+
+/// One exec to start: what [`crate::SandboxCommand::supervise_as`] takes,
+/// plus what std would otherwise set up in the child (standard streams and
+/// working directory).
+#[derive(Debug)]
+pub struct Spawn<'a> {
+    /// The sandbox user the command runs as.
+    pub uid: u32,
+    /// Its group.
+    pub gid: u32,
+    /// Leave what the command starts running when it exits.
+    pub keep_background: bool,
+    /// The command's working directory.
+    pub cwd: &'a str,
+    /// The command's program, arguments and environment.
+    pub image: &'a ExecImage,
+    /// The command's standard input (read end of a pipe, say).
+    pub stdin: BorrowedFd<'a>,
+    /// The command's standard output.
+    pub stdout: BorrowedFd<'a>,
+    /// The command's standard error.
+    pub stderr: BorrowedFd<'a>,
+    /// The exec's own cgroup, as for [`crate::inside::supervise_exec`].
+    pub group: Option<ExecGroupFds>,
+}
+
+/// A started exec.
+#[derive(Debug)]
+pub struct Started {
+    /// The supervisor, the fork server's child.
+    pub supervisor: i32,
+    /// The command, the supervisor's child.
+    pub command: i32,
+    /// Where the supervisor reports the command's wait status as it exits
+    /// ([`exit_status`] reads it).
+    pub report: OwnedFd,
+}
+
+/// The command's wait status from a supervisor's last report (`bytes`,
+/// what was read from [`Started::report`] up to its end); `None` when the
+/// supervisor ended without one (it was killed).
+pub fn exit_status(bytes: &[u8]) -> Option<libc::c_int> {
+    let b: &[u8; 12] = bytes.get(..12)?.try_into().ok()?;
+    let word = |i: usize| i32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    (word(0) == EXITED).then(|| word(4))
+}
+
+impl Zygote {
+    /// Forks the fork server. Call only while the process is
+    /// single-threaded (checked: [`ZygoteError::Threaded`] otherwise).
+    pub fn start() -> Result<Self, ZygoteError> {
+        let threads = std::fs::read_dir("/proc/self/task")
+            .map_err(ZygoteError::Setup)?
+            .count();
+        if threads != 1 {
+            return Err(ZygoteError::Threaded(threads));
+        }
+        let (agent_end, server_end) = UnixStream::pair().map_err(ZygoteError::Setup)?;
+        // SAFETY: the process is single-threaded (checked above), so the
+        // child is a complete copy that may allocate and lock; it runs
+        // `serve`, which never returns.
+        match unsafe { libc::fork() } {
+            -1 => Err(ZygoteError::Setup(io::Error::last_os_error())),
+            0 => {
+                drop(agent_end);
+                serve(server_end)
+            }
+            pid => Ok(Self {
+                sock: Mutex::new(agent_end),
+                pid,
+            }),
+        }
+    }
+
+    /// The fork server's pid.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Starts one exec: its supervisor, which starts the command. Returns
+    /// once the command runs (or could not start). The caller must watch
+    /// for the supervisor's exit before it lets its reaper run.
+    pub fn spawn(&self, req: &Spawn<'_>) -> Result<Started, ZygoteError> {
+        let (report_r, report_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| ZygoteError::Setup(e.into()))?;
+        let payload = encode(req);
+        let mut fds = vec![
+            req.stdin.as_raw_fd(),
+            req.stdout.as_raw_fd(),
+            req.stderr.as_raw_fd(),
+            report_w.as_raw_fd(),
+        ];
+        if let Some(g) = req.group {
+            fds.extend([g.procs_write, g.procs_read]);
+        }
+        let len = u32::try_from(payload.len())
+            .ok()
+            .filter(|&n| n as usize <= MAX_REQUEST)
+            .ok_or_else(|| {
+                ZygoteError::Start(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "the command's arguments and environment are too large",
+                ))
+            })?;
+        let mut header = [0u8; 8];
+        header[..4].copy_from_slice(&MAGIC.to_le_bytes());
+        header[4..].copy_from_slice(&len.to_le_bytes());
+        {
+            let mut sock = self.sock.lock().unwrap_or_else(|p| p.into_inner());
+            let sent = sendmsg::<()>(
+                sock.as_raw_fd(),
+                &[IoSlice::new(&header)],
+                &[ControlMessage::ScmRights(&fds)],
+                MsgFlags::MSG_NOSIGNAL,
+                None,
+            );
+            match sent {
+                Ok(n) if n == header.len() => {}
+                Ok(_) => {
+                    return Err(ZygoteError::Gone(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        "short write of a request header",
+                    )))
+                }
+                Err(e) => return Err(ZygoteError::Gone(e.into())),
+            }
+            sock.write_all(&payload).map_err(ZygoteError::Gone)?;
+        }
+        drop(report_w);
+        match read_report(report_r) {
+            // The supervisor exited after its report: reaped now.
+            Err(ZygoteError::Failed { error, supervisor }) => {
+                if supervisor > 0 {
+                    self.reap(supervisor)?;
+                }
+                Err(ZygoteError::Start(error))
+            }
+            r => r,
+        }
+    }
+}
+
+impl Zygote {
+    /// Lets the fork server reap `supervisor`, whose exit the agent has read
+    /// from its report: its pid may be reused from then on.
+    pub fn reap(&self, supervisor: i32) -> Result<(), ZygoteError> {
+        let mut msg = [0u8; 8];
+        msg[..4].copy_from_slice(&MAGIC_REAP.to_le_bytes());
+        msg[4..].copy_from_slice(&supervisor.to_le_bytes());
+        let mut sock = self.sock.lock().unwrap_or_else(|p| p.into_inner());
+        sock.write_all(&msg).map_err(ZygoteError::Gone)
+    }
+}
+
+/// Waits for a supervisor's first report.
+fn read_report(report: OwnedFd) -> Result<Started, ZygoteError> {
+    let mut buf = [0u8; 12];
+    let mut got = 0;
+    let mut file = std::fs::File::from(report);
+    let deadline = std::time::Instant::now() + REPORT_WAIT;
+    while got < buf.len() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
+        match crate::sys::wait_readable(file.as_raw_fd(), ms) {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(ZygoteError::Gone(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no report from the exec supervisor",
+                )))
+            }
+            Err(e) => return Err(ZygoteError::Gone(e)),
+        }
+        match file.read(&mut buf[got..]) {
+            Ok(0) => {
+                return Err(ZygoteError::Gone(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the exec supervisor ended before it reported",
+                )))
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(ZygoteError::Gone(e)),
+        }
+    }
+    let word = |i: usize| i32::from_le_bytes([buf[i], buf[i + 1], buf[i + 2], buf[i + 3]]);
+    match word(0) {
+        STARTED => Ok(Started {
+            supervisor: word(4),
+            command: word(8),
+            report: file.into(),
+        }),
+        _ => Err(ZygoteError::Failed {
+            error: io::Error::from_raw_os_error(word(4)),
+            supervisor: word(8),
+        }),
+    }
+}
+
+/// Writes a report (a fixed 12 bytes, below `PIPE_BUF`: one write).
+/// Async-signal-safe.
+pub(crate) fn report(fd: RawFd, kind: i32, a: i32, b: i32) {
+    let mut buf = [0u8; 12];
+    buf[..4].copy_from_slice(&kind.to_le_bytes());
+    buf[4..8].copy_from_slice(&a.to_le_bytes());
+    buf[8..].copy_from_slice(&b.to_le_bytes());
+    // SAFETY: writes from a live stack buffer of its length.
+    unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+}
+
+/// Reports the command's wait status (the supervisor exits right after).
+pub(crate) fn report_exited(fd: RawFd, status: libc::c_int) {
+    report(fd, EXITED, status, 0);
+}
+
+/// Reports that the command started: this process's pid and `command`'s.
+pub(crate) fn report_started(fd: RawFd, command: libc::pid_t) {
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
+    report(fd, STARTED, me, command);
+}
+
+/// The request's payload: ids, flags, then length-prefixed strings (the
+/// directory, the program, the arguments and the environment).
+fn encode(req: &Spawn<'_>) -> Vec<u8> {
+    let (path, args, env) = req.image.parts();
+    let mut out = Vec::with_capacity(256);
+    let put = |out: &mut Vec<u8>, n: u32| out.extend_from_slice(&n.to_le_bytes());
+    put(&mut out, req.uid);
+    put(&mut out, req.gid);
+    put(
+        &mut out,
+        u32::from(req.keep_background) | (u32::from(req.group.is_some()) << 1),
+    );
+    let string = |out: &mut Vec<u8>, s: &[u8]| {
+        out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        out.extend_from_slice(s);
+    };
+    string(&mut out, req.cwd.as_bytes());
+    string(&mut out, path.to_bytes());
+    for list in [args, env] {
+        out.extend_from_slice(&(list.len() as u32).to_le_bytes());
+        for s in list {
+            string(&mut out, s.to_bytes());
+        }
+    }
+    out
+}
+
+/// A decoded request, in the fork server.
+struct Request {
+    uid: u32,
+    gid: u32,
+    keep_background: bool,
+    cwd: std::ffi::CString,
+    image: ExecImage,
+    stdio: [OwnedFd; 3],
+    report: OwnedFd,
+    group: Option<(OwnedFd, OwnedFd)>,
+}
+
+/// Reads `n` bytes at `at` of `buf`, moving `at`.
+fn take<'b>(buf: &'b [u8], at: &mut usize, n: usize) -> io::Result<&'b [u8]> {
+    let bad = || io::Error::new(io::ErrorKind::InvalidData, "a malformed exec request");
+    let end = at.checked_add(n).ok_or_else(bad)?;
+    let s = buf.get(*at..end).ok_or_else(bad)?;
+    *at = end;
+    Ok(s)
+}
+
+fn take_u32(buf: &[u8], at: &mut usize) -> io::Result<u32> {
+    let b = take(buf, at, 4)?;
+    Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+fn take_cstring(buf: &[u8], at: &mut usize) -> io::Result<std::ffi::CString> {
+    let n = take_u32(buf, at)? as usize;
+    std::ffi::CString::new(take(buf, at, n)?)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "a NUL byte in an exec request"))
+}
+
+fn take_list(buf: &[u8], at: &mut usize) -> io::Result<Vec<std::ffi::CString>> {
+    let n = take_u32(buf, at)? as usize;
+    // Each string takes at least its 4-byte length: a count beyond that is
+    // malformed (and must not reserve memory for it).
+    if n > buf.len() / 4 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a malformed exec request",
+        ));
+    }
+    (0..n).map(|_| take_cstring(buf, at)).collect()
+}
+
+/// What the agent asks of the fork server.
+enum Message {
+    /// Start an exec.
+    Spawn(Box<Request>),
+    /// Reap this supervisor.
+    Reap(libc::pid_t),
+}
+
+/// Receives one message; `None` when the agent closed its end.
+fn receive(sock: &mut UnixStream) -> io::Result<Option<Message>> {
+    let mut header = [0u8; 8];
+    let mut space = nix::cmsg_space!([RawFd; 6]);
+    let (got, fds) = {
+        let mut iov = [IoSliceMut::new(&mut header)];
+        let msg = recvmsg::<()>(
+            sock.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )?;
+        let mut fds = Vec::new();
+        for c in msg.cmsgs()? {
+            if let ControlMessageOwned::ScmRights(r) = c {
+                fds.extend(r);
+            }
+        }
+        (msg.bytes, fds)
+    };
+    // SAFETY: each descriptor was just received in SCM_RIGHTS and is owned
+    // by nothing else in this process.
+    let mut fds: Vec<OwnedFd> = fds
+        .into_iter()
+        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+        .collect();
+    if got == 0 {
+        return Ok(None);
+    }
+    sock.read_exact(&mut header[got..])?;
+    let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
+    let second = [header[4], header[5], header[6], header[7]];
+    match u32::from_le_bytes([header[0], header[1], header[2], header[3]]) {
+        MAGIC_REAP if fds.is_empty() => return Ok(Some(Message::Reap(i32::from_le_bytes(second)))),
+        MAGIC => {}
+        _ => return Err(bad("an exec request without its tag")),
+    }
+    let len = u32::from_le_bytes(second) as usize;
+    if len > MAX_REQUEST {
+        return Err(bad("an exec request too large"));
+    }
+    let mut payload = vec![0u8; len];
+    sock.read_exact(&mut payload)?;
+    let at = &mut 0;
+    let uid = take_u32(&payload, at)?;
+    let gid = take_u32(&payload, at)?;
+    let flags = take_u32(&payload, at)?;
+    let cwd = take_cstring(&payload, at)?;
+    let path = take_cstring(&payload, at)?;
+    let args = take_list(&payload, at)?;
+    let env = take_list(&payload, at)?;
+    let grouped = flags & 2 != 0;
+    if fds.len() != if grouped { 6 } else { 4 } {
+        return Err(bad("an exec request with the wrong descriptors"));
+    }
+    let group = if grouped {
+        let read = fds.pop();
+        let write = fds.pop();
+        write.zip(read)
+    } else {
+        None
+    };
+    let report = fds.pop().ok_or_else(|| bad("no report pipe"))?;
+    let stderr = fds.pop().ok_or_else(|| bad("no stderr"))?;
+    let stdout = fds.pop().ok_or_else(|| bad("no stdout"))?;
+    let stdin = fds.pop().ok_or_else(|| bad("no stdin"))?;
+    Ok(Some(Message::Spawn(Box::new(Request {
+        uid,
+        gid,
+        keep_background: flags & 1 != 0,
+        cwd,
+        image: ExecImage::from_parts(path, args, env),
+        stdio: [stdin, stdout, stderr],
+        report,
+        group,
+    }))))
+}
+
+/// The fork server's loop: one supervisor per request, until the agent
+/// closes its end.
+fn serve(sock: UnixStream) -> ! {
+    // SAFETY: prctl, close_range, fcntl, open and dup2 on scalars and a
+    // static path; the socket stays open (it is moved to descriptor 3
+    // first, everything above is closed).
+    let mut sock = unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+        let fd = sock.into_raw_fd();
+        if fd != 3 {
+            if libc::dup3(fd, 3, libc::O_CLOEXEC) != 3 {
+                libc::_exit(1);
+            }
+            libc::close(fd);
+        }
+        libc::syscall(libc::SYS_close_range, 4u32, crate::sys::MAX_FD, 0u32);
+        // Standard descriptors the agent lacks are /dev/null here, so the
+        // descriptors requests bring always land above 3.
+        for fd in 0..3 {
+            if libc::fcntl(fd, libc::F_GETFD) < 0 {
+                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+                if null != fd && null >= 0 {
+                    libc::dup2(null, fd);
+                    libc::close(null);
+                }
+            }
+        }
+        UnixStream::from_raw_fd(3)
+    };
+    loop {
+        let req = match receive(&mut sock) {
+            Ok(Some(Message::Spawn(r))) => r,
+            Ok(Some(Message::Reap(pid))) => {
+                // SAFETY: waits for our own child; writes nothing (null status).
+                unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+                continue;
+            }
+            Ok(None) => {
+                // SAFETY: _exit(2) ends the process without running any Rust code.
+                unsafe { libc::_exit(0) }
+            }
+            Err(e) => {
+                eprintln!("runcell-agent exec fork server: {e}; stopping");
+                // SAFETY: as above.
+                unsafe { libc::_exit(1) }
+            }
+        };
+        // SAFETY: this process is single-threaded (it was forked from a
+        // single-threaded agent and starts no thread), so the child is a
+        // complete copy that may allocate; it runs `supervisor`, which
+        // never returns.
+        let pid = unsafe { libc::fork() };
+        match pid {
+            0 => supervisor(*req),
+            p if p < 0 => {
+                let errno = io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::EAGAIN);
+                report(req.report.as_raw_fd(), FAILED, errno, 0);
+            }
+            _ => {}
+        }
+        // The request's descriptors close here: only the supervisor holds them.
+    }
+}
+
+/// The supervisor, just forked: sets up what std would in a child (standard
+/// streams, directory, signal dispositions), then supervises the command.
+fn supervisor(req: Request) -> ! {
+    let fail = |report: RawFd, e: io::Error| -> ! {
+        report_failure(report, &e);
+        // SAFETY: _exit(2) ends the process without running any Rust code.
+        unsafe { libc::_exit(127) }
+    };
+    // The request's descriptors were received above 3 (the fork server's
+    // socket), all close-on-exec: none collides with the standard streams
+    // placed here or the cgroup list `supervise_exec` places at 3.
+    let report = req.report.as_raw_fd();
+    // SAFETY: dup2/signal/sigprocmask/chdir on scalars and the request's
+    // live strings; this process is a single-threaded copy.
+    unsafe {
+        for (i, fd) in req.stdio.iter().enumerate() {
+            if libc::dup2(fd.as_raw_fd(), i as libc::c_int) < 0 {
+                fail(report, io::Error::last_os_error());
+            }
+        }
+        // What Rust's runtime ignores (SIGPIPE) the command must not: std
+        // resets it in every child it starts.
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        if libc::chdir(req.cwd.as_ptr()) < 0 {
+            fail(report, io::Error::last_os_error());
+        }
+    }
+    let group = req.group.as_ref().map(|(w, r)| ExecGroupFds {
+        procs_write: w.as_raw_fd(),
+        procs_read: r.as_raw_fd(),
+    });
+    // Returns only when the command could not start.
+    let e = crate::inside::supervise_exec(
+        req.uid,
+        req.gid,
+        req.keep_background,
+        group,
+        &req.image,
+        Some(report),
+    )
+    .err()
+    .unwrap_or_else(|| io::Error::from_raw_os_error(libc::ECHILD));
+    fail(report, e)
+}
+
+/// Reports why the command could not start, and this supervisor's pid
+/// (for the agent to have it reaped).
+fn report_failure(fd: RawFd, e: &io::Error) {
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
+    report(fd, FAILED, e.raw_os_error().unwrap_or(libc::EIO), me);
+}
