@@ -89,16 +89,31 @@ impl Api {
     }
 
     async fn create(&self) -> String {
-        let v = self
+        self.create_with(json!({"template": "host", "ttl_seconds": 3600,
+                                "limits": {"memory_mb": 2048, "disk_mb": 1024}}))
+            .await
+    }
+
+    /// Creates a sandbox from the request `body`: its id.
+    async fn create_with(&self, body: Value) -> String {
+        let v = self.ok(Method::POST, "/v1/sandboxes", body, 201).await;
+        v["id"].as_str().expect("id").to_string()
+    }
+
+    /// Opens a Python REPL session in sandbox `sb`: its id, and the path
+    /// its cells run at.
+    async fn python_session(&self, sb: &str) -> (String, String) {
+        let s = self
             .ok(
                 Method::POST,
-                "/v1/sandboxes",
-                json!({"template": "host", "ttl_seconds": 3600,
-                       "limits": {"memory_mb": 2048, "disk_mb": 1024}}),
+                &format!("/v1/sandboxes/{sb}/repl/sessions"),
+                json!({"language": "python"}),
                 201,
             )
             .await;
-        v["id"].as_str().expect("id").to_string()
+        let id = s["id"].as_str().expect("session id").to_string();
+        let cell = format!("/v1/sandboxes/{sb}/repl/sessions/{id}/run");
+        (id, cell)
     }
 
     async fn exec(&self, id: &str, cmd: &str) {
@@ -279,28 +294,13 @@ async fn microvm_rows(dir: &std::path::Path, m: usize, layer_mb: u64) {
     };
     println!("\n# microVM (QEMU microvm under TCG emulation; {m} iterations)\n");
     println!("| operation | p50 ms | p95 ms | n |\n|---|---:|---:|---:|");
-    let v = api
-        .ok(
-            Method::POST,
-            "/v1/sandboxes",
+    let sb = api
+        .create_with(
             json!({"template": "host", "isolation": "microvm", "ttl_seconds": 3600,
                    "limits": {"memory_mb": 512, "disk_mb": 1024}}),
-            201,
         )
         .await;
-    let sb = v["id"].as_str().expect("id").to_string();
-    let s = api
-        .ok(
-            Method::POST,
-            &format!("/v1/sandboxes/{sb}/repl/sessions"),
-            json!({"language": "python"}),
-            201,
-        )
-        .await;
-    let cell = format!(
-        "/v1/sandboxes/{sb}/repl/sessions/{}/run",
-        s["id"].as_str().expect("session id")
-    );
+    let (_, cell) = api.python_session(&sb).await;
     api.ok(Method::POST, &cell, json!({"code": "x = 42"}), 200)
         .await;
     let mut pause = Vec::new();
@@ -712,28 +712,11 @@ async fn gvisor_rows(api: &Api, data: &std::path::Path, m: usize) {
     println!("\n# gVisor: hibernation, snapshots and forks with memory ({m} iterations)\n");
     println!("| operation | p50 ms | p95 ms | n |\n|---|---:|---:|---:|");
     for mb in [0u64, 100] {
-        let v = api
-            .ok(
-                Method::POST,
-                "/v1/sandboxes",
-                json!({"isolation": "gvisor", "ttl_seconds": 3600,
-                       "limits": {"memory_mb": 1024}}),
-                201,
-            )
+        let sb = api
+            .create_with(json!({"isolation": "gvisor", "ttl_seconds": 3600,
+                                "limits": {"memory_mb": 1024}}))
             .await;
-        let sb = v["id"].as_str().expect("id").to_string();
-        let s = api
-            .ok(
-                Method::POST,
-                &format!("/v1/sandboxes/{sb}/repl/sessions"),
-                json!({"language": "python"}),
-                201,
-            )
-            .await;
-        let cell = format!(
-            "/v1/sandboxes/{sb}/repl/sessions/{}/run",
-            s["id"].as_str().expect("session id")
-        );
+        let (session, cell) = api.python_session(&sb).await;
         let code = format!("import os\nx = 42\nbig = os.urandom({mb} << 20)");
         api.ok(Method::POST, &cell, json!({"code": code}), 200)
             .await;
@@ -758,8 +741,7 @@ async fn gvisor_rows(api: &Api, data: &std::path::Path, m: usize) {
             &format!("gVisor wake to a cell reading a variable ({mb} MB)"),
             wake,
         );
-        let session = s["id"].as_str().expect("session id");
-        let (snap, from, fork) = gvisor_save_rows(api, &sb, session, m).await;
+        let (snap, from, fork) = gvisor_save_rows(api, &sb, &session, m).await;
         row(
             &format!("gVisor snapshot with memory ({mb} MB; the sandbox runs on)"),
             snap,
