@@ -141,6 +141,31 @@ impl Api {
     }
 }
 
+/// Hibernates sandbox `sb` and wakes it with a cell (at `cell`) that
+/// prints the `x = 42` set before, `m` times: the hibernations' and the
+/// wakes' times.
+async fn hibernate_and_wake(
+    api: &Api,
+    sb: &str,
+    cell: &str,
+    m: usize,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let (mut hib, mut wake) = (Vec::new(), Vec::new());
+    for _ in 0..m {
+        let (d, _) = api
+            .timed(Method::POST, &format!("/v1/sandboxes/{sb}/hibernate"), 204)
+            .await;
+        hib.push(d);
+        let t = Instant::now();
+        let v = api
+            .ok(Method::POST, cell, json!({"code": "print(x)"}), 200)
+            .await;
+        wake.push(t.elapsed());
+        assert_eq!(v["stdout"], "42\n", "the variable was lost: {v}");
+    }
+    (hib, wake)
+}
+
 /// Python that writes `mb` MB as 50 KB files in 100 directories under
 /// `root` (like site-packages).
 fn fill_code(root: &str, mb: u64) -> String {
@@ -323,19 +348,7 @@ async fn microvm_rows(dir: &std::path::Path, m: usize, layer_mb: u64) {
         pause.push(t.elapsed());
     }
     row("microVM pause + resume", pause);
-    let (mut hib, mut wake) = (Vec::new(), Vec::new());
-    for _ in 0..m {
-        let (d, _) = api
-            .timed(Method::POST, &format!("/v1/sandboxes/{sb}/hibernate"), 204)
-            .await;
-        hib.push(d);
-        let t = Instant::now();
-        let v = api
-            .ok(Method::POST, &cell, json!({"code": "print(x)"}), 200)
-            .await;
-        wake.push(t.elapsed());
-        assert_eq!(v["stdout"], "42\n", "the variable was lost: {v}");
-    }
+    let (hib, wake) = hibernate_and_wake(&api, &sb, &cell, m).await;
     row("microVM hibernate with memory (512 MB guest limit)", hib);
     row("microVM wake to a cell reading a variable", wake);
     // Files, then snapshots and forks of them.
@@ -720,19 +733,7 @@ async fn gvisor_rows(api: &Api, data: &std::path::Path, m: usize) {
         let code = format!("import os\nx = 42\nbig = os.urandom({mb} << 20)");
         api.ok(Method::POST, &cell, json!({"code": code}), 200)
             .await;
-        let (mut hib, mut wake) = (Vec::new(), Vec::new());
-        for _ in 0..m {
-            let (d, _) = api
-                .timed(Method::POST, &format!("/v1/sandboxes/{sb}/hibernate"), 204)
-                .await;
-            hib.push(d);
-            let t = Instant::now();
-            let v = api
-                .ok(Method::POST, &cell, json!({"code": "print(x)"}), 200)
-                .await;
-            wake.push(t.elapsed());
-            assert_eq!(v["stdout"], "42\n", "the variable was lost: {v}");
-        }
+        let (hib, wake) = hibernate_and_wake(api, &sb, &cell, m).await;
         row(
             &format!("gVisor hibernate with memory (Python holding {mb} MB)"),
             hib,
