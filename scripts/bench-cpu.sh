@@ -16,6 +16,7 @@
 # Usage (root, release build): scripts/bench-cpu.sh [N] [R]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/bench-daemon.sh
 n=${1:-40}
 rounds=${2:-4}
 runcell=target/release/runcell
@@ -30,14 +31,10 @@ mkdir -p "$ddir"
   --auto-build=false --cgroup-parent runcell-bench-cpu >/dev/null 2>"$ddir.log" &
 dpid=$!
 trap 'kill -TERM $dpid 2>/dev/null; wait $dpid 2>/dev/null; rm -rf "$data" "$ddir" "$ddir.log"' EXIT
-for _ in $(seq 500); do
-  [ -s "$ddir/api-key" ] && (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-  sleep 0.02
-done
-[ -s "$ddir/api-key" ] || { echo "the daemon did not start: $(cat "$ddir.log")" >&2; exit 1; }
+bench_daemon_wait "$ddir" "$port"
 tck=$(getconf CLK_TCK)
 # The daemon's CPU so far, in clock ticks (threads, and reaped children).
-dticks() { awk '{print $14 + $15 + $16 + $17}' "/proc/$dpid/stat"; }
+dticks() { proc_cpu_ticks "$dpid" | awk '{print $1 + $2}'; }
 # Every CPU's busy ticks so far.
 busy() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
 declare -A tree kthreads sys

@@ -8,6 +8,7 @@
 # Usage (root, release build): scripts/bench-daemon-cpu.sh [N] [R] [RUNCELL]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/bench-daemon.sh
 n=${1:-60}
 rounds=${2:-3}
 runcell=${3:-target/release/runcell}
@@ -20,21 +21,20 @@ for round in $(seq "$rounds"); do
     --auto-build=false --cgroup-parent runcell-bench-daemon-cpu >/dev/null 2>"$d.log" &
   dpid=$!
   trap 'kill -TERM $dpid 2>/dev/null; wait $dpid 2>/dev/null; rm -rf "$d" "$d.log"' EXIT
-  for _ in $(seq 500); do
-    [ -s "$d/api-key" ] && (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-    sleep 0.02
-  done
-  [ -s "$d/api-key" ] || { echo "the daemon did not start: $(cat "$d.log")" >&2; exit 1; }
+  bench_daemon_wait "$d" "$port"
   printf 'round %d: ' "$round"
   python3 - "$port" "$d/api-key" "$dpid" "$n" <<'PY'
-import http.client, json, os, sys, time
+import http.client, json, subprocess, sys, time
 port, keyfile, pid, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 h = {"Authorization": "Bearer " + open(keyfile).read().strip(), "Content-Type": "application/json"}
 c = http.client.HTTPConnection("127.0.0.1", port)
-tck = os.sysconf("SC_CLK_TCK")
+tck = int(subprocess.check_output(["getconf", "CLK_TCK"]))
 def ticks():
-    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return int(f[11]) + int(f[12]), int(f[13]) + int(f[14])
+    # (own, reaped) clock ticks: scripts/lib/bench-daemon.sh's proc_cpu_ticks.
+    out = subprocess.check_output(
+        ["bash", "-c", '. scripts/lib/bench-daemon.sh && proc_cpu_ticks "$0"', str(pid)])
+    own, reaped = out.split()
+    return int(own), int(reaped)
 def call(m, p, body=None):
     c.request(m, p, body=None if body is None else json.dumps(body), headers=h)
     r = c.getresponse()

@@ -89,16 +89,31 @@ impl Api {
     }
 
     async fn create(&self) -> String {
-        let v = self
+        self.create_with(json!({"template": "host", "ttl_seconds": 3600,
+                                "limits": {"memory_mb": 2048, "disk_mb": 1024}}))
+            .await
+    }
+
+    /// Creates a sandbox from the request `body`: its id.
+    async fn create_with(&self, body: Value) -> String {
+        let v = self.ok(Method::POST, "/v1/sandboxes", body, 201).await;
+        v["id"].as_str().expect("id").to_string()
+    }
+
+    /// Opens a Python REPL session in sandbox `sb`: its id, and the path
+    /// its cells run at.
+    async fn python_session(&self, sb: &str) -> (String, String) {
+        let s = self
             .ok(
                 Method::POST,
-                "/v1/sandboxes",
-                json!({"template": "host", "ttl_seconds": 3600,
-                       "limits": {"memory_mb": 2048, "disk_mb": 1024}}),
+                &format!("/v1/sandboxes/{sb}/repl/sessions"),
+                json!({"language": "python"}),
                 201,
             )
             .await;
-        v["id"].as_str().expect("id").to_string()
+        let id = s["id"].as_str().expect("session id").to_string();
+        let cell = format!("/v1/sandboxes/{sb}/repl/sessions/{id}/run");
+        (id, cell)
     }
 
     async fn exec(&self, id: &str, cmd: &str) {
@@ -124,6 +139,31 @@ impl Api {
             .call(Method::DELETE, &format!("/v1/sandboxes/{id}"), json!({}))
             .await;
     }
+}
+
+/// Hibernates sandbox `sb` and wakes it with a cell (at `cell`) that
+/// prints the `x = 42` set before, `m` times: the hibernations' and the
+/// wakes' times.
+async fn hibernate_and_wake(
+    api: &Api,
+    sb: &str,
+    cell: &str,
+    m: usize,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let (mut hib, mut wake) = (Vec::new(), Vec::new());
+    for _ in 0..m {
+        let (d, _) = api
+            .timed(Method::POST, &format!("/v1/sandboxes/{sb}/hibernate"), 204)
+            .await;
+        hib.push(d);
+        let t = Instant::now();
+        let v = api
+            .ok(Method::POST, cell, json!({"code": "print(x)"}), 200)
+            .await;
+        wake.push(t.elapsed());
+        assert_eq!(v["stdout"], "42\n", "the variable was lost: {v}");
+    }
+    (hib, wake)
 }
 
 /// Python that writes `mb` MB as 50 KB files in 100 directories under
@@ -279,28 +319,13 @@ async fn microvm_rows(dir: &std::path::Path, m: usize, layer_mb: u64) {
     };
     println!("\n# microVM (QEMU microvm under TCG emulation; {m} iterations)\n");
     println!("| operation | p50 ms | p95 ms | n |\n|---|---:|---:|---:|");
-    let v = api
-        .ok(
-            Method::POST,
-            "/v1/sandboxes",
+    let sb = api
+        .create_with(
             json!({"template": "host", "isolation": "microvm", "ttl_seconds": 3600,
                    "limits": {"memory_mb": 512, "disk_mb": 1024}}),
-            201,
         )
         .await;
-    let sb = v["id"].as_str().expect("id").to_string();
-    let s = api
-        .ok(
-            Method::POST,
-            &format!("/v1/sandboxes/{sb}/repl/sessions"),
-            json!({"language": "python"}),
-            201,
-        )
-        .await;
-    let cell = format!(
-        "/v1/sandboxes/{sb}/repl/sessions/{}/run",
-        s["id"].as_str().expect("session id")
-    );
+    let (_, cell) = api.python_session(&sb).await;
     api.ok(Method::POST, &cell, json!({"code": "x = 42"}), 200)
         .await;
     let mut pause = Vec::new();
@@ -323,19 +348,7 @@ async fn microvm_rows(dir: &std::path::Path, m: usize, layer_mb: u64) {
         pause.push(t.elapsed());
     }
     row("microVM pause + resume", pause);
-    let (mut hib, mut wake) = (Vec::new(), Vec::new());
-    for _ in 0..m {
-        let (d, _) = api
-            .timed(Method::POST, &format!("/v1/sandboxes/{sb}/hibernate"), 204)
-            .await;
-        hib.push(d);
-        let t = Instant::now();
-        let v = api
-            .ok(Method::POST, &cell, json!({"code": "print(x)"}), 200)
-            .await;
-        wake.push(t.elapsed());
-        assert_eq!(v["stdout"], "42\n", "the variable was lost: {v}");
-    }
+    let (hib, wake) = hibernate_and_wake(&api, &sb, &cell, m).await;
     row("microVM hibernate with memory (512 MB guest limit)", hib);
     row("microVM wake to a cell reading a variable", wake);
     // Files, then snapshots and forks of them.
@@ -712,44 +725,15 @@ async fn gvisor_rows(api: &Api, data: &std::path::Path, m: usize) {
     println!("\n# gVisor: hibernation, snapshots and forks with memory ({m} iterations)\n");
     println!("| operation | p50 ms | p95 ms | n |\n|---|---:|---:|---:|");
     for mb in [0u64, 100] {
-        let v = api
-            .ok(
-                Method::POST,
-                "/v1/sandboxes",
-                json!({"isolation": "gvisor", "ttl_seconds": 3600,
-                       "limits": {"memory_mb": 1024}}),
-                201,
-            )
+        let sb = api
+            .create_with(json!({"isolation": "gvisor", "ttl_seconds": 3600,
+                                "limits": {"memory_mb": 1024}}))
             .await;
-        let sb = v["id"].as_str().expect("id").to_string();
-        let s = api
-            .ok(
-                Method::POST,
-                &format!("/v1/sandboxes/{sb}/repl/sessions"),
-                json!({"language": "python"}),
-                201,
-            )
-            .await;
-        let cell = format!(
-            "/v1/sandboxes/{sb}/repl/sessions/{}/run",
-            s["id"].as_str().expect("session id")
-        );
+        let (session, cell) = api.python_session(&sb).await;
         let code = format!("import os\nx = 42\nbig = os.urandom({mb} << 20)");
         api.ok(Method::POST, &cell, json!({"code": code}), 200)
             .await;
-        let (mut hib, mut wake) = (Vec::new(), Vec::new());
-        for _ in 0..m {
-            let (d, _) = api
-                .timed(Method::POST, &format!("/v1/sandboxes/{sb}/hibernate"), 204)
-                .await;
-            hib.push(d);
-            let t = Instant::now();
-            let v = api
-                .ok(Method::POST, &cell, json!({"code": "print(x)"}), 200)
-                .await;
-            wake.push(t.elapsed());
-            assert_eq!(v["stdout"], "42\n", "the variable was lost: {v}");
-        }
+        let (hib, wake) = hibernate_and_wake(api, &sb, &cell, m).await;
         row(
             &format!("gVisor hibernate with memory (Python holding {mb} MB)"),
             hib,
@@ -758,8 +742,7 @@ async fn gvisor_rows(api: &Api, data: &std::path::Path, m: usize) {
             &format!("gVisor wake to a cell reading a variable ({mb} MB)"),
             wake,
         );
-        let session = s["id"].as_str().expect("session id");
-        let (snap, from, fork) = gvisor_save_rows(api, &sb, session, m).await;
+        let (snap, from, fork) = gvisor_save_rows(api, &sb, &session, m).await;
         row(
             &format!("gVisor snapshot with memory ({mb} MB; the sandbox runs on)"),
             snap,

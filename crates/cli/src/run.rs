@@ -220,31 +220,18 @@ pub async fn run(config: RuntimeConfig, args: RunArgs) -> u8 {
         args: args.args.clone(),
         ..Default::default()
     };
-    let outcome = {
-        let run = sandbox.run_code_streaming(language, &code, &run_opts, |stream, bytes| {
-            echo(stream == Output::Stderr, bytes);
-        });
-        tokio::select! {
-            r = run => Some(r),
-            _ = interrupted() => None,
-        }
-    };
-    let status = match outcome {
-        None => {
-            eprintln!("runcell: interrupted; the sandbox was destroyed.");
-            130
-        }
-        Some(Err(e)) => {
-            report(&e);
-            125
-        }
-        Some(Ok(outcome)) => {
-            for m in outcome.messages() {
-                eprintln!("runcell: {m}");
-            }
-            u8::try_from(outcome.status().clamp(0, 255)).unwrap_or(1)
-        }
-    };
+    let status = wait_for_run(async {
+        sandbox
+            .run_code_streaming(language, &code, &run_opts, |stream, bytes| {
+                echo(stream == Output::Stderr, bytes);
+            })
+            .await
+            .map(|outcome| Ended::Exited {
+                status: outcome.status(),
+                messages: outcome.messages(),
+            })
+    })
+    .await;
     if let Err(e) = sandbox.destroy().await {
         report(&e);
         return 125;
@@ -323,23 +310,55 @@ async fn through_daemon(args: &RunArgs, language: Language, code: &str) -> Resul
         env: args.env.iter().cloned().collect(),
         ..Default::default()
     };
-    let outcome = {
-        let run = client.run_code_stream(
-            &sandbox.id,
-            language.name(),
-            code,
-            &args.args,
-            &opts,
-            |stream, bytes| {
-                echo(stream == runcell_client::Stream::Stderr, bytes);
-            },
-        );
-        tokio::select! {
-            r = run => Some(r),
-            _ = interrupted() => None,
-        }
+    let status = wait_for_run(async {
+        client
+            .run_code_stream(
+                &sandbox.id,
+                language.name(),
+                code,
+                &args.args,
+                &opts,
+                |stream, bytes| {
+                    echo(stream == runcell_client::Stream::Stderr, bytes);
+                },
+            )
+            .await
+            .map(|end| match end.error {
+                Some(error) => Ended::Failed(error),
+                None => Ended::Exited {
+                    status: end.exit_code,
+                    messages: end.messages,
+                },
+            })
+    })
+    .await;
+    if let Err(e) = client.delete_sandbox(&sandbox.id).await {
+        report(&e);
+        return Ok(125);
+    }
+    Ok(status)
+}
+
+/// How a run that was not interrupted ended: the program's exit status
+/// and the notes on the limits it hit, or why it could not run.
+enum Ended {
+    Exited { status: i32, messages: Vec<String> },
+    Failed(String),
+}
+
+/// Waits for `run` unless the user interrupts it first, and gives the
+/// status `runcell run` exits with, having said why: 130 after an
+/// interrupt (the caller destroys the sandbox), 125 when runcell or the
+/// sandbox failed, else the program's own (0 to 255) after the notes on
+/// the limits it hit.
+async fn wait_for_run<E: std::error::Error>(
+    run: impl std::future::Future<Output = Result<Ended, E>>,
+) -> u8 {
+    let outcome = tokio::select! {
+        r = run => Some(r),
+        _ = interrupted() => None,
     };
-    let status = match outcome {
+    match outcome {
         None => {
             eprintln!("runcell: interrupted; the sandbox was destroyed.");
             130
@@ -348,24 +367,17 @@ async fn through_daemon(args: &RunArgs, language: Language, code: &str) -> Resul
             report(&e);
             125
         }
-        Some(Ok(end)) => match end.error {
-            Some(error) => {
-                eprintln!("runcell: {error}");
-                125
+        Some(Ok(Ended::Failed(error))) => {
+            eprintln!("runcell: {error}");
+            125
+        }
+        Some(Ok(Ended::Exited { status, messages })) => {
+            for m in &messages {
+                eprintln!("runcell: {m}");
             }
-            None => {
-                for m in &end.messages {
-                    eprintln!("runcell: {m}");
-                }
-                u8::try_from(end.exit_code.clamp(0, 255)).unwrap_or(1)
-            }
-        },
-    };
-    if let Err(e) = client.delete_sandbox(&sandbox.id).await {
-        report(&e);
-        return Ok(125);
+            u8::try_from(status.clamp(0, 255)).unwrap_or(1)
+        }
     }
-    Ok(status)
 }
 
 pub async fn interrupted() {

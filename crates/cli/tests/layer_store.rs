@@ -227,15 +227,7 @@ async fn btrfs_saves_are_snapshots_forks_are_private_and_nothing_is_left() {
     for id in &all {
         d.delete(id).await;
     }
-    assert_eq!(
-        d.status(
-            reqwest::Method::DELETE,
-            &format!("/v1/snapshots/{snap_id}"),
-            None
-        )
-        .await,
-        204
-    );
+    delete_ok(&d, &format!("/v1/snapshots/{snap_id}")).await;
     for id in &all {
         wait_gone(&data.join("sandboxes").join(id)).await;
     }
@@ -318,13 +310,7 @@ async fn default_store_is_btrfs_released_on_a_graceful_stop_and_nothing_is_lost(
         .await;
     assert_eq!(d.exec(&sleeper, "echo zz > ~/h").await.0, 200);
     assert_eq!(act(&d, &sleeper, "hibernate").await, 204);
-    let source = d.create(json!({"ttl_seconds": 600})).await;
-    assert_eq!(d.exec(&source, "echo snap > ~/s").await.0, 200);
-    let (s, snap) = d
-        .post(&format!("/v1/sandboxes/{source}/snapshots"), json!({}))
-        .await;
-    assert_eq!(s, 201, "{snap}");
-    let snap_id = snap["id"].as_str().unwrap().to_string();
+    let (source, snap_id) = snapshotted_source(&d).await;
     d.delete(&source).await;
     let (s, vol) = d
         .post("/v1/volumes", json!({"name": "keep", "size_mb": 16}))
@@ -387,20 +373,8 @@ async fn default_store_is_btrfs_released_on_a_graceful_stop_and_nothing_is_lost(
     for id in [&sleeper, &restored, &reader] {
         d.delete(id).await;
     }
-    assert_eq!(
-        d.status(
-            reqwest::Method::DELETE,
-            &format!("/v1/snapshots/{snap_id}"),
-            None
-        )
-        .await,
-        204
-    );
-    assert_eq!(
-        d.status(reqwest::Method::DELETE, "/v1/volumes/keep", None)
-            .await,
-        204
-    );
+    delete_ok(&d, &format!("/v1/snapshots/{snap_id}")).await;
+    delete_ok(&d, "/v1/volumes/keep").await;
     for id in [&sleeper, &restored, &reader] {
         wait_gone(&data.join("sandboxes").join(id)).await;
     }

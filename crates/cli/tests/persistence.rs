@@ -30,13 +30,7 @@ async fn snapshots_paused_hibernated_sandboxes_and_volumes_survive_a_sigkill() {
     let (s, body) = d.exec(&with_vol, "echo on-volume > /mnt/keep/f").await;
     assert_eq!(s, 200, "{body}");
 
-    let source = d.create(json!({"ttl_seconds": 600})).await;
-    assert_eq!(d.exec(&source, "echo snap > ~/s").await.0, 200);
-    let (s, snap) = d
-        .post(&format!("/v1/sandboxes/{source}/snapshots"), json!({}))
-        .await;
-    assert_eq!(s, 201, "{snap}");
-    let snap_id = snap["id"].as_str().unwrap().to_string();
+    let (source, snap_id) = snapshotted_source(&d).await;
 
     let paused = d.create(json!({"ttl_seconds": 600})).await;
     assert_eq!(d.exec(&paused, "echo p > ~/p").await.0, 200);
@@ -81,20 +75,8 @@ async fn snapshots_paused_hibernated_sandboxes_and_volumes_survive_a_sigkill() {
     for id in [&with_vol, &source, &restored, &paused, &sleeper] {
         d.delete(id).await;
     }
-    assert_eq!(
-        d.status(reqwest::Method::DELETE, "/v1/volumes/keep", None)
-            .await,
-        204
-    );
-    assert_eq!(
-        d.status(
-            reqwest::Method::DELETE,
-            &format!("/v1/snapshots/{snap_id}"),
-            None
-        )
-        .await,
-        204
-    );
+    delete_ok(&d, "/v1/volumes/keep").await;
+    delete_ok(&d, &format!("/v1/snapshots/{snap_id}")).await;
     // Nothing is left on disk of any of it once the sandboxes are gone.
     for id in [&with_vol, &source, &restored, &paused, &sleeper] {
         wait_gone(&data.join("sandboxes").join(id)).await;
@@ -226,9 +208,5 @@ async fn another_workspace_cannot_touch_saved_state() {
     for id in [&running, &paused, &asleep] {
         d.delete(id).await;
     }
-    assert_eq!(
-        d.status(reqwest::Method::DELETE, "/v1/volumes/mine", None)
-            .await,
-        204
-    );
+    delete_ok(&d, "/v1/volumes/mine").await;
 }

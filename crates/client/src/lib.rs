@@ -460,6 +460,40 @@ pub struct ExecOptions {
     pub background: bool,
 }
 
+impl ExecOptions {
+    /// `body`, an exec request, with these options' environment, timeout
+    /// and working directory (`background` is the caller's to add: only a
+    /// buffered exec takes it).
+    fn onto(&self, mut body: Value) -> Value {
+        body["env"] = serde_json::json!(self.env);
+        if let Some(t) = self.timeout {
+            body["timeout_seconds"] = t.as_secs_f64().into();
+        }
+        if let Some(c) = &self.cwd {
+            body["cwd"] = c.clone().into();
+        }
+        body
+    }
+}
+
+/// The stream a streamed exec's `stdout` or `stderr` event is from.
+fn stream_of(event: &str) -> Stream {
+    if event == "stdout" {
+        Stream::Stdout
+    } else {
+        Stream::Stderr
+    }
+}
+
+/// The exit code in a streamed exec's `exit` event (1 if it names none
+/// that fits).
+fn exit_code_of(v: &Value) -> i32 {
+    v.get("exit_code")
+        .and_then(Value::as_i64)
+        .and_then(|c| i32::try_from(c).ok())
+        .unwrap_or(1)
+}
+
 /// How an exec streamed with [`Client::exec_stream`] ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecEnd {
@@ -850,13 +884,7 @@ impl Client {
         cmd: &str,
         opts: &ExecOptions,
     ) -> Result<ExecOutput, ClientError> {
-        let mut body = serde_json::json!({ "cmd": cmd, "env": opts.env });
-        if let Some(t) = opts.timeout {
-            body["timeout_seconds"] = t.as_secs_f64().into();
-        }
-        if let Some(c) = &opts.cwd {
-            body["cwd"] = c.clone().into();
-        }
+        let mut body = opts.onto(serde_json::json!({ "cmd": cmd }));
         if opts.background {
             body["background"] = true.into();
         }
@@ -878,13 +906,7 @@ impl Client {
         opts: &ExecOptions,
         mut on_output: impl FnMut(Stream, &str),
     ) -> Result<ExecEnd, ClientError> {
-        let mut body = serde_json::json!({ "cmd": cmd, "env": opts.env });
-        if let Some(t) = opts.timeout {
-            body["timeout_seconds"] = t.as_secs_f64().into();
-        }
-        if let Some(c) = &opts.cwd {
-            body["cwd"] = c.clone().into();
-        }
+        let body = opts.onto(serde_json::json!({ "cmd": cmd }));
         let mut resp = self.exec_stream_open(id, &body).await?;
         let mut end: Option<ExecEnd> = None;
         read_sse(&mut resp, |event, data| {
@@ -892,21 +914,12 @@ impl Client {
             match event {
                 "stdout" | "stderr" => {
                     if let Some(chunk) = v.get("chunk").and_then(Value::as_str) {
-                        let s = if event == "stdout" {
-                            Stream::Stdout
-                        } else {
-                            Stream::Stderr
-                        };
-                        on_output(s, chunk);
+                        on_output(stream_of(event), chunk);
                     }
                 }
                 "exit" => {
                     end = Some(ExecEnd {
-                        exit_code: v
-                            .get("exit_code")
-                            .and_then(Value::as_i64)
-                            .and_then(|c| i32::try_from(c).ok())
-                            .unwrap_or(1),
+                        exit_code: exit_code_of(&v),
                         timed_out: false,
                         error: None,
                     });
@@ -951,19 +964,12 @@ impl Client {
         mut on_output: impl FnMut(Stream, &[u8]),
     ) -> Result<CodeEnd, ClientError> {
         use base64::Engine as _;
-        let mut body = serde_json::json!({
+        let body = opts.onto(serde_json::json!({
             "cmd": code,
             "language": language,
             "args": args,
-            "env": opts.env,
             "exact_output": true,
-        });
-        if let Some(t) = opts.timeout {
-            body["timeout_seconds"] = t.as_secs_f64().into();
-        }
-        if let Some(c) = &opts.cwd {
-            body["cwd"] = c.clone().into();
-        }
+        }));
         let mut resp = self.exec_stream_open(id, &body).await?;
         let mut end: Option<CodeEnd> = None;
         read_sse(&mut resp, |event, data| {
@@ -976,21 +982,12 @@ impl Client {
                         .and_then(Value::as_str)
                         .and_then(|d| base64::engine::general_purpose::STANDARD.decode(d).ok());
                     if let Some(bytes) = bytes {
-                        let s = if event == "stdout" {
-                            Stream::Stdout
-                        } else {
-                            Stream::Stderr
-                        };
-                        on_output(s, &bytes);
+                        on_output(stream_of(event), &bytes);
                     }
                 }
                 "exit" => {
                     end = Some(CodeEnd {
-                        exit_code: v
-                            .get("exit_code")
-                            .and_then(Value::as_i64)
-                            .and_then(|c| i32::try_from(c).ok())
-                            .unwrap_or(1),
+                        exit_code: exit_code_of(&v),
                         timed_out: flag("timed_out"),
                         oom_killed: flag("oom_killed"),
                         pids_limit: flag("pids_limit"),

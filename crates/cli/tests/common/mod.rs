@@ -182,6 +182,49 @@ pub async fn ok(d: &Daemon, id: &str, cmd: &str) -> String {
     out
 }
 
+/// Fails unless sandbox `id`, which mounts the volume whose host directory
+/// is `on_host` read-only at `at` (holding a file `f`), can neither create,
+/// append to nor remove anything there (each refused as a read-only file
+/// system), and nothing reached the host.
+pub async fn assert_cannot_write(d: &Daemon, id: &str, at: &str, on_host: &Path) {
+    for cmd in [
+        format!("echo x > {at}/new"),
+        format!("echo x >> {at}/f"),
+        format!("mkdir {at}/dir"),
+        format!("rm {at}/f"),
+    ] {
+        let (code, _, err) = sh(d, id, &cmd).await;
+        assert_ne!(code, 0, "{cmd} wrote on a read-only volume");
+        assert!(err.contains("Read-only file system"), "{cmd}: {err}");
+    }
+    assert!(!on_host.join("new").exists() && !on_host.join("dir").exists());
+}
+
+/// A new sandbox (TTL 600 s) whose `~/s` holds `snap`, and a snapshot of
+/// it: (sandbox, snapshot).
+pub async fn snapshotted_source(d: &Daemon) -> (String, String) {
+    let source = d.create(serde_json::json!({"ttl_seconds": 600})).await;
+    assert_eq!(d.exec(&source, "echo snap > ~/s").await.0, 200);
+    let (s, snap) = d
+        .post(
+            &format!("/v1/sandboxes/{source}/snapshots"),
+            serde_json::json!({}),
+        )
+        .await;
+    assert_eq!(s, 201, "{snap}");
+    let snap_id = snap["id"].as_str().unwrap().to_string();
+    (source, snap_id)
+}
+
+/// `DELETE path` (a snapshot, a volume), which must answer 204.
+pub async fn delete_ok(d: &Daemon, path: &str) {
+    assert_eq!(
+        d.status(reqwest::Method::DELETE, path, None).await,
+        204,
+        "DELETE {path}"
+    );
+}
+
 /// `POST /v1/sandboxes/{id}/{action}` (`pause`, `resume`, `hibernate`,
 /// `wake`) with an empty body: the status.
 pub async fn act(d: &Daemon, id: &str, action: &str) -> u16 {

@@ -12,6 +12,11 @@ fn run(r: &super::Runner, args: &[&str]) -> Output {
     r.cmd().args(args).output().expect("runcell runs")
 }
 
+/// `runcell run python ARGS` with a fresh runner: its output.
+fn python(args: &[&str]) -> Output {
+    run(&super::runner(), &[&["run", "python"][..], args].concat())
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -33,8 +38,7 @@ fn host_processes_with(marker: &str) -> usize {
 
 #[test]
 fn python_prints_42() {
-    let r = super::runner();
-    let out = run(&r, &["run", "python", "-c", "print(6*7)"]);
+    let out = python(&["-c", "print(6*7)"]);
     assert_eq!(text(&out.stdout), "42\n", "{}", text(&out.stderr));
     assert_eq!(out.status.code(), Some(0));
 }
@@ -154,18 +158,7 @@ fn a_gibibyte_of_output_is_cut_with_a_marker_and_the_total() {
 
 #[test]
 fn memory_limit_reports_oom() {
-    let r = super::runner();
-    let out = run(
-        &r,
-        &[
-            "run",
-            "python",
-            "-c",
-            "x = bytearray(512 << 20)",
-            "--memory",
-            "128M",
-        ],
-    );
+    let out = python(&["-c", "x = bytearray(512 << 20)", "--memory", "128M"]);
     assert_eq!(out.status.code(), Some(137), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("ran out of memory (limit 128 MiB)"),
@@ -295,23 +288,17 @@ fn output_bytes_come_back_exactly_as_written() {
 
 #[test]
 fn a_process_limit_is_reported() {
-    let r = super::runner();
-    let out = run(
-        &r,
-        &[
-            "run",
-            "python",
-            "--pids",
-            "16",
-            "-c",
-            "import os, time\n\
+    let out = python(&[
+        "--pids",
+        "16",
+        "-c",
+        "import os, time\n\
              try:\n\
              \x20   for _ in range(64):\n\
              \x20       if os.fork() == 0:\n\
              \x20           time.sleep(2); os._exit(0)\n\
              except OSError as e: print('fork failed', e.errno)\n",
-        ],
-    );
+    ]);
     assert_eq!(
         text(&out.stdout),
         "fork failed 11\n",

@@ -3,21 +3,16 @@
 
 use super::*;
 
-#[test]
-fn records_survive_reopening() {
-    let dir = std::env::temp_dir().join(format!("runcell-registry-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("registry.db");
-    let rec = Record {
+/// A running jail sandbox's record, `a` of workspace `local` from template
+/// `host`, with no metadata, limits or environment of its own.
+fn record() -> Record {
+    Record {
         id: "a".into(),
         workspace: "local".into(),
         template: "host".into(),
-        metadata: [("threadId".to_string(), "t1".to_string())].into(),
-        limits: crate::limits::StoredLimits {
-            memory_mb: Some(512),
-            ..Default::default()
-        },
-        env: [("SECRET".to_string(), "s3cret".to_string())].into(),
+        metadata: Default::default(),
+        limits: Default::default(),
+        env: Default::default(),
         ttl_seconds: 300,
         persistent: false,
         created_at: 1,
@@ -25,6 +20,34 @@ fn records_survive_reopening() {
         status: "running".into(),
         end_reason: None,
         isolation: runcell_core::backend::Isolation::Jail,
+    }
+}
+
+/// A fresh directory for one test's database (`name` keeps the tests
+/// apart), and the database's path in it.
+fn scratch(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("runcell-registry-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("registry.db");
+    (dir, path)
+}
+
+/// The network policy the tests store: an allowlist of pypi.org.
+fn pypi_only() -> runcell_egress::NetworkPolicy {
+    serde_json::from_value(serde_json::json!({"mode": "allowlist", "allow": ["pypi.org"]})).unwrap()
+}
+
+#[test]
+fn records_survive_reopening() {
+    let (dir, path) = scratch("records");
+    let rec = Record {
+        metadata: [("threadId".to_string(), "t1".to_string())].into(),
+        limits: crate::limits::StoredLimits {
+            memory_mb: Some(512),
+            ..Default::default()
+        },
+        env: [("SECRET".to_string(), "s3cret".to_string())].into(),
+        ..record()
     };
     Registry::open(&path).unwrap().put(&rec).unwrap();
     let reg = Registry::open(&path).unwrap();
@@ -62,9 +85,7 @@ fn records_survive_reopening() {
 /// existed gains it.
 #[test]
 fn network_policy_survives_record_updates_and_reopening() {
-    let dir = std::env::temp_dir().join(format!("runcell-registry-net-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("registry.db");
+    let (dir, path) = scratch("net");
     {
         // An older registry: the table without the column.
         let old = Connection::open(&path).unwrap();
@@ -77,27 +98,11 @@ fn network_policy_survives_record_updates_and_reopening() {
         )
         .unwrap();
     }
-    let rec = Record {
-        id: "a".into(),
-        workspace: "local".into(),
-        template: "host".into(),
-        metadata: Default::default(),
-        limits: Default::default(),
-        env: Default::default(),
-        ttl_seconds: 300,
-        persistent: false,
-        created_at: 1,
-        last_activity_ms: 2,
-        status: "running".into(),
-        end_reason: None,
-        isolation: runcell_core::backend::Isolation::Jail,
-    };
+    let rec = record();
     let reg = Registry::open(&path).unwrap();
     reg.put(&rec).unwrap();
     assert_eq!(reg.network("a").unwrap(), None);
-    let policy: runcell_egress::NetworkPolicy =
-        serde_json::from_value(serde_json::json!({"mode": "allowlist", "allow": ["pypi.org"]}))
-            .unwrap();
+    let policy = pypi_only();
     reg.set_network("a", &policy).unwrap();
     reg.put(&Record {
         ttl_seconds: 600,
@@ -115,9 +120,7 @@ fn network_policy_survives_record_updates_and_reopening() {
 /// loads, and its limits are the ones it was created with.
 #[test]
 fn a_row_of_the_untyped_format_loads() {
-    let dir = std::env::temp_dir().join(format!("runcell-registry-old-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("registry.db");
+    let (dir, path) = scratch("old");
     drop(Registry::open(&path).unwrap());
     Connection::open(&path)
         .unwrap()
@@ -160,29 +163,11 @@ fn a_row_of_the_untyped_format_loads() {
 /// lineage could not be written is not half-recorded).
 #[test]
 fn a_create_is_recorded_whole_or_not_at_all() {
-    let dir = std::env::temp_dir().join(format!("runcell-registry-tx-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("registry.db");
+    let (dir, path) = scratch("tx");
     let reg = Registry::open(&path).unwrap();
     reg.with_conn(crate::snapshots::init).unwrap();
-    let rec = Record {
-        id: "a".into(),
-        workspace: "local".into(),
-        template: "host".into(),
-        metadata: Default::default(),
-        limits: Default::default(),
-        env: Default::default(),
-        ttl_seconds: 300,
-        persistent: false,
-        created_at: 1,
-        last_activity_ms: 2,
-        status: "running".into(),
-        end_reason: None,
-        isolation: runcell_core::backend::Isolation::Jail,
-    };
-    let policy: runcell_egress::NetworkPolicy =
-        serde_json::from_value(serde_json::json!({"mode": "allowlist", "allow": ["pypi.org"]}))
-            .unwrap();
+    let rec = record();
+    let policy = pypi_only();
     let lineage = crate::snapshots::Lineage {
         on_idle: Some(crate::snapshots::OnIdle::Hibernate),
         ..Default::default()
