@@ -5,7 +5,9 @@
 //! RSS at 0, N and again 0 live sandboxes, the host's used memory and slab
 //! growth per sandbox, and create latency (create + delete beside 1, beside
 //! N, and again beside 1 live sandboxes, the pool refilled before each, as
-//! an idle daemon's is).
+//! an idle daemon's is). Then `--churn` rounds of N sandboxes created, each
+//! running `true`, and all deleted, with the daemon's RSS and anonymous
+//! RSS after each: flat if nothing is kept per sandbox.
 //!
 //! Run with `sudo ./scripts/bench.sh --density [--sandboxes N]`.
 
@@ -27,6 +29,9 @@ struct Args {
     /// Create latency samples at 1 and at N live sandboxes.
     #[arg(long, default_value_t = 30)]
     samples: usize,
+    /// Rounds of N sandboxes created, used and deleted after the rest.
+    #[arg(long, default_value_t = 5)]
+    churn: usize,
 }
 
 /// A `key value` field of a /proc file, in KiB (VmRSS, Pss, MemAvailable).
@@ -204,8 +209,27 @@ async fn main() {
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss_after = kib(&status, "VmRSS").unwrap_or(0);
+    let anon_after = kib(&status, "RssAnon").unwrap_or(0);
     // Again beside 1: drift on a shared host shows as a gap between the two.
     let at_1_again = create_latency(&daemon, &http, args.samples).await;
+    let mut rounds = Vec::new();
+    for _ in 0..args.churn {
+        let mut ids = Vec::with_capacity(args.sandboxes);
+        for _ in 0..args.sandboxes {
+            let id = create(&daemon, &http).await;
+            let (code, body) = daemon.exec(&id, "true").await;
+            assert_eq!(code, 200, "exec: {body}");
+            ids.push(id);
+        }
+        for id in &ids {
+            delete(&daemon, &http, id).await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        rounds.push((
+            kib(&status, "VmRSS").unwrap_or(0),
+            kib(&status, "RssAnon").unwrap_or(0),
+        ));
+    }
     // SIGTERM: the daemon removes its standby pool (SIGKILL would leave
     // the pool's cgroups behind).
     daemon.stop();
@@ -231,12 +255,22 @@ async fn main() {
         host_n.1.saturating_sub(host_0.1) as f64 / n
     );
     println!(
-        "\n| daemon RSS | MiB |\n|---|---:|\n| 0 live | {:.1} |\n| {} live | {:.1} |\n| 0 live again | {:.1} |",
+        "\n| daemon RSS | MiB |\n|---|---:|\n| 0 live | {:.1} |\n| {} live | {:.1} |\n| 0 live again | {:.1} (anonymous {:.1}) |",
         mib(rss_0 as f64),
         ids.len(),
         mib(rss_n as f64),
-        mib(rss_after as f64)
+        mib(rss_after as f64),
+        mib(anon_after as f64)
     );
+    for (i, (rss, anon)) in rounds.iter().enumerate() {
+        println!(
+            "| after churn round {} ({} created, ran `true`, deleted) | {:.1} (anonymous {:.1}) |",
+            i + 1,
+            ids.len(),
+            mib(*rss as f64),
+            mib(*anon as f64)
+        );
+    }
     println!("\n| create (API) | p50 ms | p95 ms |\n|---|---:|---:|");
     for (label, v) in [
         ("beside 1 live".to_string(), &at_1),

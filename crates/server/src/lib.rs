@@ -211,6 +211,7 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
         config: config.clone(),
         pools,
         teardowns: Default::default(),
+        teardown_slots: Arc::new(tokio::sync::Semaphore::new(state::TEARDOWN_SLOTS)),
         runtime,
         registry,
         sandboxes: RwLock::new(Default::default()),

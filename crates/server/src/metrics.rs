@@ -278,6 +278,49 @@ fn register_pools(registry: &mut Registry, pools: &[PoolSample]) {
     }
 }
 
+/// What the daemon itself holds, read at scrape time: bounded numbers
+/// that return to where they were once deleted sandboxes are torn down
+/// (a churn test reads them).
+#[derive(Debug, Clone, Copy)]
+pub struct DaemonSample {
+    /// Tasks alive in the daemon's async runtime.
+    pub tasks: usize,
+    /// Teardowns of deleted sandboxes queued or running.
+    pub teardowns: usize,
+    /// Per-sandbox locks (hibernation, wake, memory saves) kept.
+    pub sandbox_locks: usize,
+}
+
+/// Appends the daemon's own gauges to `out`.
+pub fn render_daemon(out: &mut String, d: DaemonSample) {
+    let mut registry = Registry::default();
+    for (name, help, value) in [
+        (
+            "runcell_daemon_tasks",
+            "Tasks alive in the daemon's async runtime (connections, requests, timers, teardowns).",
+            d.tasks,
+        ),
+        (
+            "runcell_sandbox_teardowns",
+            "Teardowns of deleted sandboxes queued or running.",
+            d.teardowns,
+        ),
+        (
+            "runcell_daemon_sandbox_locks",
+            "Per-sandbox locks (hibernation, wake, memory saves) the daemon keeps.",
+            d.sandbox_locks,
+        ),
+    ] {
+        registry.register_collector(Box::new(Snapshot {
+            name,
+            help,
+            kind: MetricType::Gauge,
+            samples: vec![(Vec::new(), u64::try_from(value).unwrap_or(u64::MAX))],
+        }));
+    }
+    out.push_str(&encode(&registry));
+}
+
 /// The egress proxy's totals across sandboxes.
 pub fn render_egress(out: &mut String, t: &runcell_egress::EgressTotals) {
     let mut registry = Registry::default();

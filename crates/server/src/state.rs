@@ -169,6 +169,10 @@ pub struct AppState {
     pub pools: crate::pool::WarmPools,
     /// Teardowns of deleted sandboxes still running in the background.
     pub teardowns: Arc<std::sync::atomic::AtomicUsize>,
+    /// Teardowns allowed to run at once ([`TEARDOWN_SLOTS`]): each holds a
+    /// blocking thread, and a wave of deletes otherwise started one thread
+    /// per sandbox (hundreds), each leaving memory in the allocator.
+    pub teardown_slots: Arc<tokio::sync::Semaphore>,
     /// Creates in progress per workspace, with the limits they asked for.
     pub reservations: crate::quota::Reservations,
     /// When tombstones were last pruned (unix ms).
@@ -189,6 +193,11 @@ pub struct AppState {
     /// Where jail sandboxes' writable layers live (`--layer-store`).
     pub layer_store: crate::store::LayerStore,
 }
+
+/// Teardowns of deleted sandboxes that run at once. Their processes are
+/// killed at the delete; what is queued is the removal of the cgroup and
+/// the directories, which on 2 cores is no faster with more in parallel.
+pub const TEARDOWN_SLOTS: usize = 8;
 
 /// Grace the agent's own deadline gives the daemon to reap first.
 const AGENT_DEADLINE_GRACE_MS: i64 = 30_000;
@@ -277,8 +286,11 @@ impl AppState {
                 entry.sandbox.kill();
                 let id = id.to_string();
                 let pending = self.teardowns.clone();
+                let slots = self.teardown_slots.clone();
                 pending.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
                 tokio::spawn(async move {
+                    // The semaphore is never closed: the Err arm is unreachable.
+                    let _slot = slots.acquire_owned().await;
                     if let Err(e) = entry.sandbox.destroy().await {
                         tracing::warn!(sandbox = %id, "destroy failed: {e}");
                     }
@@ -340,6 +352,25 @@ impl AppState {
             .clone()
     }
 
+    /// Forgets the locks no one holds. A lock nobody has a handle to is
+    /// unlocked and awaited by no one, so a new one made later is the
+    /// same; without this the map kept one entry per sandbox that was ever
+    /// hibernated, woken, snapshotted or forked.
+    fn prune_sandbox_locks(&self) {
+        self.transitions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|_, lock| Arc::strong_count(lock) > 1);
+    }
+
+    /// How many per-sandbox locks are kept (`/metrics`).
+    pub fn sandbox_locks(&self) -> usize {
+        self.transitions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
+
     /// Waits until no hibernation, wake or memory save (a gVisor snapshot
     /// or fork, which stops the sandbox for a moment) of `id` holds its
     /// lock.
@@ -371,6 +402,7 @@ impl AppState {
     /// clock starts when its last piece of work ends. The maximum lifetime
     /// applies all the same.
     pub async fn reap_once(self: &Arc<Self>) {
+        self.prune_sandbox_locks();
         let now = now_ms();
         let max = self.max_lifetime_ms();
         let mut expired = Vec::new();

@@ -34,6 +34,16 @@ pub(crate) async fn metrics(State(state): St) -> impl IntoResponse {
         &pools,
     );
     crate::metrics::render_egress(&mut text, &state.runtime.egress().totals);
+    crate::metrics::render_daemon(
+        &mut text,
+        crate::metrics::DaemonSample {
+            tasks: tokio::runtime::Handle::current()
+                .metrics()
+                .num_alive_tasks(),
+            teardowns: state.teardowns.load(std::sync::atomic::Ordering::Acquire),
+            sandbox_locks: state.sandbox_locks(),
+        },
+    );
     (
         [(
             header::CONTENT_TYPE,
