@@ -897,3 +897,46 @@ async fn every_kind_of_exec_ending_is_reported_and_leaves_nothing_behind() {
     assert!(!states.lines().any(|l| l.starts_with('Z')), "{states}");
     sb.destroy().await.unwrap();
 }
+
+/// Every program starts with an empty capability bounding set (nothing it
+/// could regain through a privileged binary) and with every signal at its
+/// default: nothing the agent or its exec fork server ignores (SIGPIPE, as
+/// every Rust program does) passes on. Checked on a sandbox's first exec
+/// and on later ones, which start from the fork server's noted state
+/// (`note_inherited`).
+#[tokio::test(flavor = "multi_thread")]
+async fn programs_start_with_an_empty_bounding_set_and_default_signals() {
+    let rt = runtime("isolation");
+    let sb = sandbox(&rt, limits()).await;
+    for round in 0..3 {
+        let r = sh(
+            &sb,
+            "grep CapBnd /proc/self/status; yes | head -n1 >/dev/null; echo piped",
+        )
+        .await;
+        let (out, err) = (text(&r.stdout), text(&r.stderr));
+        assert!(
+            out.contains("CapBnd:\t0000000000000000") && out.contains("piped"),
+            "round {round}: {out}{err}"
+        );
+        // An ignored SIGPIPE makes `yes` see EPIPE and say so; the default
+        // action ends it silently.
+        assert!(
+            !err.contains("Broken pipe"),
+            "round {round}: SIGPIPE is ignored: {err}"
+        );
+        let r = py(
+            &sb,
+            "import signal as s\n\
+             print([s.getsignal(x) == s.SIG_DFL for x in (s.SIGHUP, s.SIGQUIT, s.SIGUSR1, s.SIGUSR2, s.SIGALRM, s.SIGTERM, s.SIGCHLD, s.SIGTSTP)], s.getsignal(s.SIGINT) is s.default_int_handler)",
+        )
+        .await;
+        assert_eq!(
+            text(&r.stdout).trim(),
+            "[True, True, True, True, True, True, True, True] True",
+            "round {round}: {}",
+            text(&r.stderr)
+        );
+    }
+    sb.destroy().await.unwrap();
+}

@@ -502,14 +502,31 @@ fn serve(sock: UnixStream) -> ! {
         }
         UnixStream::from_raw_fd(3)
     };
+    // This process changes no disposition and no capability from here on:
+    // its supervisors reset and drop only what it has.
+    crate::inside::note_inherited();
+    // Supervisors the agent let go whose exit was not collected yet. One
+    // exits right after its last report, so it is usually collected at
+    // once; but waiting for one must never hold up the next exec, so one
+    // still running after a few milliseconds is looked at again on every
+    // later message instead.
+    let mut exiting: Vec<libc::pid_t> = Vec::new();
     loop {
-        let req = match receive(&mut sock) {
-            Ok(Some(Message::Spawn(r))) => r,
-            Ok(Some(Message::Reap(pid))) => {
-                // SAFETY: waits for our own child; writes nothing (null status).
-                unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
-                continue;
+        let message = receive(&mut sock);
+        if let Ok(Some(Message::Reap(pid))) = message {
+            exiting.push(pid);
+            for _ in 0..REAP_TRIES {
+                exiting.retain(|&p| !collected(p));
+                if exiting.last() != Some(&pid) {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_micros(100));
             }
+        }
+        exiting.retain(|&p| !collected(p));
+        let req = match message {
+            Ok(Some(Message::Spawn(r))) => r,
+            Ok(Some(Message::Reap(_))) => continue,
             Ok(None) => {
                 // SAFETY: _exit(2) ends the process without running any Rust code.
                 unsafe { libc::_exit(0) }
@@ -537,6 +554,17 @@ fn serve(sock: UnixStream) -> ! {
         }
         // The request's descriptors close here: only the supervisor holds them.
     }
+}
+
+/// How many times (100 µs apart) the fork server looks for a supervisor's
+/// exit right after the agent let it go, before leaving it for later.
+const REAP_TRIES: usize = 50;
+
+/// Whether the fork server's child `pid` has exited, and is now collected.
+fn collected(pid: libc::pid_t) -> bool {
+    // SAFETY: waits for our own child without blocking; writes nothing
+    // (null status).
+    unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) != 0 }
 }
 
 /// The supervisor, just forked: sets up what std would in a child (standard

@@ -91,6 +91,10 @@ use super::{
 /// How long the host waits for runsc to start a container and for its
 /// agent to connect and report ready.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a wait on `runsc` or on the agent (every create waits on
+/// both) sleeps between looks: a create pays up to one tick per wait, so
+/// it is short; each look is one cheap system call.
+const WAIT_TICK: Duration = Duration::from_micros(250);
 /// How long a restored sandbox's agent gets to serve again (once `runsc
 /// restore` returned; it is ready within milliseconds). Past it the wake
 /// falls back to the files (`state_lost`).
@@ -1022,7 +1026,7 @@ impl GvisorPrepared {
                             log_tail(&log_path),
                         ));
                     }
-                    std::thread::sleep(Duration::from_millis(1));
+                    std::thread::sleep(WAIT_TICK);
                 }
                 Err(e) => return Err(GvisorError::Setup(e)),
             }
@@ -1668,7 +1672,7 @@ fn wait_restored(
                 log_tail(log_path),
             ));
         }
-        std::thread::sleep(Duration::from_millis(1));
+        std::thread::sleep(WAIT_TICK);
     }
 }
 
@@ -1710,7 +1714,7 @@ fn run_checked(
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(WAIT_TICK),
             Ok(None) => {
                 let _ = child.kill();
                 let _ = child.wait();
