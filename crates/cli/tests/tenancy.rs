@@ -92,6 +92,39 @@ async fn one_workspace_cannot_take_every_slot() {
     let _ = std::fs::remove_dir_all(&data);
 }
 
+/// A sandbox being removed is never answered as unknown: a client that no
+/// longer finds it live finds why it ended. Raced with a client asking as
+/// fast as it can while the sandbox is deleted.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_being_deleted_is_never_answered_as_unknown() {
+    let data = data_dir("tomb-race");
+    let d = Daemon::start(&data, free_port(), &["--warm-pool", "code-interpreter=0"]);
+    for round in 0..20 {
+        let id = d.create(json!({})).await;
+        let path = format!("/v1/sandboxes/{id}");
+        let poll = async {
+            loop {
+                let r = d.req(reqwest::Method::GET, &path).send().await.unwrap();
+                if r.status() == 404 {
+                    return r.json::<Value>().await.unwrap();
+                }
+            }
+        };
+        let delete = async {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            d.req(reqwest::Method::DELETE, &path).send().await.unwrap()
+        };
+        let (body, deleted) = tokio::join!(poll, delete);
+        assert_eq!(deleted.status(), 204, "round {round}");
+        assert_eq!(
+            body["end_reason"], "deleted by the API",
+            "round {round}: {body}"
+        );
+    }
+    drop(d);
+    let _ = std::fs::remove_dir_all(&data);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_ended_sandbox_says_why_and_when_to_its_owner_only() {
     let data = data_dir("tomb");

@@ -269,11 +269,23 @@ impl AppState {
 
     /// Removes a sandbox: destroys it and records why.
     pub async fn remove(&self, id: &str, reason: &str) -> bool {
-        let entry = self
-            .sandboxes
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(id);
+        let entry = {
+            let mut live = self
+                .sandboxes
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let entry = live.remove(id);
+            // Recorded before the lock goes: a request that no longer finds
+            // the sandbox live finds why it ended, never a plain "not found".
+            // (Lock order: this map, then the registry's connection; nothing
+            // takes them the other way round. The update is one indexed row.)
+            if entry.is_some() {
+                if let Err(e) = self.registry.end(id, "deleted", reason) {
+                    tracing::warn!(sandbox = %id, "could not record the removal: {e}");
+                }
+            }
+            entry
+        };
         let Some(entry) = entry else { return false };
         tracing::info!(sandbox = %id, reason, "removing sandbox");
         self.metrics.reaped(reason);
@@ -301,9 +313,6 @@ impl AppState {
                 // A request still holds it: kill it now; the handle goes with the request.
                 let _ = self.runtime.remove_sandbox(shared.sandbox.id()).await;
             }
-        }
-        if let Err(e) = self.registry.end(id, "deleted", reason) {
-            tracing::warn!(sandbox = %id, "could not record the removal: {e}");
         }
         // Its saved files go once nothing else uses them. A sandbox without
         // a lineage (no saved files, volumes or idle rule) used no layer, so
