@@ -155,7 +155,7 @@ pub async fn exec(
     body: Vec<u8>,
     out: &Outbox,
 ) {
-    let received = Instant::now();
+    let received = mark();
     let plan = match plan(agent, what, body) {
         Ok(p) => p,
         Err((kind, msg)) => return send_error(out, id, kind, msg).await,
@@ -183,10 +183,9 @@ async fn run(
     id: u64,
     plan: Plan,
     out: &Outbox,
-    received: Instant,
+    received: Option<Instant>,
 ) {
-    let at = |t: Instant| micros(t.duration_since(received));
-    let planned = Instant::now();
+    let planned = mark();
     let user = plan.user.clone().unwrap_or_else(|| {
         let u = &agent.spec.user;
         ExecUser {
@@ -231,7 +230,7 @@ async fn run(
         }
         None => None,
     };
-    let grouped = Instant::now();
+    let grouped = mark();
     // The command as the supervisor starts it: found on the command's own
     // PATH and laid out now, since the supervisor may not allocate.
     let image = match ExecImage::new(&plan.argv[0], &plan.argv, &env) {
@@ -274,7 +273,7 @@ async fn run(
             .await;
         }
     };
-    let spawned = Instant::now();
+    let spawned = mark();
     let supervisor = child.supervisor;
     let exited = agent.reaper.watch(supervisor);
     if let Some(report) = child.report {
@@ -291,7 +290,7 @@ async fn run(
     let (stdin, stdout, stderr) = (child.stdin, child.stdout, child.stderr);
 
     send(out, id, Event::ExecStarted { pid }, Vec::new()).await;
-    let announced = Instant::now();
+    let announced = mark();
 
     if let Some(fd) = stdin {
         let data = plan.stdin;
@@ -315,7 +314,7 @@ async fn run(
 
     let timeout = plan.timeout_ms.map(Duration::from_millis);
     let (exit, timed_out) = wait(agent, supervisor, exited, timeout).await;
-    let reaped = Instant::now();
+    let reaped = mark();
     // Let the pumps read what is buffered, then stop them even if a background
     // process keeps the pipes open.
     let stop = tokio::spawn(async move {
@@ -326,7 +325,7 @@ async fn run(
     let (err_total, err_trunc) = pump_err.await.unwrap_or((0, false));
     stop.abort();
     running.lock().expect("running lock").remove(&(conn, id));
-    let drained = Instant::now();
+    let drained = mark();
 
     let (exit_code, signal) = match exit {
         Some(Exit::Code(c)) => (Some(c), None),
@@ -355,17 +354,27 @@ async fn run(
     };
     send(out, id, Event::ExecExited(info), Vec::new()).await;
     // Where an exec's time goes, from its request's arrival (microseconds).
-    tracing::debug!(
-        planned = at(planned),
-        grouped = at(grouped),
-        started = at(started),
-        spawned = at(spawned),
-        announced = at(announced),
-        reaped = at(reaped),
-        drained = at(drained),
-        answered = at(Instant::now()),
-        "exec done"
-    );
+    if let Some(received) = received {
+        let at = |t: Option<Instant>| t.map_or(0, |t| micros(t.duration_since(received)));
+        tracing::debug!(
+            planned = at(planned),
+            grouped = at(grouped),
+            started = at(Some(started)),
+            spawned = at(spawned),
+            announced = at(announced),
+            reaped = at(reaped),
+            drained = at(drained),
+            answered = at(Some(Instant::now())),
+            "exec done"
+        );
+    }
+}
+
+/// Now, where exec timings are logged (debug); otherwise no clock read at
+/// all: for about the first second of a gVisor sandbox (until the Sentry's
+/// clock is calibrated) every read is a system call, 15-40 µs there.
+fn mark() -> Option<Instant> {
+    tracing::enabled!(tracing::Level::DEBUG).then(Instant::now)
 }
 
 /// The exec fork server (gVisor: see [`runcell_jail::zygote`]), when the
