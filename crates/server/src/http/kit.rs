@@ -51,11 +51,23 @@ impl<T: DeserializeOwned + Default> FromRequest<Arc<AppState>> for OptionalJson<
 
     async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, Self::Rejection> {
         let bytes = RawBody::from_request(req, state).await?.0;
-        if bytes.iter().all(u8::is_ascii_whitespace) {
+        if is_blank(&bytes) {
             return Ok(OptionalJson(T::default()));
         }
         parse_json(&bytes).map(OptionalJson)
     }
+}
+
+/// JSON's own whitespace (RFC 8259: space, tab, line feed, carriage
+/// return), not ASCII's, which also counts the form feed: a body of `\x0c`
+/// is not JSON and must not pass for an absent one.
+fn is_json_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+/// An absent body: nothing, or only JSON whitespace.
+pub(crate) fn is_blank(bytes: &[u8]) -> bool {
+    bytes.iter().all(|&b| is_json_space(b))
 }
 
 /// Parses a JSON body; the error names the field that is wrong
@@ -63,7 +75,7 @@ impl<T: DeserializeOwned + Default> FromRequest<Arc<AppState>> for OptionalJson<
 pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> AppResult<T> {
     // serde reads a struct from an array of its fields in order
     // (`[null, true]`); no route takes an array, so refuse one.
-    if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+    if bytes.iter().find(|&&b| !is_json_space(b)) == Some(&b'[') {
         return Err(ApiError::bad_request(
             "The request body must be a JSON object, not an array.",
         ));

@@ -58,7 +58,7 @@ pub(crate) async fn create(
     Sandboxed(e, RawBody(body)): Sandboxed<RawBody>,
 ) -> AppResult<(StatusCode, Json<SessionView>)> {
     // An empty body means a Python session with defaults.
-    let req: CreateSessionReq = if body.iter().all(|b| b.is_ascii_whitespace()) {
+    let req: CreateSessionReq = if super::kit::is_blank(&body) {
         CreateSessionReq {
             language: None,
             cwd: None,
