@@ -433,7 +433,7 @@ async fn escape_attempts_fail() {
     )
     .await;
     let out = text(&r.stdout);
-    assert!(out.contains("done"), "{out}");
+    assert!(out.contains("done"), "{out}\n{:?}", r.outcome);
     assert!(!out.contains(&secret), "a host file leaked: {out}");
     assert!(out.contains("No such file or directory"), "{out}");
     assert!(out.contains("Permission denied"), "{out}");

@@ -26,20 +26,29 @@ async fn cannot_read_host_files_outside_the_template() {
         std::fs::write(p, &secret).unwrap();
     }
     let sb = sandbox(&rt, limits()).await;
-    let r = sh(
-        &sb,
-        &format!(
-            "cat {p0} {p1} {p2}; ls -a /root /tmp /var/tmp; \
-             find / -xdev -name '{name}*' 2>/dev/null; grep -rs {secret} /etc /run /home /tmp; \
-             echo done",
-            p0 = paths[0],
-            p1 = paths[1],
-            p2 = paths[2]
-        ),
-    )
-    .await;
+    // The search reads host files bound into the template (/etc's), cold on
+    // a fresh machine whose disk may still be writing the build: it gets
+    // far more than the default 20 s, and a failure shows how the run ended.
+    let search = RunOptions {
+        timeout: Some(Duration::from_secs(180)),
+        ..RunOptions::default()
+    };
+    let r = sb
+        .exec(
+            runcell_protocol::Command::Shell(format!(
+                "cat {p0} {p1} {p2}; ls -a /root /tmp /var/tmp; \
+                 find / -xdev -name '{name}*' 2>/dev/null; grep -rs {secret} /etc /run /home /tmp; \
+                 echo done",
+                p0 = paths[0],
+                p1 = paths[1],
+                p2 = paths[2]
+            )),
+            &search,
+        )
+        .await
+        .expect("exec");
     let out = text(&r.stdout) + &text(&r.stderr);
-    assert!(out.contains("done"), "{out}");
+    assert!(out.contains("done"), "{out}\n{:?}", r.outcome);
     assert!(out.contains("No such file or directory"), "{out}");
     assert!(!out.contains(&secret), "a host file leaked: {out}");
     assert!(
