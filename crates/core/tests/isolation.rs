@@ -949,3 +949,48 @@ async fn programs_start_with_an_empty_bounding_set_and_default_signals() {
     }
     sb.destroy().await.unwrap();
 }
+
+/// Execs started at once in one sandbox each get their own output and
+/// status, and leave nothing behind: under gVisor they mix the fork
+/// server's spare supervisor (forked ahead) with supervisors it forks for
+/// the requests that find none, in whatever order they arrive.
+#[tokio::test(flavor = "multi_thread")]
+async fn execs_started_at_once_each_get_their_own_output_and_status() {
+    let rt = runtime("isolation");
+    let sb = std::sync::Arc::new(sandbox(&rt, limits()).await);
+    let processes = "ps -eo args=";
+    let before = text(&sh(&sb, processes).await.stdout);
+    for round in 0..3 {
+        let mut runs = tokio::task::JoinSet::new();
+        for i in 0..6 {
+            let sb = sb.clone();
+            runs.spawn(async move {
+                let r = sh(
+                    &sb,
+                    &format!("echo out{i}; echo err{i} >&2; exit {}", i + 1),
+                )
+                .await;
+                (i, r)
+            });
+        }
+        while let Some(done) = runs.join_next().await {
+            let (i, r) = done.unwrap();
+            assert_eq!(
+                (r.outcome.status(), text(&r.stdout), text(&r.stderr)),
+                (i + 1, format!("out{i}\n"), format!("err{i}\n")),
+                "round {round}, exec {i}: {:?}",
+                r.outcome
+            );
+        }
+    }
+    let after = text(&sh(&sb, processes).await.stdout);
+    assert_eq!(
+        after, before,
+        "processes before:\n{before}\nafter:\n{after}"
+    );
+    std::sync::Arc::into_inner(sb)
+        .expect("no exec holds the sandbox")
+        .destroy()
+        .await
+        .unwrap();
+}

@@ -23,11 +23,26 @@
 //! ([`Zygote::reap`]), after it has read that exit: until then the
 //! supervisor's pid cannot be reused, so the agent may signal it.
 //!
-//! The fork server holds no descriptor but its socket, runs with the
+//! The fork itself is taken off the exec's path where it can be: the fork
+//! server keeps a spare supervisor, forked ahead and waiting for a request
+//! of its own. Requests travel on a socket of their own (the exec socket),
+//! read by the spare when there is one and by the fork server otherwise;
+//! reap messages on another (the control socket), read by the fork server
+//! only. A spare that took a request says so on a pipe once its command
+//! has started (its first report), and the fork server makes no new spare
+//! while that exec runs (a fork then would compete with the command
+//! starting). It makes one at start-up, for the sandbox's first exec, and
+//! after each reap once the sandbox has run two execs (one that runs a
+//! single exec, the common one-shot run, pays for no spare it never uses);
+//! an exec that finds no spare is forked for at once, as before. Under
+//! gVisor's ptrace platform the fork is 5-8 ms of each exec's start.
+//!
+//! The fork server holds no descriptor but its sockets, runs with the
 //! agent's credentials, seccomp filter, Landlock domain and process-limit
 //! cgroup (it is one process of the sandbox's count), is not dumpable (the
 //! agent's setting when it forks) and dies with the agent
-//! (`PR_SET_PDEATHSIG`). Should it be gone, [`Zygote::spawn`] says so
+//! (`PR_SET_PDEATHSIG`); a spare dies with the fork server until it takes
+//! a request. Should it be gone, [`Zygote::spawn`] says so
 //! ([`ZygoteError::Gone`]) and the agent forks supervisors itself again.
 
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
@@ -90,9 +105,27 @@ pub enum ZygoteError {
 /// The agent's end of the fork server.
 #[derive(Debug)]
 pub struct Zygote {
-    sock: Mutex<UnixStream>,
+    /// Exec requests (read by the spare supervisor, or the fork server).
+    exec: Mutex<UnixStream>,
+    /// Reap messages (read by the fork server).
+    control: Mutex<UnixStream>,
     pid: i32,
 }
+
+/// The fork server's descriptors for its sockets (placed there at start).
+const CONTROL_FD: RawFd = 3;
+const EXEC_FD: RawFd = 4;
+
+/// In a spare that took a request: the write end of its pipe to the fork
+/// server, written (and closed by the supervisor's descriptor sweep) with
+/// its first report. -1 elsewhere.
+static TAKEN_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// What a spare writes on its pipe when it took a request.
+const TAKEN: u8 = b'T';
+
+/// Execs a sandbox runs before the fork server keeps a spare after each.
+const SPARE_AFTER: u64 = 2;
 
 /// One exec to start: what [`crate::SandboxCommand::supervise_as`] takes,
 /// plus what std would otherwise set up in the child (standard streams and
@@ -150,18 +183,20 @@ impl Zygote {
         if threads != 1 {
             return Err(ZygoteError::Threaded(threads));
         }
-        let (agent_end, server_end) = UnixStream::pair().map_err(ZygoteError::Setup)?;
+        let (exec, exec_server) = UnixStream::pair().map_err(ZygoteError::Setup)?;
+        let (control, control_server) = UnixStream::pair().map_err(ZygoteError::Setup)?;
         // SAFETY: the process is single-threaded (checked above), so the
         // child is a complete copy that may allocate and lock; it runs
         // `serve`, which never returns.
         match unsafe { libc::fork() } {
             -1 => Err(ZygoteError::Setup(io::Error::last_os_error())),
             0 => {
-                drop(agent_end);
-                serve(server_end)
+                drop((exec, control));
+                serve(control_server, exec_server)
             }
             pid => Ok(Self {
-                sock: Mutex::new(agent_end),
+                exec: Mutex::new(exec),
+                control: Mutex::new(control),
                 pid,
             }),
         }
@@ -201,7 +236,7 @@ impl Zygote {
         header[..4].copy_from_slice(&MAGIC.to_le_bytes());
         header[4..].copy_from_slice(&len.to_le_bytes());
         {
-            let mut sock = self.sock.lock().unwrap_or_else(|p| p.into_inner());
+            let mut sock = self.exec.lock().unwrap_or_else(|p| p.into_inner());
             let sent = sendmsg::<()>(
                 sock.as_raw_fd(),
                 &[IoSlice::new(&header)],
@@ -242,7 +277,7 @@ impl Zygote {
         let mut msg = [0u8; 8];
         msg[..4].copy_from_slice(&MAGIC_REAP.to_le_bytes());
         msg[4..].copy_from_slice(&supervisor.to_le_bytes());
-        let mut sock = self.sock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sock = self.control.lock().unwrap_or_else(|p| p.into_inner());
         sock.write_all(&msg).map_err(ZygoteError::Gone)
     }
 }
@@ -301,6 +336,18 @@ pub(crate) fn report(fd: RawFd, kind: i32, a: i32, b: i32) {
     buf[8..].copy_from_slice(&b.to_le_bytes());
     // SAFETY: writes from a live stack buffer of its length.
     unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+    // A spare's first report: the fork server may make the next one now,
+    // and this supervisor no longer dies with it (as one it forked for a
+    // request does not).
+    let taken = TAKEN_FD.swap(-1, std::sync::atomic::Ordering::Relaxed);
+    if taken >= 0 {
+        let byte = [TAKEN];
+        // SAFETY: writes one byte from a live stack buffer; prctl on scalars.
+        unsafe {
+            libc::write(taken, byte.as_ptr().cast(), 1);
+            libc::prctl(libc::PR_SET_PDEATHSIG, 0, 0, 0, 0);
+        }
+    }
 }
 
 /// Reports the command's wait status (the supervisor exits right after).
@@ -473,24 +520,39 @@ fn receive(sock: &mut UnixStream) -> io::Result<Option<Message>> {
     }))))
 }
 
-/// The fork server's loop: one supervisor per request, until the agent
-/// closes its end.
-fn serve(sock: UnixStream) -> ! {
+/// The fork server's loop: one supervisor per request (a spare's, or
+/// forked for it), until the agent closes its end.
+fn serve(control: UnixStream, exec: UnixStream) -> ! {
     // SAFETY: prctl, close_range, fcntl, open and dup2 on scalars and a
-    // static path; the socket stays open (it is moved to descriptor 3
-    // first, everything above is closed).
-    let mut sock = unsafe {
+    // static path; the sockets stay open (moved to CONTROL_FD and EXEC_FD,
+    // by way of descriptors above both, everything above is closed).
+    let mut control = unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
-        let fd = sock.into_raw_fd();
-        if fd != 3 {
-            if libc::dup3(fd, 3, libc::O_CLOEXEC) != 3 {
-                libc::_exit(1);
-            }
-            libc::close(fd);
+        let (c, e) = (control.into_raw_fd(), exec.into_raw_fd());
+        let high_c = libc::fcntl(c, libc::F_DUPFD_CLOEXEC, 16);
+        let high_e = libc::fcntl(e, libc::F_DUPFD_CLOEXEC, 16);
+        if high_c < 0
+            || high_e < 0
+            || libc::dup3(high_c, CONTROL_FD, libc::O_CLOEXEC) != CONTROL_FD
+            || libc::dup3(high_e, EXEC_FD, libc::O_CLOEXEC) != EXEC_FD
+        {
+            libc::_exit(1);
         }
-        libc::syscall(libc::SYS_close_range, 4u32, crate::sys::MAX_FD, 0u32);
+        // Originals among the standard descriptors (an agent without them)
+        // are closed here, those above the sockets by the sweep below.
+        for fd in [c, e] {
+            if fd < CONTROL_FD {
+                libc::close(fd);
+            }
+        }
+        libc::syscall(
+            libc::SYS_close_range,
+            (EXEC_FD + 1) as u32,
+            crate::sys::MAX_FD,
+            0u32,
+        );
         // Standard descriptors the agent lacks are /dev/null here, so the
-        // descriptors requests bring always land above 3.
+        // descriptors requests bring always land above the sockets.
         for fd in 0..3 {
             if libc::fcntl(fd, libc::F_GETFD) < 0 {
                 let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
@@ -500,43 +562,79 @@ fn serve(sock: UnixStream) -> ! {
                 }
             }
         }
-        UnixStream::from_raw_fd(3)
+        UnixStream::from_raw_fd(CONTROL_FD)
     };
     // This process changes no disposition and no capability from here on:
     // its supervisors reset and drop only what it has.
     crate::inside::note_inherited();
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
     // Supervisors the agent let go whose exit was not collected yet. One
     // exits right after its last report, so it is usually collected at
     // once; but waiting for one must never hold up the next exec, so one
     // still running after a few milliseconds is looked at again on every
     // later message instead.
     let mut exiting: Vec<libc::pid_t> = Vec::new();
+    // The spare for the sandbox's first exec, made while the agent sets up.
+    let mut spare = fork_spare(me);
+    // Supervisors started so far (spares taken and forks for a request).
+    let mut started: u64 = 0;
     loop {
-        let message = receive(&mut sock);
-        if let Ok(Some(Message::Reap(pid))) = message {
-            exiting.push(pid);
-            for _ in 0..REAP_TRIES {
-                exiting.retain(|&p| !collected(p));
-                if exiting.last() != Some(&pid) {
-                    break;
+        let watched = spare.as_ref().map_or(EXEC_FD, |s| s.taken.as_raw_fd());
+        let (control_ready, other_ready) = wait_either(CONTROL_FD, watched);
+        // Reap messages first: the agent sends one before it answers the
+        // exec it ends, so the spare it brings is there for the next exec.
+        if control_ready {
+            match receive(&mut control) {
+                Ok(Some(Message::Reap(pid))) => {
+                    exiting.push(pid);
+                    for _ in 0..REAP_TRIES {
+                        exiting.retain(|&p| !collected(p));
+                        if exiting.last() != Some(&pid) {
+                            break;
+                        }
+                        std::thread::sleep(std::time::Duration::from_micros(100));
+                    }
+                    if spare.is_none() && started >= SPARE_AFTER {
+                        spare = fork_spare(me);
+                    }
                 }
-                std::thread::sleep(std::time::Duration::from_micros(100));
+                Ok(None) => stop(0, ""),
+                Ok(Some(Message::Spawn(_))) => stop(1, "an exec request on the control socket"),
+                Err(e) => stop(1, &e.to_string()),
             }
+            continue;
+        }
+        if !other_ready {
+            continue;
         }
         exiting.retain(|&p| !collected(p));
-        let req = match message {
+        if let Some(s) = spare.take() {
+            if s.was_taken() {
+                started += 1;
+                continue;
+            }
+            // It ended without a request: the agent closed its end, or a
+            // request was malformed, or it was killed. Either way the
+            // stream may be cut mid-request: stop (the agent then forks
+            // supervisors itself).
+            // SAFETY: waits for our own child, which has closed its pipe.
+            unsafe { libc::waitpid(s.pid, std::ptr::null_mut(), 0) };
+            stop(0, "");
+        }
+        // No spare: this process reads the request and forks for it.
+        let mut sock = std::mem::ManuallyDrop::new(
+            // SAFETY: EXEC_FD is this process's open exec socket; the
+            // wrapper is never dropped, so it stays open.
+            unsafe { UnixStream::from_raw_fd(EXEC_FD) },
+        );
+        let req = match receive(&mut sock) {
             Ok(Some(Message::Spawn(r))) => r,
-            Ok(Some(Message::Reap(_))) => continue,
-            Ok(None) => {
-                // SAFETY: _exit(2) ends the process without running any Rust code.
-                unsafe { libc::_exit(0) }
-            }
-            Err(e) => {
-                eprintln!("runcell-agent exec fork server: {e}; stopping");
-                // SAFETY: as above.
-                unsafe { libc::_exit(1) }
-            }
+            Ok(None) => stop(0, ""),
+            Ok(Some(Message::Reap(_))) => stop(1, "a reap message on the exec socket"),
+            Err(e) => stop(1, &e.to_string()),
         };
+        started += 1;
         // SAFETY: this process is single-threaded (it was forked from a
         // single-threaded agent and starts no thread), so the child is a
         // complete copy that may allocate; it runs `supervisor`, which
@@ -553,6 +651,110 @@ fn serve(sock: UnixStream) -> ! {
             _ => {}
         }
         // The request's descriptors close here: only the supervisor holds them.
+    }
+}
+
+/// Ends the fork server (saying why, when it is an error).
+fn stop(code: i32, why: &str) -> ! {
+    if code != 0 {
+        eprintln!("runcell-agent exec fork server: {why}; stopping");
+    }
+    // SAFETY: _exit(2) ends the process without running any Rust code.
+    unsafe { libc::_exit(code) }
+}
+
+/// Blocks until `a` or `b` is readable (or at its end); says which.
+fn wait_either(a: RawFd, b: RawFd) -> (bool, bool) {
+    let mut fds = [
+        libc::pollfd {
+            fd: a,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: b,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    loop {
+        // SAFETY: fds is a valid pollfd array of length 2 for the call.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if rc >= 0 {
+            return (fds[0].revents != 0, fds[1].revents != 0);
+        }
+        if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            stop(1, "poll failed");
+        }
+    }
+}
+
+/// A supervisor forked ahead, waiting for a request on the exec socket.
+struct Spare {
+    pid: libc::pid_t,
+    /// Where it says it took one (or, at its end, that it is gone).
+    taken: OwnedFd,
+}
+
+impl Spare {
+    /// Reads what the spare said: whether it took a request (`false`: it
+    /// is gone without one).
+    fn was_taken(&self) -> bool {
+        let mut byte = [0u8; 1];
+        loop {
+            // SAFETY: reads one byte into a live stack buffer.
+            let n = unsafe { libc::read(self.taken.as_raw_fd(), byte.as_mut_ptr().cast(), 1) };
+            if n >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                return n == 1 && byte[0] == TAKEN;
+            }
+        }
+    }
+}
+
+/// Forks a spare supervisor; `None` when the fork fails (the process
+/// limit is full, say): requests are then forked for as they come.
+fn fork_spare(server: libc::pid_t) -> Option<Spare> {
+    let (taken_r, taken_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).ok()?;
+    // SAFETY: this process is single-threaded, so the child is a complete
+    // copy that may allocate; it runs `spare`, which never returns.
+    match unsafe { libc::fork() } {
+        0 => {
+            drop(taken_r);
+            spare(server, taken_w)
+        }
+        pid if pid > 0 => Some(Spare {
+            pid,
+            taken: taken_r,
+        }),
+        _ => None,
+    }
+}
+
+/// A spare: dies with the fork server until it takes a request (so the
+/// agent's requests never wait on a socket nobody reads), then says so
+/// with its first report and becomes that request's supervisor.
+fn spare(server: libc::pid_t, taken: OwnedFd) -> ! {
+    // SAFETY: prctl and getppid on scalars.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+        if libc::getppid() != server {
+            libc::_exit(0);
+        }
+    }
+    let mut sock = std::mem::ManuallyDrop::new(
+        // SAFETY: EXEC_FD is the exec socket this copy of the fork server
+        // holds open; the wrapper is never dropped.
+        unsafe { UnixStream::from_raw_fd(EXEC_FD) },
+    );
+    match receive(&mut sock) {
+        Ok(Some(Message::Spawn(req))) => {
+            TAKEN_FD.store(taken.into_raw_fd(), std::sync::atomic::Ordering::Relaxed);
+            supervisor(*req)
+        }
+        // The agent closed its end, or sent something else: the fork
+        // server sees this pipe end and stops.
+        // SAFETY: _exit(2) ends the process without running any Rust code.
+        _ => unsafe { libc::_exit(0) },
     }
 }
 
