@@ -910,21 +910,18 @@ pub fn drop_privileges(uid: u32, gid: u32) -> io::Result<()> {
             libc::write(fd, b"500".as_ptr().cast(), 3);
             libc::close(fd);
         }
-        let keep_capabilities = uid == 0;
-        // Only what the bounding set holds, where that was noted
-        // (`note_inherited`); otherwise every capability the kernel knows.
-        let bounding = BOUNDING_SET.load(Ordering::Relaxed);
-        for cap in 0..=63 {
-            if keep_capabilities {
-                break;
-            }
-            if bounding & (1u64 << cap) == 0 {
-                continue;
-            }
-            if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) < 0
-                && *libc::__errno_location() == libc::EINVAL
-            {
-                break;
+        // Root of the sandbox (a template build's step) keeps its
+        // capabilities. Everyone else drops only what the bounding set
+        // holds, where that was noted (`note_inherited`); otherwise every
+        // capability the kernel knows.
+        if uid != 0 {
+            let bounding = BOUNDING_SET.load(Ordering::Relaxed);
+            for cap in (0..=63).filter(|c| bounding & (1u64 << c) != 0) {
+                if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) < 0
+                    && *libc::__errno_location() == libc::EINVAL
+                {
+                    break;
+                }
             }
         }
         // A kernel without ambient capabilities (gVisor's) refuses the
