@@ -42,6 +42,12 @@ pub mod zygote;
 
 pub use sys::finit_module;
 
+/// How long a host-side wait on a sandbox's processes sleeps between looks
+/// (runsc starting a container, an agent connecting, a killed cgroup's
+/// release): every create or destroy pays up to one tick per wait, so it
+/// is short, and each look is one cheap system call.
+pub const WAIT_TICK: std::time::Duration = std::time::Duration::from_micros(250);
+
 pub use command::{SandboxCommand, MAX_EXTRA_FDS};
 pub use spawn::{
     check_id, list_sandboxes, log_tail, read_setup_answer, EgressSocket, Jail, PrepareConfig,

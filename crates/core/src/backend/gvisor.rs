@@ -80,7 +80,7 @@ fn with_shim(
     env.insert("LD_PRELOAD".into(), preload);
     env
 }
-use runcell_jail::{InitSpec, EGRESS_SOCKET};
+use runcell_jail::{InitSpec, EGRESS_SOCKET, WAIT_TICK};
 use serde::{Deserialize, Serialize};
 
 use super::{
@@ -91,10 +91,6 @@ use super::{
 /// How long the host waits for runsc to start a container and for its
 /// agent to connect and report ready.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a wait on `runsc` or on the agent (every create waits on
-/// both) sleeps between looks: a create pays up to one tick per wait, so
-/// it is short; each look is one cheap system call.
-const WAIT_TICK: Duration = Duration::from_micros(250);
 /// How long a restored sandbox's agent gets to serve again (once `runsc
 /// restore` returned; it is ready within milliseconds). Past it the wake
 /// falls back to the files (`state_lost`).

@@ -331,8 +331,8 @@ impl Cgroup {
             match busy {
                 None => return Ok(()),
                 Some(dir) if Instant::now() >= deadline => return Err(CgroupError::Busy(dir)),
-                // Short: a destroy waits here once its processes are killed.
-                Some(_) => std::thread::sleep(Duration::from_micros(250)),
+                // A destroy waits here once its processes are killed.
+                Some(_) => std::thread::sleep(crate::WAIT_TICK),
             }
         }
     }
