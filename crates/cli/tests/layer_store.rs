@@ -384,3 +384,95 @@ async fn default_store_is_btrfs_released_on_a_graceful_stop_and_nothing_is_lost(
     wait_no_loop(&image).await;
     assert!(!data.exists(), "the data directory was left");
 }
+
+/// Starts `runcell serve` on a data directory with the store already made,
+/// with its log (`RUNCELL_LOG=info`) and stdout as lines on a channel.
+fn serve_with_output(data: &Path) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    use std::io::BufRead as _;
+    use std::process::Stdio;
+    let mut child = serve_command(Path::new(RUNCELL), free_port())
+        .arg("--data-dir")
+        .arg(data)
+        .arg("--auto-build=false")
+        .env("RUNCELL_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("runcell serve starts");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let out = child.stdout.take().unwrap();
+    let err = child.stderr.take().unwrap();
+    for r in [
+        Box::new(out) as Box<dyn std::io::Read + Send>,
+        Box::new(err) as Box<dyn std::io::Read + Send>,
+    ] {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(r).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+    }
+    (child, rx)
+}
+
+/// A SIGTERM that comes while the daemon starts (its store mounted, not
+/// yet listening) or at once after it says it listens (a supervisor or a
+/// test stopping it as soon as it is up) is a graceful stop like any
+/// other: exit 0, the store unmounted, its loop device freed. Caught from
+/// the first line of `serve`, the signal never finds its default action.
+#[test]
+fn a_sigterm_while_the_daemon_starts_is_a_graceful_stop() {
+    require_root("the btrfs layer store");
+    let data = data_dir("early-sigterm");
+    let store = data.join("store");
+    let image = data.join("store.img");
+    for round in 0..16 {
+        // Even rounds: at the log line that says the store is open (before
+        // the listener exists); odd rounds: at the first line on stdout.
+        let at = if round % 2 == 0 {
+            "layer store"
+        } else {
+            "is listening"
+        };
+        let (mut child, lines) = serve_with_output(&data);
+        let mut seen = Vec::new();
+        loop {
+            let line = lines
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|e| panic!("round {round}: no {at:?} line ({e}); saw {seen:#?}"));
+            let hit = line.contains(at);
+            seen.push(line);
+            if hit {
+                break;
+            }
+        }
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let status = child.wait().unwrap();
+        seen.extend(lines.try_iter());
+        assert!(
+            status.success(),
+            "round {round}: SIGTERM at {at:?} ended the daemon with {status}; its output: {seen:#?}"
+        );
+        assert!(
+            !is_mount_point(&store),
+            "round {round}: SIGTERM at {at:?} left {} mounted; output: {seen:#?}",
+            store.display()
+        );
+        assert!(image.exists(), "round {round}: the store's image is gone");
+    }
+    let until = Instant::now() + Duration::from_secs(5);
+    while !loop_devices(&image).is_empty() {
+        assert!(
+            Instant::now() < until,
+            "loop devices left: {:?}",
+            loop_devices(&image)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::remove_dir_all(&data).unwrap();
+}

@@ -139,6 +139,7 @@ fn check_traversable(
 /// Builds the state, reconciles with what survived a restart, and serves
 /// until SIGINT or SIGTERM. Sandboxes keep running across a restart.
 pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeError> {
+    let stop = StopSignals::catch();
     fs::create_dir_all(&config.data_dir)
         .map_err(|e| ServeError::DataDir(config.data_dir.clone(), e))?;
     // Sandbox agents (an unprivileged host uid) must traverse it to their directories.
@@ -330,7 +331,7 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
         }
     });
     let server = axum::serve(listener, router(state.clone())).with_graceful_shutdown(async move {
-        shutdown_signal().await;
+        stop.recv().await;
         tracing::info!(
             ?grace,
             "stopping: no new connections; waiting for running requests"
@@ -397,17 +398,39 @@ async fn release_layer_store(state: &Arc<AppState>) {
     }
 }
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut int), Ok(mut term)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = int.recv() => {}
-        _ = term.recv() => {}
+/// SIGINT and SIGTERM, caught from the first line of [`serve`]: a signal
+/// that comes while the daemon starts (a supervisor stopping it right
+/// after it said it is listening, or earlier) stops it gracefully once it
+/// is up, with the layer store released, rather than ending it by the
+/// signal's default action with the store left mounted.
+struct StopSignals(Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>);
+
+impl StopSignals {
+    fn catch() -> Self {
+        use tokio::signal::unix::{signal, SignalKind};
+        match (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) {
+            (Ok(int), Ok(term)) => Self(Some((int, term))),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::warn!(
+                    "SIGINT and SIGTERM cannot be caught ({e}): a signal ends the daemon without releasing the layer store"
+                );
+                Self(None)
+            }
+        }
+    }
+
+    /// Until one of them came (also before this was first awaited).
+    async fn recv(self) {
+        let Some((mut int, mut term)) = self.0 else {
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
     }
 }
 
