@@ -278,6 +278,11 @@ pub struct Standby {
     host_network: bool,
     /// The limits it was prepared with, restored when others are refused.
     prepared_limits: Limits,
+    /// The memory, pids and CPU limits its cgroup has now, when known (not
+    /// after a write that failed half-way): [`Standby::start`] writes only
+    /// limits that differ, so a claim checked by [`Standby::set_limits`]
+    /// or made with the prepared limits costs no cgroup write at start.
+    cgroup_limits: std::sync::Mutex<Option<CgroupLimits>>,
     /// Fixed by the prepare phase, needed by the start phase.
     cgroup_parent: String,
     /// Root of the sandbox on the host (owner of its egress directory).
@@ -285,6 +290,24 @@ pub struct Standby {
     pidfd: OwnedFd,
     host_end: UnixStream,
     cleanup: Cleanup,
+}
+
+/// The limits a sandbox's cgroup enforces (the disk limit is its layer's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CgroupLimits {
+    memory_bytes: u64,
+    pids: u64,
+    cpu_millis: u64,
+}
+
+impl CgroupLimits {
+    fn of(l: &Limits) -> Self {
+        Self {
+            memory_bytes: l.memory_bytes,
+            pids: l.pids,
+            cpu_millis: l.cpu_millis,
+        }
+    }
 }
 
 impl Jail {
@@ -456,6 +479,7 @@ impl Standby {
             id: cfg.id.clone(),
             host_network: cfg.host_network,
             prepared_limits: cfg.limits,
+            cgroup_limits: std::sync::Mutex::new(Some(CgroupLimits::of(&cfg.limits))),
             cgroup_parent: cfg.cgroup_parent.clone(),
             root_id: cfg.id_map.host_base,
             pidfd,
@@ -473,10 +497,21 @@ impl Standby {
     /// so that limits the kernel refuses fail before the standby is used up
     /// (see [`Standby::reset_limits`]).
     pub fn set_limits(&self, limits: &Limits) -> Result<(), SpawnError> {
-        match &self.cleanup.cgroup {
-            Some(cg) => Ok(cg.set_limits(limits)?),
-            None => Ok(()),
+        let Some(cg) = &self.cleanup.cgroup else {
+            return Ok(());
+        };
+        let mut known = self
+            .cgroup_limits
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let want = CgroupLimits::of(limits);
+        if *known == Some(want) {
+            return Ok(());
         }
+        *known = None;
+        cg.set_limits(limits)?;
+        *known = Some(want);
+        Ok(())
     }
 
     /// Puts back the limits the standby was prepared with (after
@@ -495,9 +530,7 @@ impl Standby {
         let t0 = std::time::Instant::now();
         let dir = self.cleanup.dir.clone();
         let pid = self.cleanup.pid.expect("prepared");
-        if let Some(cg) = &self.cleanup.cgroup {
-            cg.set_limits(&cfg.limits)?;
-        }
+        self.set_limits(&cfg.limits)?;
         if let Some(stage) = &self.stage {
             if cfg.limits.disk_bytes != self.prepared_limits.disk_bytes {
                 crate::btrfs::limit(stage, cfg.limits.disk_bytes.max(1 << 20))?;
@@ -801,6 +834,11 @@ impl Jail {
     /// Cgroup counters (OOM kills, pids-limit hits, memory, CPU).
     pub fn counters(&self) -> Counters {
         self.cgroup.counters()
+    }
+
+    /// Its cgroup's kill counters only.
+    pub fn kills(&self) -> crate::cgroup::Kills {
+        self.cgroup.kills()
     }
 
     /// Whether the agent is still running.
