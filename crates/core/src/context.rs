@@ -136,7 +136,7 @@ impl Sandbox {
             timeout_ms: runcell_protocol::units::millis(timeout),
             output_limit: self.limits().output_bytes,
         };
-        let before = self.counters();
+        let before = self.kills();
         let mut replies = self.agent().request(req, code.as_bytes().to_vec()).await?;
         // The agent enforces the timeout and the interrupt grace; this is a
         // backstop should it stall.
@@ -160,7 +160,7 @@ impl Sandbox {
         })
         .await
         .map_err(|_| ClientError::Closed)??;
-        let after = self.counters();
+        let after = self.kills();
         // The host's counters, or a microVM guest's as the agent read them.
         let oom_killed = after.oom_kills > before.oom_kills || outcome.oom_killed;
         Ok(CellReport {

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::backend::{Counters, Instance, Isolation};
+use crate::backend::{Counters, Instance, Isolation, Kills};
 use runcell_protocol::{
     AgentStats, Command, ErrorKind, Event, ExecRequest, ExecUser, ExitInfo, FileStat, Language,
     Request, RunCodeRequest,
@@ -158,7 +158,7 @@ pub struct Sandbox {
     /// The highest kill counters read so far: they only grow, and a
     /// sandbox that ended may have lost its cgroup (and their values) to the
     /// reaper before an exec asks why it ended.
-    seen: std::sync::Mutex<Counters>,
+    seen: std::sync::Mutex<Kills>,
 }
 
 /// A sandbox's egress state and the proxy task serving its socket (stopped
@@ -190,7 +190,7 @@ impl Sandbox {
             limits,
             isolation,
             egress: None,
-            seen: std::sync::Mutex::new(Counters::default()),
+            seen: std::sync::Mutex::new(Kills::default()),
         }
     }
 
@@ -376,22 +376,33 @@ impl Sandbox {
     /// cgroup is gone.
     pub fn counters(&self) -> Counters {
         let mut now = self.jail().counters();
+        let kills = self.seen_kills(now.into());
+        now.oom_kills = kills.oom_kills;
+        now.pids_limit_hits = kills.pids_limit_hits;
+        now
+    }
+
+    /// The kill counters alone (what a run compares before and after it),
+    /// which never go back either.
+    pub fn kills(&self) -> Kills {
+        self.seen_kills(self.jail().kills())
+    }
+
+    fn seen_kills(&self, now: Kills) -> Kills {
         let mut seen = self
             .seen
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         seen.oom_kills = seen.oom_kills.max(now.oom_kills);
         seen.pids_limit_hits = seen.pids_limit_hits.max(now.pids_limit_hits);
-        now.oom_kills = seen.oom_kills;
-        now.pids_limit_hits = seen.pids_limit_hits;
-        now
+        *seen
     }
 
     /// Why a sandbox that is no longer running ended, as far as its
     /// counters tell: a sentence fragment such as "it ran out of memory
     /// (limit 512 MiB)", or `None` when they name nothing.
     pub fn end_cause(&self) -> Option<String> {
-        let c = self.counters();
+        let c = self.kills();
         if c.oom_kills > 0 {
             return Some(format!(
                 "it ran out of memory (limit {})",
@@ -459,7 +470,7 @@ impl Sandbox {
         body: Vec<u8>,
         timeout: Duration,
     ) -> Result<ExecRun<'_>, Error> {
-        let before = self.counters();
+        let before = self.kills();
         let replies = self.agent.request_own(req, body).await?;
         Ok(ExecRun {
             sandbox: self,
@@ -671,7 +682,7 @@ pub struct ExecRun<'a> {
     sandbox: &'a Sandbox,
     replies: Replies,
     timeout: Duration,
-    before: Counters,
+    before: Kills,
 }
 
 impl ExecRun<'_> {
@@ -693,7 +704,7 @@ impl ExecRun<'_> {
                 (Event::Stdout, body) => Ok(RunEvent::Output(Output::Stdout, body)),
                 (Event::Stderr, body) => Ok(RunEvent::Output(Output::Stderr, body)),
                 (Event::ExecExited(mut exit), _) => {
-                    let after = self.sandbox.counters();
+                    let after = self.sandbox.kills();
                     // A btrfs stage: the agent's statvfs sees the whole
                     // store (and no file count); its qgroup says.
                     if let Some(full) = self.sandbox.jail().layer_full() {
@@ -731,7 +742,7 @@ impl ExecRun<'_> {
     /// moment before its end is called unexplained.
     async fn closed(&self) -> Result<RunEvent, Error> {
         for _ in 0..10 {
-            if self.sandbox.counters().oom_kills > self.before.oom_kills {
+            if self.sandbox.kills().oom_kills > self.before.oom_kills {
                 return Ok(RunEvent::Done(self.ended_by_oom()));
             }
             if self.sandbox.is_alive() {

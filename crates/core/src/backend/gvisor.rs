@@ -84,8 +84,8 @@ use runcell_jail::{InitSpec, EGRESS_SOCKET, WAIT_TICK};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    AgentChannel, Backend, BackendError, Counters, EgressSocket, Instance, Limits, PrepareSpec,
-    Prepared, StartSpec,
+    AgentChannel, Backend, BackendError, Counters, EgressSocket, Instance, Kills, Limits,
+    PrepareSpec, Prepared, StartSpec,
 };
 
 /// How long the host waits for runsc to start a container and for its
@@ -1344,6 +1344,10 @@ impl Instance for GvisorSandbox {
 
     fn counters(&self) -> Counters {
         self.cgroup.counters()
+    }
+
+    fn kills(&self) -> Kills {
+        self.cgroup.kills()
     }
 
     fn is_alive(&self) -> bool {

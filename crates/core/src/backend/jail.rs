@@ -7,7 +7,7 @@ use std::time::Duration;
 use runcell_jail::{IdMap, Jail, PrepareConfig, Standby, StartConfig};
 
 use super::{
-    AgentChannel, Backend, BackendError, Counters, Instance, Limits, PrepareSpec, Prepared,
+    AgentChannel, Backend, BackendError, Counters, Instance, Kills, Limits, PrepareSpec, Prepared,
     StartSpec,
 };
 
@@ -171,6 +171,10 @@ impl Instance for Jail {
 
     fn counters(&self) -> Counters {
         Jail::counters(self)
+    }
+
+    fn kills(&self) -> Kills {
+        Jail::kills(self)
     }
 
     fn is_alive(&self) -> bool {

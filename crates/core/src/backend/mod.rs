@@ -39,7 +39,7 @@ pub use gvisor::{
 };
 pub use jail::JailBackend;
 pub use microvm::{MicrovmBackend, MicrovmConfig, MicrovmError, MicrovmInfo};
-pub use runcell_jail::cgroup::Counters;
+pub use runcell_jail::cgroup::{Counters, Kills};
 pub use runcell_jail::{BindMount, EgressSocket, Limits, RootfsSpec, SandboxUser};
 
 /// Errors of a backend.
@@ -255,6 +255,11 @@ pub trait Instance: Send + Sync + fmt::Debug {
 
     /// Resource counters (OOM kills, pids-limit hits, memory, CPU).
     fn counters(&self) -> Counters;
+
+    /// The kill counters alone, as cheaply as the backend can read them.
+    fn kills(&self) -> Kills {
+        self.counters().into()
+    }
 
     /// Whether it is still running.
     fn is_alive(&self) -> bool;

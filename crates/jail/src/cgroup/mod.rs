@@ -138,6 +138,26 @@ fn unescape_mountinfo(s: &str) -> String {
     out
 }
 
+/// The two kill counters of a sandbox's cgroup: what a run compares
+/// before and after it to name the limit that ended it (two reads, where
+/// [`Counters`] takes six).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Kills {
+    /// Processes killed by the OOM killer in this cgroup.
+    pub oom_kills: u64,
+    /// Times a fork failed because the pids limit was reached.
+    pub pids_limit_hits: u64,
+}
+
+impl From<Counters> for Kills {
+    fn from(c: Counters) -> Self {
+        Self {
+            oom_kills: c.oom_kills,
+            pids_limit_hits: c.pids_limit_hits,
+        }
+    }
+}
+
 /// Counters read from a sandbox's cgroup.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counters {
@@ -251,6 +271,14 @@ impl Cgroup {
         match &self.inner {
             Inner::V1(g) => g.counters(),
             Inner::V2(g) => g.counters(),
+        }
+    }
+
+    /// Reads the kill counters only.
+    pub fn kills(&self) -> Kills {
+        match &self.inner {
+            Inner::V1(g) => g.kills(),
+            Inner::V2(g) => g.kills(),
         }
     }
 

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{io_err, read_keyed, read_u64, write, CgroupError, Counters};
+use super::{io_err, read_keyed, read_u64, write, CgroupError, Counters, Kills};
 use crate::Limits;
 
 /// Where each v1 controller runcell uses is mounted.
@@ -186,10 +186,21 @@ impl Group {
             .is_some_and(|d| read_state(&d.join("freezer.state")) != "THAWED")
     }
 
-    pub(super) fn counters(&self) -> Counters {
-        Counters {
+    pub(super) fn kills(&self) -> Kills {
+        Kills {
             oom_kills: read_keyed(&self.memory.join("memory.oom_control"), "oom_kill"),
             pids_limit_hits: read_keyed(&self.pids.join("pids.events"), "max"),
+        }
+    }
+
+    pub(super) fn counters(&self) -> Counters {
+        let Kills {
+            oom_kills,
+            pids_limit_hits,
+        } = self.kills();
+        Counters {
+            oom_kills,
+            pids_limit_hits,
             memory_bytes: read_u64(&self.memory.join("memory.usage_in_bytes")),
             memory_peak_bytes: read_u64(&self.memory.join("memory.max_usage_in_bytes")),
             cpu_ns: self

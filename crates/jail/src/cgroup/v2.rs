@@ -3,7 +3,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::{io_err, read_keyed, read_u64, write, CgroupError, Counters};
+use super::{io_err, read_keyed, read_u64, write, CgroupError, Counters, Kills};
 use crate::Limits;
 
 #[derive(Debug, Clone)]
@@ -106,10 +106,21 @@ impl Group {
         let _ = fs::write(self.dir.join("cgroup.kill"), "1");
     }
 
-    pub(super) fn counters(&self) -> Counters {
-        Counters {
+    pub(super) fn kills(&self) -> Kills {
+        Kills {
             oom_kills: read_keyed(&self.dir.join("memory.events"), "oom_kill"),
             pids_limit_hits: read_keyed(&self.dir.join("pids.events"), "max"),
+        }
+    }
+
+    pub(super) fn counters(&self) -> Counters {
+        let Kills {
+            oom_kills,
+            pids_limit_hits,
+        } = self.kills();
+        Counters {
+            oom_kills,
+            pids_limit_hits,
             memory_bytes: read_u64(&self.dir.join("memory.current")),
             memory_peak_bytes: read_u64(&self.dir.join("memory.peak")),
             cpu_ns: read_keyed(&self.dir.join("cpu.stat"), "usage_usec") * 1000,
