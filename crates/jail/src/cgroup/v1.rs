@@ -1,6 +1,8 @@
 //! cgroup v1: one hierarchy per controller (memory, pids, cpu, cpuacct).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use super::{io_err, read_keyed, read_u64, write, CgroupError, Counters, Kills};
 use crate::Limits;
@@ -61,6 +63,10 @@ pub(super) struct Group {
     /// Made only when the sandbox is first paused: joining one more v1
     /// hierarchy at every create would cost another migration.
     freezer: Option<PathBuf>,
+    /// Whether `freezer` may exist (it was there when opened, or a freeze
+    /// made it; shared by clones): until then the sandbox is not frozen,
+    /// and [`Group::is_frozen`], asked on every request, opens nothing.
+    freezer_made: Arc<AtomicBool>,
 }
 
 impl Group {
@@ -76,6 +82,7 @@ impl Group {
             cpu: m.cpu.as_ref().map(|c| c.join(&rel)),
             cpuacct: m.cpuacct.as_ref().map(|c| c.join(&rel)),
             freezer: m.freezer.as_ref().map(|c| c.join(&rel)),
+            freezer_made: Arc::new(AtomicBool::new(true)),
         }
     }
 
@@ -86,6 +93,8 @@ impl Group {
         limits: &Limits,
     ) -> Result<Self, CgroupError> {
         let g = Self::open(m, parent, name);
+        // New (its name is new): no freeze has made its freezer cgroup.
+        g.freezer_made.store(false, Ordering::Release);
         for dir in g.dirs() {
             std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
         }
@@ -147,6 +156,7 @@ impl Group {
     /// the others are moved; a frozen one cannot).
     pub(super) fn freeze(&self, procs: impl Fn() -> Vec<i32>) -> Result<(), CgroupError> {
         let dir = self.freezer.as_ref().ok_or(CgroupError::NoFreezer)?;
+        self.freezer_made.store(true, Ordering::Release);
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
         let state = dir.join("freezer.state");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -181,9 +191,11 @@ impl Group {
 
     /// Whether the sandbox is frozen.
     pub(super) fn is_frozen(&self) -> bool {
-        self.freezer
-            .as_ref()
-            .is_some_and(|d| read_state(&d.join("freezer.state")) != "THAWED")
+        self.freezer_made.load(Ordering::Acquire)
+            && self
+                .freezer
+                .as_ref()
+                .is_some_and(|d| read_state(&d.join("freezer.state")) != "THAWED")
     }
 
     pub(super) fn kills(&self) -> Kills {
