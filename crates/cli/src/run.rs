@@ -137,6 +137,7 @@ fn read_code(args: &RunArgs) -> Result<String, String> {
 
 /// Runs `runcell run`; returns the process exit status.
 pub async fn run(config: RuntimeConfig, args: RunArgs) -> u8 {
+    let mut interrupts = Interrupts::catch();
     let language: Language = match args.language.parse() {
         Ok(l) => l,
         Err(e) => {
@@ -157,7 +158,7 @@ pub async fn run(config: RuntimeConfig, args: RunArgs) -> u8 {
         args.daemon
     };
     if daemon != DaemonUse::Never {
-        match through_daemon(&args, language, &code).await {
+        match through_daemon(&args, language, &code, &mut interrupts).await {
             Ok(status) => return status,
             Err(why) if daemon == DaemonUse::Always => {
                 eprintln!("runcell: {why}");
@@ -220,17 +221,20 @@ pub async fn run(config: RuntimeConfig, args: RunArgs) -> u8 {
         args: args.args.clone(),
         ..Default::default()
     };
-    let status = wait_for_run(async {
-        sandbox
-            .run_code_streaming(language, &code, &run_opts, |stream, bytes| {
-                echo(stream == Output::Stderr, bytes);
-            })
-            .await
-            .map(|outcome| Ended::Exited {
-                status: outcome.status(),
-                messages: outcome.messages(),
-            })
-    })
+    let status = wait_for_run(
+        async {
+            sandbox
+                .run_code_streaming(language, &code, &run_opts, |stream, bytes| {
+                    echo(stream == Output::Stderr, bytes);
+                })
+                .await
+                .map(|outcome| Ended::Exited {
+                    status: outcome.status(),
+                    messages: outcome.messages(),
+                })
+        },
+        &mut interrupts,
+    )
     .await;
     if let Err(e) = sandbox.destroy().await {
         report(&e);
@@ -275,7 +279,12 @@ fn whole_mib(field: &'static str, bytes: u64) -> Result<u64, NoDaemon> {
 /// was made there (the caller may then run it itself); once one was made,
 /// every outcome is this run's exit status, reported as a run in this
 /// process reports it.
-async fn through_daemon(args: &RunArgs, language: Language, code: &str) -> Result<u8, NoDaemon> {
+async fn through_daemon(
+    args: &RunArgs,
+    language: Language,
+    code: &str,
+    interrupts: &mut Interrupts,
+) -> Result<u8, NoDaemon> {
     if args.allow_emulation {
         return Err(NoDaemon::Emulation);
     }
@@ -302,35 +311,45 @@ async fn through_daemon(args: &RunArgs, language: Language, code: &str) -> Resul
     {
         request["network"] = serde_json::to_value(n).expect("a network policy serializes");
     }
-    let sandbox = client
-        .create_sandbox(&request)
-        .await
-        .map_err(NoDaemon::Create)?;
+    // A create the daemon is slow to answer (no standby ready, a template
+    // being built) is given up on an interrupt: a sandbox it still makes
+    // is reaped after its short idle TTL.
+    let sandbox = tokio::select! {
+        biased;
+        _ = interrupts.recv() => {
+            eprintln!("runcell: interrupted.");
+            return Ok(130);
+        }
+        made = client.create_sandbox(&request) => made.map_err(NoDaemon::Create)?,
+    };
     let opts = runcell_client::ExecOptions {
         env: args.env.iter().cloned().collect(),
         ..Default::default()
     };
-    let status = wait_for_run(async {
-        client
-            .run_code_stream(
-                &sandbox.id,
-                language.name(),
-                code,
-                &args.args,
-                &opts,
-                |stream, bytes| {
-                    echo(stream == runcell_client::Stream::Stderr, bytes);
-                },
-            )
-            .await
-            .map(|end| match end.error {
-                Some(error) => Ended::Failed(error),
-                None => Ended::Exited {
-                    status: end.exit_code,
-                    messages: end.messages,
-                },
-            })
-    })
+    let status = wait_for_run(
+        async {
+            client
+                .run_code_stream(
+                    &sandbox.id,
+                    language.name(),
+                    code,
+                    &args.args,
+                    &opts,
+                    |stream, bytes| {
+                        echo(stream == runcell_client::Stream::Stderr, bytes);
+                    },
+                )
+                .await
+                .map(|end| match end.error {
+                    Some(error) => Ended::Failed(error),
+                    None => Ended::Exited {
+                        status: end.exit_code,
+                        messages: end.messages,
+                    },
+                })
+        },
+        interrupts,
+    )
     .await;
     if let Err(e) = client.delete_sandbox(&sandbox.id).await {
         report(&e);
@@ -353,10 +372,13 @@ enum Ended {
 /// the limits it hit.
 async fn wait_for_run<E: std::error::Error>(
     run: impl std::future::Future<Output = Result<Ended, E>>,
+    interrupts: &mut Interrupts,
 ) -> u8 {
+    // An interrupt that came while the sandbox was made wins over the run.
     let outcome = tokio::select! {
+        biased;
+        _ = interrupts.recv() => None,
         r = run => Some(r),
-        _ = interrupted() => None,
     };
     match outcome {
         None => {
@@ -380,20 +402,49 @@ async fn wait_for_run<E: std::error::Error>(
     }
 }
 
-pub async fn interrupted() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-        signal(SignalKind::hangup()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = int.recv() => {}
-        _ = term.recv() => {}
-        _ = hup.recv() => {}
+/// SIGINT, SIGTERM and SIGHUP, caught from the moment this is made: one
+/// that comes before it is awaited (while the sandbox is being created) is
+/// kept, so the run that follows stops at once and its sandbox is
+/// destroyed, rather than the signal's default action ending this process
+/// with the sandbox left for a later sweep.
+pub struct Interrupts(
+    Option<(
+        tokio::signal::unix::Signal,
+        tokio::signal::unix::Signal,
+        tokio::signal::unix::Signal,
+    )>,
+);
+
+impl Interrupts {
+    /// Catches them from now on (`None` inside when they cannot be: then
+    /// they keep their default action).
+    pub fn catch() -> Self {
+        use tokio::signal::unix::{signal, SignalKind};
+        match (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+            signal(SignalKind::hangup()),
+        ) {
+            (Ok(int), Ok(term), Ok(hup)) => Self(Some((int, term, hup))),
+            _ => Self(None),
+        }
     }
+
+    /// Until one of them came (since [`Interrupts::catch`]).
+    pub async fn recv(&mut self) {
+        let Some((int, term, hup)) = &mut self.0 else {
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+            _ = hup.recv() => {}
+        }
+    }
+}
+
+pub async fn interrupted() {
+    Interrupts::catch().recv().await
 }
 
 /// Passes a program's output through as it comes, to our stderr or stdout.
