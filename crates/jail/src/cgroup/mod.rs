@@ -149,6 +149,18 @@ pub struct Kills {
     pub pids_limit_hits: u64,
 }
 
+impl Kills {
+    /// The kill counters as [`Counters`] whose others are zero: the base of
+    /// a struct update that reads the others (v1's and v2's `counters`).
+    fn counters_base(self) -> Counters {
+        Counters {
+            oom_kills: self.oom_kills,
+            pids_limit_hits: self.pids_limit_hits,
+            ..Counters::default()
+        }
+    }
+}
+
 impl From<Counters> for Kills {
     fn from(c: Counters) -> Self {
         Self {

@@ -206,13 +206,7 @@ impl Group {
     }
 
     pub(super) fn counters(&self) -> Counters {
-        let Kills {
-            oom_kills,
-            pids_limit_hits,
-        } = self.kills();
         Counters {
-            oom_kills,
-            pids_limit_hits,
             memory_bytes: read_u64(&self.memory.join("memory.usage_in_bytes")),
             memory_peak_bytes: read_u64(&self.memory.join("memory.max_usage_in_bytes")),
             cpu_ns: self
@@ -221,6 +215,7 @@ impl Group {
                 .map(|d| read_u64(&d.join("cpuacct.usage")))
                 .unwrap_or(0),
             pids: read_u64(&self.pids.join("pids.current")),
+            ..self.kills().counters_base()
         }
     }
 }

@@ -114,17 +114,12 @@ impl Group {
     }
 
     pub(super) fn counters(&self) -> Counters {
-        let Kills {
-            oom_kills,
-            pids_limit_hits,
-        } = self.kills();
         Counters {
-            oom_kills,
-            pids_limit_hits,
             memory_bytes: read_u64(&self.dir.join("memory.current")),
             memory_peak_bytes: read_u64(&self.dir.join("memory.peak")),
             cpu_ns: read_keyed(&self.dir.join("cpu.stat"), "usage_usec") * 1000,
             pids: read_u64(&self.dir.join("pids.current")),
+            ..self.kills().counters_base()
         }
     }
 }
