@@ -489,9 +489,10 @@ fn start(spec: Start<'_>) -> std::io::Result<Child> {
     })
 }
 
-/// Reads the exit a supervisor started by the fork server reports, hands
-/// it to whoever waits for the supervisor (as the reaper does for the
-/// agent's own children), then lets the fork server reap it.
+/// Reads the exit a supervisor started by the fork server reports, lets the
+/// fork server reap it, and once it is collected hands the exit to whoever
+/// waits for the supervisor (as the reaper does for the agent's own
+/// children): an exec is answered only when its supervisor is gone.
 async fn relay_exit(reaper: crate::reaper::Reaper, supervisor: i32, report: OwnedFd) {
     let mut bytes = Vec::new();
     if let Ok(mut rx) = pipe::Receiver::from_owned_fd(report) {
@@ -504,13 +505,34 @@ async fn relay_exit(reaper: crate::reaper::Reaper, supervisor: i32, report: Owne
         // Ended without a word: killed (only the agent's SIGKILL can).
         None => Exit::Signal(libc::SIGKILL),
     };
-    reaper.deliver_exit(supervisor, exit);
+    // From here on the pid is not the agent's to signal: it may be reused.
+    let waiter = reaper.let_go(supervisor);
     if let Some(z) = ZYGOTE.get() {
-        if let Err(e) = z.reap(supervisor) {
-            tracing::warn!("{e}: supervisor {supervisor} stays a zombie");
+        match z.reap(supervisor) {
+            Ok(done) => {
+                let collected = async {
+                    if let Ok(mut rx) = pipe::Receiver::from_owned_fd(done) {
+                        let mut byte = [0u8; 1];
+                        let _ = rx.read(&mut byte).await;
+                    }
+                };
+                if tokio::time::timeout(REAP_WAIT, collected).await.is_err() {
+                    tracing::warn!(
+                        "exec supervisor {supervisor} was not collected within {REAP_WAIT:?}; answering anyway"
+                    );
+                }
+            }
+            Err(e) => tracing::warn!("{e}: supervisor {supervisor} stays a zombie"),
         }
     }
+    if let Some(tx) = waiter {
+        let _ = tx.send(exit);
+    }
 }
+
+/// How long an exec's answer waits for the fork server to collect its
+/// supervisor, which has exited (it closed its report pipe as it did).
+const REAP_WAIT: Duration = Duration::from_secs(2);
 
 async fn wait(
     agent: &Shared,

@@ -87,13 +87,18 @@ impl Reaper {
         self.deliver_exit(pid.as_raw(), exit);
     }
 
-    /// Hands `exit` to whoever watches `pid`, a process that is not the
-    /// agent's child (an exec supervisor the fork server started, which
-    /// reports its own exit): from here on `pid` is no longer waited for.
-    pub fn deliver_exit(&self, pid: i32, exit: Exit) {
-        let tx = self.state.lock().expect("reaper lock").waiting.remove(&pid);
-        if let Some(tx) = tx {
+    fn deliver_exit(&self, pid: i32, exit: Exit) {
+        if let Some(tx) = self.let_go(pid) {
             let _ = tx.send(exit);
         }
+    }
+
+    /// Stops waiting for `pid`, a process that is not the agent's child (an
+    /// exec supervisor the fork server started, which reports its own
+    /// exit): from here on [`Reaper::is_waiting`] says no, as its number may
+    /// soon name another process. The exit goes to whoever watches it
+    /// through what this returns.
+    pub fn let_go(&self, pid: i32) -> Option<oneshot::Sender<Exit>> {
+        self.state.lock().expect("reaper lock").waiting.remove(&pid)
     }
 }

@@ -21,7 +21,13 @@
 //! gives the exit (or the end of the pipe, when the supervisor was
 //! killed). The fork server reaps a supervisor only when the agent says so
 //! ([`Zygote::reap`]), after it has read that exit: until then the
-//! supervisor's pid cannot be reused, so the agent may signal it.
+//! supervisor's pid cannot be reused, so the agent may signal it. The reap
+//! message brings a pipe's write end, which the fork server closes once it
+//! has collected the supervisor: the agent answers an exec only then, so an
+//! exec that was answered has left no zombie behind (as one the agent
+//! forked and waited for itself). A supervisor still exiting when the
+//! message comes is looked for again on a short, growing timer, so none
+//! stays a zombie waiting for some later message.
 //!
 //! The fork itself is taken off the exec's path where it can be: the fork
 //! server keeps a spare supervisor, forked ahead and waiting for a request
@@ -64,9 +70,14 @@ const MAX_REQUEST: usize = 256 << 20;
 /// How long [`Zygote::spawn`] waits for the supervisor's report.
 const REPORT_WAIT: Duration = Duration::from_secs(10);
 
+/// How long [`Zygote::spawn`] waits for a supervisor that could not start
+/// its command to be collected.
+const REAP_WAIT_MS: i32 = 2_000;
+
 /// A request's first bytes: a tag and the length of what follows.
 const MAGIC: u32 = u32::from_le_bytes(*b"RCZ1");
-/// A request to reap a supervisor: this tag and its pid.
+/// A request to reap a supervisor: this tag and its pid, with the write
+/// end of a pipe (closed once it is collected) as `SCM_RIGHTS`.
 const MAGIC_REAP: u32 = u32::from_le_bytes(*b"RCZ0");
 
 /// The report's kinds: the command started, or the errno of why not.
@@ -263,7 +274,9 @@ impl Zygote {
             // The supervisor exited after its report: reaped now.
             Err(ZygoteError::Failed { error, supervisor }) => {
                 if supervisor > 0 {
-                    self.reap(supervisor)?;
+                    // It has reported and is exiting: collected in moments.
+                    let done = self.reap(supervisor)?;
+                    let _ = crate::sys::wait_readable(done.as_raw_fd(), REAP_WAIT_MS);
                 }
                 Err(ZygoteError::Start(error))
             }
@@ -274,13 +287,30 @@ impl Zygote {
 
 impl Zygote {
     /// Lets the fork server reap `supervisor`, whose exit the agent has read
-    /// from its report: its pid may be reused from then on.
-    pub fn reap(&self, supervisor: i32) -> Result<(), ZygoteError> {
+    /// from its report: its pid may be reused from then on. Returns a pipe's
+    /// read end that comes to its end once the fork server has collected
+    /// the supervisor (or is gone).
+    pub fn reap(&self, supervisor: i32) -> Result<OwnedFd, ZygoteError> {
+        let (done_r, done_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| ZygoteError::Setup(e.into()))?;
         let mut msg = [0u8; 8];
         msg[..4].copy_from_slice(&MAGIC_REAP.to_le_bytes());
         msg[4..].copy_from_slice(&supervisor.to_le_bytes());
-        let mut sock = self.control.lock().unwrap_or_else(|p| p.into_inner());
-        sock.write_all(&msg).map_err(ZygoteError::Gone)
+        let sock = self.control.lock().unwrap_or_else(|p| p.into_inner());
+        match sendmsg::<()>(
+            sock.as_raw_fd(),
+            &[IoSlice::new(&msg)],
+            &[ControlMessage::ScmRights(&[done_w.as_raw_fd()])],
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        ) {
+            Ok(n) if n == msg.len() => Ok(done_r),
+            Ok(_) => Err(ZygoteError::Gone(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "short write of a reap message",
+            ))),
+            Err(e) => Err(ZygoteError::Gone(e.into())),
+        }
     }
 }
 
@@ -440,8 +470,8 @@ fn take_list(buf: &[u8], at: &mut usize) -> io::Result<Vec<std::ffi::CString>> {
 enum Message {
     /// Start an exec.
     Spawn(Box<Request>),
-    /// Reap this supervisor.
-    Reap(libc::pid_t),
+    /// Reap this supervisor, then close this descriptor.
+    Reap(libc::pid_t, OwnedFd),
 }
 
 /// Receives one message; `None` when the agent closed its end.
@@ -477,7 +507,12 @@ fn receive(sock: &mut UnixStream) -> io::Result<Option<Message>> {
     let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
     let second = [header[4], header[5], header[6], header[7]];
     match u32::from_le_bytes([header[0], header[1], header[2], header[3]]) {
-        MAGIC_REAP if fds.is_empty() => return Ok(Some(Message::Reap(i32::from_le_bytes(second)))),
+        MAGIC_REAP if fds.len() == 1 => {
+            let done = fds
+                .pop()
+                .ok_or_else(|| bad("a reap message without its pipe"))?;
+            return Ok(Some(Message::Reap(i32::from_le_bytes(second), done)));
+        }
         MAGIC => {}
         _ => return Err(bad("an exec request without its tag")),
     }
@@ -571,34 +606,23 @@ fn serve(control: UnixStream, exec: UnixStream) -> ! {
     crate::inside::note_inherited();
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() };
-    // Supervisors the agent let go whose exit was not collected yet. One
-    // exits right after its last report, so it is usually collected at
-    // once; but waiting for one must never hold up the next exec, so one
-    // still running after a few milliseconds is looked at again on every
-    // later message instead.
-    let mut exiting: Vec<libc::pid_t> = Vec::new();
+    let mut exiting = Exiting::default();
     // The spare for the sandbox's first exec, made while the agent sets up.
-    let mut spare = fork_spare(me);
+    let mut spare = fork_spare(me, &mut exiting);
     // Supervisors started so far (spares taken and forks for a request).
     let mut started: u64 = 0;
     loop {
         let watched = spare.as_ref().map_or(EXEC_FD, |s| s.taken.as_raw_fd());
-        let (control_ready, other_ready) = wait_either(CONTROL_FD, watched);
-        // Reap messages first: the agent sends one before it answers the
-        // exec it ends, so the spare it brings is there for the next exec.
+        let (control_ready, other_ready) = wait_either(CONTROL_FD, watched, exiting.next_look());
+        // Reap messages first: the agent answers the exec it ends once the
+        // supervisor is collected, so the spare made here is there for the
+        // next exec.
         if control_ready {
             match receive(&mut control) {
-                Ok(Some(Message::Reap(pid))) => {
-                    exiting.push(pid);
-                    for _ in 0..REAP_TRIES {
-                        exiting.retain(|&p| !collected(p));
-                        if exiting.last() != Some(&pid) {
-                            break;
-                        }
-                        std::thread::sleep(std::time::Duration::from_micros(100));
-                    }
+                Ok(Some(Message::Reap(pid, done))) => {
+                    exiting.add(pid, done);
                     if spare.is_none() && started >= SPARE_AFTER {
-                        spare = fork_spare(me);
+                        spare = fork_spare(me, &mut exiting);
                     }
                 }
                 Ok(None) => stop(0, ""),
@@ -607,10 +631,10 @@ fn serve(control: UnixStream, exec: UnixStream) -> ! {
             }
             continue;
         }
+        exiting.collect();
         if !other_ready {
             continue;
         }
-        exiting.retain(|&p| !collected(p));
         if let Some(s) = spare.take() {
             if s.was_taken() {
                 started += 1;
@@ -633,7 +657,7 @@ fn serve(control: UnixStream, exec: UnixStream) -> ! {
         let req = match receive(&mut sock) {
             Ok(Some(Message::Spawn(r))) => r,
             Ok(None) => stop(0, ""),
-            Ok(Some(Message::Reap(_))) => stop(1, "a reap message on the exec socket"),
+            Ok(Some(Message::Reap(..))) => stop(1, "a reap message on the exec socket"),
             Err(e) => stop(1, &e.to_string()),
         };
         started += 1;
@@ -643,7 +667,10 @@ fn serve(control: UnixStream, exec: UnixStream) -> ! {
         // never returns.
         let pid = unsafe { libc::fork() };
         match pid {
-            0 => supervisor(*req),
+            0 => {
+                exiting.forget_in_child();
+                supervisor(*req)
+            }
             p if p < 0 => {
                 let errno = io::Error::last_os_error()
                     .raw_os_error()
@@ -665,8 +692,9 @@ fn stop(code: i32, why: &str) -> ! {
     unsafe { libc::_exit(code) }
 }
 
-/// Blocks until `a` or `b` is readable (or at its end); says which.
-fn wait_either(a: RawFd, b: RawFd) -> (bool, bool) {
+/// Blocks until `a` or `b` is readable (or at its end), or for at most
+/// `timeout_ms` (-1: no limit); says which were ready.
+fn wait_either(a: RawFd, b: RawFd, timeout_ms: i32) -> (bool, bool) {
     let mut fds = [
         libc::pollfd {
             fd: a,
@@ -681,13 +709,68 @@ fn wait_either(a: RawFd, b: RawFd) -> (bool, bool) {
     ];
     loop {
         // SAFETY: fds is a valid pollfd array of length 2 for the call.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
         if rc >= 0 {
             return (fds[0].revents != 0, fds[1].revents != 0);
         }
         if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
             stop(1, "poll failed");
         }
+    }
+}
+
+/// Supervisors the agent let go whose exit is not collected yet, each with
+/// the pipe end whose closing tells the agent it is.
+///
+/// One exits right after its last report, so it is usually collected at
+/// once. One that is not (still dying: its memory is being freed) must not
+/// hold up the next exec, nor stay a zombie until some later message: the
+/// fork server looks again after 1 ms, then ever less often, up to every
+/// [`LOOK_MAX_MS`].
+#[derive(Default)]
+struct Exiting {
+    waiting: Vec<(libc::pid_t, OwnedFd)>,
+    /// How long the next wait for a message may last before looking again.
+    patience_ms: i32,
+}
+
+/// The longest the fork server leaves an exiting supervisor unlooked at.
+const LOOK_MAX_MS: i32 = 100;
+
+impl Exiting {
+    /// The agent let `pid` go; `done` is closed once it is collected.
+    fn add(&mut self, pid: libc::pid_t, done: OwnedFd) {
+        self.waiting.push((pid, done));
+        for _ in 0..REAP_TRIES {
+            self.collect();
+            if self.waiting.last().is_none_or(|(p, _)| *p != pid) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+        self.patience_ms = 1;
+    }
+
+    /// Collects every one that has exited, closing its pipe end.
+    fn collect(&mut self) {
+        self.waiting.retain(|(p, _)| !collected(*p));
+    }
+
+    /// How long to wait for a message before looking again (-1: no limit,
+    /// none is waited for); each call doubles the next.
+    fn next_look(&mut self) -> i32 {
+        if self.waiting.is_empty() {
+            return -1;
+        }
+        let t = self.patience_ms.clamp(1, LOOK_MAX_MS);
+        self.patience_ms = (t * 2).min(LOOK_MAX_MS);
+        t
+    }
+
+    /// In a child just forked: closes its copies of the pipe ends, so that
+    /// only the fork server's close tells the agent.
+    fn forget_in_child(&mut self) {
+        self.waiting.clear();
     }
 }
 
@@ -715,13 +798,14 @@ impl Spare {
 
 /// Forks a spare supervisor; `None` when the fork fails (the process
 /// limit is full, say): requests are then forked for as they come.
-fn fork_spare(server: libc::pid_t) -> Option<Spare> {
+fn fork_spare(server: libc::pid_t, exiting: &mut Exiting) -> Option<Spare> {
     let (taken_r, taken_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).ok()?;
     // SAFETY: this process is single-threaded, so the child is a complete
     // copy that may allocate; it runs `spare`, which never returns.
     match unsafe { libc::fork() } {
         0 => {
             drop(taken_r);
+            exiting.forget_in_child();
             spare(server, taken_w)
         }
         pid if pid > 0 => Some(Spare {
@@ -761,8 +845,8 @@ fn spare(server: libc::pid_t, taken: OwnedFd) -> ! {
 }
 
 /// How many times (100 µs apart) the fork server looks for a supervisor's
-/// exit right after the agent let it go, before leaving it for later.
-const REAP_TRIES: usize = 50;
+/// exit right after the agent let it go, before looking on a timer.
+const REAP_TRIES: usize = 20;
 
 /// Whether the fork server's child `pid` has exited, and is now collected.
 fn collected(pid: libc::pid_t) -> bool {
