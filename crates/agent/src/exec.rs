@@ -263,7 +263,16 @@ async fn run(
     // (single) runtime thread, must not reap the supervisor before.
     let child = match start(spec) {
         Ok(c) => c,
-        Err(e) => {
+        Err((e, collected)) => {
+            // Its supervisor reported why and is exiting: answer once it
+            // is collected, as for an exec that ran.
+            if let Some(fd) = collected {
+                if !until_collected(fd).await {
+                    tracing::warn!(
+                        "an exec supervisor that failed was not collected within {REAP_WAIT:?}"
+                    );
+                }
+            }
             return send_error(
                 out,
                 id,
@@ -414,15 +423,19 @@ struct Child {
 
 /// Starts an exec's supervisor, which starts the command: through the fork
 /// server where there is one, else by forking the agent. Returns once the
-/// command runs. Blocks the runtime thread meanwhile, as a fork does.
-fn start(spec: Start<'_>) -> std::io::Result<Child> {
+/// command runs. Blocks the runtime thread meanwhile, as a fork does. On
+/// failure, also what comes to its end once a fork server's supervisor that
+/// reported it is collected ([`until_collected`]).
+fn start(spec: Start<'_>) -> Result<Child, (std::io::Error, Option<OwnedFd>)> {
     use std::os::fd::AsFd;
     if let Some(z) = ZYGOTE
         .get()
         .filter(|_| !ZYGOTE_GONE.load(Ordering::Relaxed))
     {
-        let pipe =
-            || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from);
+        let pipe = || {
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+                .map_err(|e| (std::io::Error::from(e), None))
+        };
         let (in_r, in_w) = pipe()?;
         let (out_r, out_w) = pipe()?;
         let (err_r, err_w) = pipe()?;
@@ -448,7 +461,7 @@ fn start(spec: Start<'_>) -> std::io::Result<Child> {
                     report: Some(s.report),
                 })
             }
-            Err(ZygoteError::Start(e)) => return Err(e),
+            Err(ZygoteError::Start { error, collected }) => return Err((error, collected)),
             Err(e) => {
                 tracing::warn!(
                     "{e} ({}); forking exec supervisors from the agent from now on",
@@ -474,7 +487,7 @@ fn start(spec: Start<'_>) -> std::io::Result<Child> {
         spec.group,
         spec.image,
     );
-    let mut child = cmd.spawn()?;
+    let mut child = cmd.spawn().map_err(|e| (e, None))?;
     let supervisor = child.id() as i32;
     // spawn returns once the supervisor has forked the command (it closes
     // std's exec-error pipe only then), so the command is its first child.
@@ -510,13 +523,7 @@ async fn relay_exit(reaper: crate::reaper::Reaper, supervisor: i32, report: Owne
     if let Some(z) = ZYGOTE.get() {
         match z.reap(supervisor) {
             Ok(done) => {
-                let collected = async {
-                    if let Ok(mut rx) = pipe::Receiver::from_owned_fd(done) {
-                        let mut byte = [0u8; 1];
-                        let _ = rx.read(&mut byte).await;
-                    }
-                };
-                if tokio::time::timeout(REAP_WAIT, collected).await.is_err() {
+                if !until_collected(done).await {
                     tracing::warn!(
                         "exec supervisor {supervisor} was not collected within {REAP_WAIT:?}; answering anyway"
                     );
@@ -533,6 +540,18 @@ async fn relay_exit(reaper: crate::reaper::Reaper, supervisor: i32, report: Owne
 /// How long an exec's answer waits for the fork server to collect its
 /// supervisor, which has exited (it closed its report pipe as it did).
 const REAP_WAIT: Duration = Duration::from_secs(2);
+
+/// Waits until `done`, from [`Zygote::reap`], comes to its end: the fork
+/// server has collected the supervisor. `false` after [`REAP_WAIT`].
+async fn until_collected(done: OwnedFd) -> bool {
+    let collected = async {
+        if let Ok(mut rx) = pipe::Receiver::from_owned_fd(done) {
+            let mut byte = [0u8; 1];
+            let _ = rx.read(&mut byte).await;
+        }
+    };
+    tokio::time::timeout(REAP_WAIT, collected).await.is_ok()
+}
 
 async fn wait(
     agent: &Shared,

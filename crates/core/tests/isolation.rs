@@ -842,9 +842,10 @@ async fn landlock_confines_every_process_to_the_sandboxs_root() {
 
 /// Every way an exec can end (exit code, signal, timeout, background
 /// leftovers, a program that cannot start, input) is reported as it
-/// happened, and none leaves a process or a zombie behind: under gVisor
-/// each exec's supervisor comes from the agent's fork server, which must
-/// start, report and reap every one of them.
+/// happened, and none leaves a process or a zombie behind, not even for a
+/// moment after its answer: under gVisor each exec's supervisor comes from
+/// the agent's fork server, which must start, report and reap every one of
+/// them before the exec is answered.
 #[tokio::test(flavor = "multi_thread")]
 async fn every_kind_of_exec_ending_is_reported_and_leaves_nothing_behind() {
     let rt = runtime("isolation");
@@ -859,12 +860,25 @@ async fn every_kind_of_exec_ending_is_reported_and_leaves_nothing_behind() {
         timeout: Some(Duration::from_millis(500)),
         ..RunOptions::default()
     };
+    // Right after an exec's answer: no process but those of the next exec
+    // (the check itself) is a zombie.
+    let no_zombie = |after: String| {
+        let sb = &sb;
+        async move {
+            let states = text(&sh(sb, "ps -eo stat=,args=").await.stdout);
+            assert!(
+                !states.lines().any(|l| l.starts_with('Z')),
+                "after {after}:\n{states}"
+            );
+        }
+    };
     for round in 0..3 {
         let r = sh(&sb, "echo out; echo err >&2; exit 7").await;
         assert_eq!(
             (r.outcome.status(), text(&r.stdout), text(&r.stderr)),
             (7, "out\n".into(), "err\n".into())
         );
+        no_zombie(format!("round {round}, an exit")).await;
         let r = sh(&sb, "kill -9 $$").await;
         assert_eq!(
             r.outcome.exit.signal,
@@ -872,10 +886,13 @@ async fn every_kind_of_exec_ending_is_reported_and_leaves_nothing_behind() {
             "round {round}: {:?}",
             r.outcome
         );
+        no_zombie(format!("round {round}, a signal")).await;
         let r = sb.exec(argv(&["sleep", "30"]), &short).await.unwrap();
         assert!(r.outcome.exit.timed_out, "round {round}: {:?}", r.outcome);
+        no_zombie(format!("round {round}, a timeout")).await;
         let r = sh(&sb, "sleep 60 & setsid sleep 61 & echo started").await;
         assert_eq!(text(&r.stdout), "started\n");
+        no_zombie(format!("round {round}, background leftovers")).await;
         for program in ["/etc/hostname", "/no/such/program"] {
             let e = sb
                 .exec(argv(&[program]), &RunOptions::default())
@@ -883,6 +900,7 @@ async fn every_kind_of_exec_ending_is_reported_and_leaves_nothing_behind() {
                 .expect_err("a program that cannot start");
             let e = e.to_string();
             assert!(e.contains("Could not start") && e.contains(program), "{e}");
+            no_zombie(format!("round {round}, {program} that cannot start")).await;
         }
         let r = sb
             .exec(

@@ -70,10 +70,6 @@ const MAX_REQUEST: usize = 256 << 20;
 /// How long [`Zygote::spawn`] waits for the supervisor's report.
 const REPORT_WAIT: Duration = Duration::from_secs(10);
 
-/// How long [`Zygote::spawn`] waits for a supervisor that could not start
-/// its command to be collected.
-const REAP_WAIT_MS: i32 = 2_000;
-
 /// A request's first bytes: a tag and the length of what follows.
 const MAGIC: u32 = u32::from_le_bytes(*b"RCZ1");
 /// A request to reap a supervisor: this tag and its pid, with the write
@@ -96,7 +92,15 @@ pub enum ZygoteError {
     /// The supervisor could not start the command (the program is missing,
     /// not executable, the directory does not exist...).
     #[error("The command could not start.")]
-    Start(#[source] io::Error),
+    Start {
+        /// Why.
+        #[source]
+        error: io::Error,
+        /// Comes to its end once the fork server has collected the
+        /// supervisor that reported it (`None`: there was none); the exec
+        /// should be answered only then (see [`Zygote::reap`]).
+        collected: Option<OwnedFd>,
+    },
     /// As `Start`, before the supervisor (when there was one) is reaped.
     #[error("The command could not start.")]
     Failed {
@@ -239,11 +243,12 @@ impl Zygote {
         let len = u32::try_from(payload.len())
             .ok()
             .filter(|&n| n as usize <= MAX_REQUEST)
-            .ok_or_else(|| {
-                ZygoteError::Start(io::Error::new(
+            .ok_or_else(|| ZygoteError::Start {
+                error: io::Error::new(
                     io::ErrorKind::InvalidInput,
                     "the command's arguments and environment are too large",
-                ))
+                ),
+                collected: None,
             })?;
         let mut header = [0u8; 8];
         header[..4].copy_from_slice(&MAGIC.to_le_bytes());
@@ -273,12 +278,11 @@ impl Zygote {
         match read_report(report_r) {
             // The supervisor exited after its report: reaped now.
             Err(ZygoteError::Failed { error, supervisor }) => {
-                if supervisor > 0 {
-                    // It has reported and is exiting: collected in moments.
-                    let done = self.reap(supervisor)?;
-                    let _ = crate::sys::wait_readable(done.as_raw_fd(), REAP_WAIT_MS);
-                }
-                Err(ZygoteError::Start(error))
+                let collected = match supervisor {
+                    0 => None,
+                    pid => Some(self.reap(pid)?),
+                };
+                Err(ZygoteError::Start { error, collected })
             }
             r => r,
         }
