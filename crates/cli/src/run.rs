@@ -137,7 +137,7 @@ fn read_code(args: &RunArgs) -> Result<String, String> {
 
 /// Runs `runcell run`; returns the process exit status.
 pub async fn run(config: RuntimeConfig, args: RunArgs) -> u8 {
-    let mut interrupts = Interrupts::catch();
+    let mut interrupts = catch_interrupts();
     let language: Language = match args.language.parse() {
         Ok(l) => l,
         Err(e) => {
@@ -406,45 +406,19 @@ async fn wait_for_run<E: std::error::Error>(
 /// that comes before it is awaited (while the sandbox is being created) is
 /// kept, so the run that follows stops at once and its sandbox is
 /// destroyed, rather than the signal's default action ending this process
-/// with the sandbox left for a later sweep.
-pub struct Interrupts(
-    Option<(
-        tokio::signal::unix::Signal,
-        tokio::signal::unix::Signal,
-        tokio::signal::unix::Signal,
-    )>,
-);
+/// with the sandbox left for a later sweep. Should they not be catchable,
+/// they keep their default action.
+pub type Interrupts = runcell_core::signals::Caught;
 
-impl Interrupts {
-    /// Catches them from now on (`None` inside when they cannot be: then
-    /// they keep their default action).
-    pub fn catch() -> Self {
-        use tokio::signal::unix::{signal, SignalKind};
-        match (
-            signal(SignalKind::interrupt()),
-            signal(SignalKind::terminate()),
-            signal(SignalKind::hangup()),
-        ) {
-            (Ok(int), Ok(term), Ok(hup)) => Self(Some((int, term, hup))),
-            _ => Self(None),
-        }
-    }
-
-    /// Until one of them came (since [`Interrupts::catch`]).
-    pub async fn recv(&mut self) {
-        let Some((int, term, hup)) = &mut self.0 else {
-            return std::future::pending().await;
-        };
-        tokio::select! {
-            _ = int.recv() => {}
-            _ = term.recv() => {}
-            _ = hup.recv() => {}
-        }
-    }
-}
-
-pub async fn interrupted() {
-    Interrupts::catch().recv().await
+/// Catches SIGINT, SIGTERM and SIGHUP from now on (see [`Interrupts`]).
+pub fn catch_interrupts() -> Interrupts {
+    use tokio::signal::unix::SignalKind;
+    runcell_core::signals::Caught::catch(&[
+        SignalKind::interrupt(),
+        SignalKind::terminate(),
+        SignalKind::hangup(),
+    ])
+    .unwrap_or_else(|_| runcell_core::signals::Caught::nothing())
 }
 
 /// Passes a program's output through as it comes, to our stderr or stdout.

@@ -100,6 +100,8 @@ pub async fn main(config: RuntimeConfig, args: TemplateArgs, explicit_dir: bool)
             context,
             mirror,
         } => {
+            // From here on an interrupt stops the build the clean way.
+            let mut interrupts = crate::run::catch_interrupts();
             let recipe = match std::fs::read_to_string(&file) {
                 Ok(r) => r,
                 Err(e) => {
@@ -148,7 +150,7 @@ pub async fn main(config: RuntimeConfig, args: TemplateArgs, explicit_dir: bool)
             let started = std::time::Instant::now();
             let result = tokio::select! {
                 r = build::build(&runtime, &opts, &mut on_progress) => Some(r),
-                _ = crate::run::interrupted() => None,
+                _ = interrupts.recv() => None,
             };
             match result {
                 Some(Ok(summary)) => {

@@ -28,6 +28,7 @@ pub mod host;
 pub mod limits;
 mod runtime;
 mod sandbox;
+pub mod signals;
 mod template;
 mod time;
 

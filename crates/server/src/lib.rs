@@ -139,7 +139,7 @@ fn check_traversable(
 /// Builds the state, reconciles with what survived a restart, and serves
 /// until SIGINT or SIGTERM. Sandboxes keep running across a restart.
 pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeError> {
-    let stop = StopSignals::catch();
+    let mut stop = stop_signals();
     fs::create_dir_all(&config.data_dir)
         .map_err(|e| ServeError::DataDir(config.data_dir.clone(), e))?;
     // Sandbox agents (an unprivileged host uid) must traverse it to their directories.
@@ -403,35 +403,15 @@ async fn release_layer_store(state: &Arc<AppState>) {
 /// after it said it is listening, or earlier) stops it gracefully once it
 /// is up, with the layer store released, rather than ending it by the
 /// signal's default action with the store left mounted.
-struct StopSignals(Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>);
-
-impl StopSignals {
-    fn catch() -> Self {
-        use tokio::signal::unix::{signal, SignalKind};
-        match (
-            signal(SignalKind::interrupt()),
-            signal(SignalKind::terminate()),
-        ) {
-            (Ok(int), Ok(term)) => Self(Some((int, term))),
-            (Err(e), _) | (_, Err(e)) => {
-                tracing::warn!(
-                    "SIGINT and SIGTERM cannot be caught ({e}): a signal ends the daemon without releasing the layer store"
-                );
-                Self(None)
-            }
-        }
-    }
-
-    /// Until one of them came (also before this was first awaited).
-    async fn recv(self) {
-        let Some((mut int, mut term)) = self.0 else {
-            return std::future::pending().await;
-        };
-        tokio::select! {
-            _ = int.recv() => {}
-            _ = term.recv() => {}
-        }
-    }
+fn stop_signals() -> runcell_core::signals::Caught {
+    use tokio::signal::unix::SignalKind;
+    runcell_core::signals::Caught::catch(&[SignalKind::interrupt(), SignalKind::terminate()])
+        .unwrap_or_else(|e| {
+            tracing::warn!(
+                "SIGINT and SIGTERM cannot be caught ({e}): a signal ends the daemon without releasing the layer store"
+            );
+            runcell_core::signals::Caught::nothing()
+        })
 }
 
 /// Runs one round of a background loop as its own task, so that a panic in
