@@ -267,11 +267,7 @@ async fn run(
             // Its supervisor reported why and is exiting: answer once it
             // is collected, as for an exec that ran.
             if let Some(fd) = collected {
-                if !until_collected(fd).await {
-                    tracing::warn!(
-                        "an exec supervisor that failed was not collected within {REAP_WAIT:?}"
-                    );
-                }
+                until_collected(fd, "an exec supervisor that failed").await;
             }
             return send_error(
                 out,
@@ -522,13 +518,7 @@ async fn relay_exit(reaper: crate::reaper::Reaper, supervisor: i32, report: Owne
     let waiter = reaper.let_go(supervisor);
     if let Some(z) = ZYGOTE.get() {
         match z.reap(supervisor) {
-            Ok(done) => {
-                if !until_collected(done).await {
-                    tracing::warn!(
-                        "exec supervisor {supervisor} was not collected within {REAP_WAIT:?}; answering anyway"
-                    );
-                }
-            }
+            Ok(done) => until_collected(done, &format!("exec supervisor {supervisor}")).await,
             Err(e) => tracing::warn!("{e}: supervisor {supervisor} stays a zombie"),
         }
     }
@@ -542,15 +532,18 @@ async fn relay_exit(reaper: crate::reaper::Reaper, supervisor: i32, report: Owne
 const REAP_WAIT: Duration = Duration::from_secs(2);
 
 /// Waits until `done`, from [`Zygote::reap`], comes to its end: the fork
-/// server has collected the supervisor. `false` after [`REAP_WAIT`].
-async fn until_collected(done: OwnedFd) -> bool {
+/// server has collected the supervisor (`what`). Gives up, saying so, after
+/// [`REAP_WAIT`].
+async fn until_collected(done: OwnedFd, what: &str) {
     let collected = async {
         if let Ok(mut rx) = pipe::Receiver::from_owned_fd(done) {
             let mut byte = [0u8; 1];
             let _ = rx.read(&mut byte).await;
         }
     };
-    tokio::time::timeout(REAP_WAIT, collected).await.is_ok()
+    if tokio::time::timeout(REAP_WAIT, collected).await.is_err() {
+        tracing::warn!("{what} was not collected within {REAP_WAIT:?}; answering anyway");
+    }
 }
 
 async fn wait(

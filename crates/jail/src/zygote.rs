@@ -276,7 +276,8 @@ impl Zygote {
         }
         drop(report_w);
         match read_report(report_r) {
-            // The supervisor exited after its report: reaped now.
+            // The supervisor exits after its report: asked to be reaped now;
+            // the caller answers once `collected` says it is.
             Err(ZygoteError::Failed { error, supervisor }) => {
                 let collected = match supervisor {
                     0 => None,
