@@ -938,13 +938,19 @@ async fn programs_start_with_an_empty_bounding_set_and_default_signals() {
     for round in 0..3 {
         let r = sh(
             &sb,
-            "grep CapBnd /proc/self/status; yes | head -n1 >/dev/null; echo piped",
+            "grep -E 'CapBnd|SigBlk' /proc/self/status; yes | head -n1 >/dev/null; echo piped",
         )
         .await;
         let (out, err) = (text(&r.stdout), text(&r.stderr));
         assert!(
             out.contains("CapBnd:\t0000000000000000") && out.contains("piped"),
             "round {round}: {out}{err}"
+        );
+        // Nothing blocked: the host's clone blocks every signal until the
+        // agent's first line, and a program must not inherit that.
+        assert!(
+            out.contains("SigBlk:\t0000000000000000"),
+            "round {round}: signals blocked: {out}{err}"
         );
         // An ignored SIGPIPE makes `yes` see EPIPE and say so; the default
         // action ends it silently.

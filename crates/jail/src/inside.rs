@@ -71,6 +71,15 @@ pub struct Bootstrap {
 /// Takes fds 3 and 4, reads the spec, builds the sandbox and reports to the
 /// host. On failure the error is reported to the host as well.
 pub fn bootstrap() -> Result<Bootstrap, SetupError> {
+    // The host's child execs the agent with every signal blocked
+    // (spawn::child_exec, sys::clone_vfork); one sent meanwhile is
+    // delivered now, with the default action.
+    nix::sys::signal::sigprocmask(
+        nix::sys::signal::SigmaskHow::SIG_SETMASK,
+        Some(&nix::sys::signal::SigSet::empty()),
+        None,
+    )
+    .map_err(step("unblocking signals"))?;
     // SAFETY: the host's spawner (spawn::child_exec) hands the agent exactly
     // these two fds; nothing else in this process owns them.
     let (setup, listener) = unsafe { (OwnedFd::from_raw_fd(3), OwnedFd::from_raw_fd(4)) };

@@ -410,67 +410,71 @@ impl Standby {
             devnull: devnull.as_raw_fd(),
             agent: agent.as_raw_fd(),
         };
-        let mut flags = (libc::CLONE_NEWUSER
+        let mut flags = libc::CLONE_NEWUSER
             | libc::CLONE_NEWPID
             | libc::CLONE_NEWNS
             | libc::CLONE_NEWIPC
-            | libc::CLONE_NEWUTS) as libc::c_ulong;
+            | libc::CLONE_NEWUTS;
         if !cfg.host_network {
-            flags |= libc::CLONE_NEWNET as libc::c_ulong;
+            flags |= libc::CLONE_NEWNET;
         }
-
-        // SAFETY: the child branch runs only `child_exec`, which makes raw,
-        // async-signal-safe syscalls on pre-built data and never returns.
-        let pid = unsafe { sys::clone_fork(flags) }.map_err(SpawnError::Clone)?;
-        if pid == 0 {
-            // SAFETY: we are the freshly cloned child; see child_exec's contract.
-            unsafe { child_exec(&child_fds, &argv, &envp, &empty) }
-        }
+        let mut child = ChildStart {
+            fds: child_fds,
+            argv: argv.as_ptr(),
+            envp: envp.as_ptr(),
+            empty: empty.as_ptr(),
+        };
+        let mut stack = Box::new([0u8; sys::VFORK_STACK]);
+        let tid = std::sync::atomic::AtomicI32::new(0);
+        let attach = Attach {
+            map: format!("0 {} {}\n", cfg.id_map.host_base, cfg.id_map.count),
+            cgroup: cleanup.cgroup.as_ref(),
+            timeout: cfg.setup_timeout,
+            log_path: &log_path,
+        };
+        // The child shares this process's memory and the cloning thread is
+        // suspended until it execs (`clone_vfork`), but it must wait for its
+        // id maps and cgroup first: another thread gives it those.
+        let (cloned, attached) = std::thread::scope(|scope| {
+            let helper = std::thread::Builder::new()
+                .name("runcell-attach".into())
+                .spawn_scoped(scope, || attach.run(&mut host_end, &tid))
+                .map_err(SpawnError::Setup)?;
+            // SAFETY: `child_start` runs only `child_exec`, which makes raw,
+            // async-signal-safe syscalls on data built before the clone
+            // (`child`, the argument and environment arrays, the C strings),
+            // all alive in this frame while this thread is suspended, writes
+            // none of it, and ends in execveat or _exit.
+            let cloned = unsafe {
+                sys::clone_vfork(
+                    flags,
+                    child_start,
+                    std::ptr::addr_of_mut!(child).cast(),
+                    &mut stack,
+                    &tid,
+                )
+            };
+            // The helper waits for the child's first byte: if the clone
+            // failed or the child died before it, closing our copy of the
+            // child's end makes that wait end.
+            drop(child_end);
+            let attached = match helper.join() {
+                Ok(r) => r,
+                Err(panic) => std::panic::resume_unwind(panic),
+            };
+            Ok::<_, SpawnError>((cloned, attached))
+        })?;
+        let pid = cloned.map_err(SpawnError::Clone)?;
         cleanup.pid = Some(pid);
-        drop(child_end);
+        let pidfd = attached?;
         drop(listener);
         drop(log);
         drop(devnull);
         drop(agent);
-
-        let t_clone = t0.elapsed();
-        let pidfd = sys::pidfd_open(pid).map_err(SpawnError::Setup)?;
-        let map = format!("0 {} {}\n", cfg.id_map.host_base, cfg.id_map.count);
-        for file in ["uid_map", "gid_map"] {
-            let path = PathBuf::from(format!("/proc/{pid}/{file}"));
-            fs::write(&path, &map).map_err(io_err(&path))?;
-        }
-        if let Some(cg) = &cleanup.cgroup {
-            cg.add_process(pid)?;
-        }
         drop(staging);
-        // Let the child exec the agent, which then waits for its spec. The
-        // child first acknowledges that it dropped its parent-death signal:
-        // from then on the calling thread may exit (the signal follows the
-        // thread that cloned, not the process).
-        host_end.write_all(b"G").map_err(SpawnError::Setup)?;
-        host_end
-            .set_read_timeout(Some(cfg.setup_timeout))
-            .map_err(SpawnError::Setup)?;
-        let mut ack = [0u8; 1];
-        match host_end.read_exact(&mut ack) {
-            Ok(()) if ack[0] == b'A' => {}
-            Ok(()) => {
-                return Err(SpawnError::SetupFailed(format!(
-                    "unexpected acknowledgement byte {:#x}",
-                    ack[0]
-                )))
-            }
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                return Err(SpawnError::AgentDied(log_tail(&log_path)))
-            }
-            Err(e) => return Err(SpawnError::Setup(e)),
-        }
-        host_end.set_read_timeout(None).map_err(SpawnError::Setup)?;
         tracing::debug!(
             sandbox = %cfg.id,
-            clone_us = crate::sys::micros(t_clone),
-            attach_us = crate::sys::micros(t0.elapsed() - t_clone),
+            us = crate::sys::micros(t0.elapsed()),
             "sandbox prepared"
         );
         let stage = cleanup.stage.clone();
@@ -1017,18 +1021,116 @@ struct ChildFds {
     agent: RawFd,
 }
 
-/// The child's side of clone: wait for the go-ahead, become root of the new
-/// user namespace, arrange fds 0-4 and exec the agent.
+/// What the cloned child needs, built before the clone (it may not
+/// allocate): its fds and the agent's arguments and environment
+/// (NUL-terminated arrays of C strings) and the empty path of `execveat`.
+struct ChildStart {
+    fds: ChildFds,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+    empty: *const libc::c_char,
+}
+
+/// The host's half of preparing a sandbox while the cloned child waits
+/// (the cloning thread is suspended until the child execs, so another
+/// thread runs it).
+struct Attach<'a> {
+    /// The uid and gid map line.
+    map: String,
+    cgroup: Option<&'a Cgroup>,
+    /// How long the child may take to answer.
+    timeout: Duration,
+    /// The agent's log, whose tail says why a child died.
+    log_path: &'a Path,
+}
+
+impl Attach<'_> {
+    /// Waits for the child to say it runs, writes its id maps, moves it
+    /// into the cgroup, lets it go and waits for its acknowledgement; gives
+    /// its pidfd. `tid` holds the child's pid once it runs. On any failure
+    /// it shuts the setup socket down, so a child still waiting reads the
+    /// end of the stream and exits, and the cloning thread resumes.
+    fn run(
+        &self,
+        host_end: &mut UnixStream,
+        tid: &std::sync::atomic::AtomicI32,
+    ) -> Result<OwnedFd, SpawnError> {
+        let r = self.steps(host_end, tid);
+        if r.is_err() {
+            let _ = host_end.shutdown(std::net::Shutdown::Both);
+        }
+        r
+    }
+
+    fn steps(
+        &self,
+        host_end: &mut UnixStream,
+        tid: &std::sync::atomic::AtomicI32,
+    ) -> Result<OwnedFd, SpawnError> {
+        host_end
+            .set_read_timeout(Some(self.timeout))
+            .map_err(SpawnError::Setup)?;
+        self.expect(host_end, b'C')?;
+        // Stored by the kernel before the child ran, so before its byte.
+        let pid = tid.load(std::sync::atomic::Ordering::SeqCst);
+        let pidfd = sys::pidfd_open(pid).map_err(SpawnError::Setup)?;
+        for file in ["uid_map", "gid_map"] {
+            let path = PathBuf::from(format!("/proc/{pid}/{file}"));
+            fs::write(&path, &self.map).map_err(io_err(&path))?;
+        }
+        if let Some(cg) = self.cgroup {
+            cg.add_process(pid)?;
+        }
+        // Let the child exec the agent, which then waits for its spec. The
+        // child first acknowledges that it dropped its parent-death signal.
+        host_end.write_all(b"G").map_err(SpawnError::Setup)?;
+        self.expect(host_end, b'A')?;
+        host_end.set_read_timeout(None).map_err(SpawnError::Setup)?;
+        Ok(pidfd)
+    }
+
+    /// Reads one byte from the child: `want`, or the error that says why not.
+    fn expect(&self, host_end: &mut UnixStream, want: u8) -> Result<(), SpawnError> {
+        let mut got = [0u8; 1];
+        match host_end.read_exact(&mut got) {
+            Ok(()) if got[0] == want => Ok(()),
+            Ok(()) => Err(SpawnError::SetupFailed(format!(
+                "unexpected byte {:#x} from the sandbox's first process, expected {:?}",
+                got[0], want as char
+            ))),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                Err(SpawnError::AgentDied(log_tail(self.log_path)))
+            }
+            Err(e) => Err(SpawnError::Setup(e)),
+        }
+    }
+}
+
+/// The entry point of the child of [`sys::clone_vfork`]: `arg` is the
+/// prepare's [`ChildStart`].
+extern "C" fn child_start(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` points to the ChildStart in `Standby::prepare`'s frame,
+    // which lives, unchanged, while the cloning thread is suspended (until
+    // this child execs or exits); child_exec only reads it.
+    unsafe {
+        let start = &*arg.cast::<ChildStart>();
+        child_exec(&start.fds, start.argv, start.envp, start.empty)
+    }
+}
+
+/// The child's side of clone: say it runs, wait for the go-ahead, become
+/// root of the new user namespace, arrange fds 0-4 and exec the agent.
 ///
 /// # Safety
 ///
-/// Must only be called in the child of [`sys::clone_fork`]. Uses only raw,
-/// async-signal-safe syscalls on data built before the clone, and never returns.
+/// Must only be called in the child of [`sys::clone_vfork`] (see its
+/// contract). Uses only raw, async-signal-safe syscalls on data built before
+/// the clone, writes no memory but its own stack, and never returns.
 unsafe fn child_exec(
     fds: &ChildFds,
-    argv: &[*const libc::c_char],
-    envp: &[*const libc::c_char],
-    empty: &CString,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+    empty: *const libc::c_char,
 ) -> ! {
     // SAFETY: every call below is a raw syscall wrapper on valid fds and on
     // pointers to memory that was allocated before the clone and stays alive
@@ -1062,8 +1164,16 @@ unsafe fn child_exec(
             high(fds.log),
             high(fds.devnull),
         );
+        // Say it runs (the host then writes its id maps), and wait for the
+        // go-ahead. SIGPIPE is blocked: a host that gave up makes the write
+        // fail and the read see the end of the stream.
+        let running = b'C';
         let mut go = 0u8;
-        if setup < 0 || libc::read(setup, (&mut go as *mut u8).cast(), 1) != 1 || go != b'G' {
+        if setup < 0
+            || libc::write(setup, (&running as *const u8).cast(), 1) != 1
+            || libc::read(setup, (&mut go as *mut u8).cast(), 1) != 1
+            || go != b'G'
+        {
             libc::_exit(126);
         }
         libc::prctl(libc::PR_SET_PDEATHSIG, 0, 0, 0, 0);
@@ -1087,9 +1197,9 @@ unsafe fn child_exec(
         if libc::chdir(fds.dir) != 0 {
             report_errno_and_exit(setup);
         }
-        let mut empty_set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut empty_set);
-        libc::sigprocmask(libc::SIG_SETMASK, &empty_set, std::ptr::null_mut());
+        // Every signal stays blocked until the agent runs (clone_vfork: no
+        // handler of the host may run on the memory this child shares with
+        // it); the agent unblocks them first thing (inside::bootstrap).
         // Ignored signals survive exec: a daemon started with `cmd &` from a
         // script ignores SIGINT, and the sandbox must not inherit that.
         crate::inside::reset_signal_dispositions();
@@ -1104,9 +1214,9 @@ unsafe fn child_exec(
         libc::syscall(
             libc::SYS_execveat,
             fds.agent,
-            empty.as_ptr(),
-            argv.as_ptr(),
-            envp.as_ptr(),
+            empty,
+            argv,
+            envp,
             libc::AT_EMPTY_PATH,
         );
         report_errno_and_exit(3);

@@ -127,6 +127,72 @@ pub unsafe fn clone_fork(flags: libc::c_ulong) -> io::Result<i32> {
     i32::try_from(rc).map_err(|_| io::Error::other(format!("the kernel returned pid {rc}")))
 }
 
+/// Bytes of the stack a [`clone_vfork`] child runs on until it execs.
+pub const VFORK_STACK: usize = 64 * 1024;
+
+/// Clones the calling process into new namespaces as `posix_spawn` does:
+/// the child shares this process's memory (`CLONE_VM | CLONE_VFORK`) and
+/// runs `main(arg)` on `stack`, and the calling thread is suspended until
+/// the child calls `execve` or exits. Nothing of the caller's address space
+/// is copied, and neither side takes copy-on-write faults afterwards: for
+/// a large multi-threaded host (the daemon) that copy and those faults cost
+/// more than the namespaces. The child's pid (in the caller's pid
+/// namespace) is stored in `tid` before the child runs
+/// (`CLONE_PARENT_SETTID`), so another thread can act on it meanwhile.
+/// Every signal is blocked in the calling thread across the clone, so the
+/// child starts with all of them blocked and no handler of this process
+/// can run on the memory it shares; it must exec or exit without
+/// unblocking them (exec resets the handlers; the new program unblocks).
+///
+/// # Safety
+///
+/// `main` must make only async-signal-safe calls on memory that stays valid
+/// while the caller is suspended, write no memory of this process but its
+/// own stack (not even through libc: a failing wrapper writes the suspended
+/// thread's `errno`, which is harmless only because that thread reads
+/// nothing but this call's result), and end in `execve` or `_exit`. The
+/// child's fd table is a copy, as with fork.
+pub unsafe fn clone_vfork(
+    flags: libc::c_int,
+    main: extern "C" fn(*mut libc::c_void) -> libc::c_int,
+    arg: *mut libc::c_void,
+    stack: &mut [u8; VFORK_STACK],
+    tid: &std::sync::atomic::AtomicI32,
+) -> io::Result<i32> {
+    // SAFETY: sigset_t is plain data; all zeroes is a valid (empty) set.
+    let (mut all, mut old): (libc::sigset_t, libc::sigset_t) =
+        unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+    // SAFETY: valid pointers to the local sets. Blocking every signal in
+    // this thread (restored below) only delays their delivery to it.
+    unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+    }
+    // 16-byte alignment, as the x86-64 and aarch64 ABIs require.
+    let end = stack.len() - (stack.as_ptr() as usize + stack.len()) % 16;
+    // SAFETY: `end` is within the array; the child runs on it while this
+    // thread is suspended (CLONE_VFORK), so nothing else uses the array. The
+    // kernel writes the child's pid to `tid` (an atomic: another thread
+    // reads it) before the child runs; the caller upholds `main`'s contract.
+    let rc = unsafe {
+        let top = stack.as_mut_ptr().add(end);
+        libc::clone(
+            main,
+            top.cast(),
+            flags | libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PARENT_SETTID | libc::SIGCHLD,
+            arg,
+            tid.as_ptr(),
+        )
+    };
+    let err = io::Error::last_os_error();
+    // SAFETY: restores the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    if rc < 0 {
+        return Err(err);
+    }
+    Ok(rc)
+}
+
 /// Closes every file descriptor of the calling process except those in
 /// `keep` (which it sorts in place). Async-signal-safe: meant for the child
 /// of [`clone_fork`], which inherits every descriptor of the (multi-threaded)
