@@ -6,7 +6,8 @@
 //! --unshare-all`, `runcell run python -c PROGRAM` (a new CLI process and
 //! sandbox per program, no daemon), the same through the daemon's standby
 //! pool (`--daemon always`, as `runcell run` does when a daemon runs), and
-//! the HTTP API (create, exec, delete per program through `runcell serve`),
+//! the HTTP API (create, exec with `language` python, delete per program
+//! through `runcell serve`),
 //! each at every concurrency asked.
 //!
 //! Run with `sudo ./scripts/bench.sh --throughput` (it fetches the data).
@@ -136,7 +137,9 @@ impl Bench {
             .as_str()
             .unwrap_or_default()
             .to_string();
-        // The program travels in the environment: no quoting to get wrong.
+        // The program is the exec's code in `language` python, run as
+        // `runcell run python` runs it (the interpreter on a file): no shell
+        // in between, as no shell runs in the bare row either.
         let r = self
             .daemon
             .request(
@@ -145,8 +148,8 @@ impl Bench {
                 &format!("/v1/sandboxes/{id}/exec"),
             )
             .json(&json!({
-                "cmd": format!("{PYTHON} -c \"$PROGRAM\""),
-                "env": {"PROGRAM": program},
+                "cmd": program,
+                "language": "python",
             }))
             .send()
             .await
