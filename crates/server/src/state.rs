@@ -262,7 +262,13 @@ impl AppState {
         }
         if send_deadline {
             if let Err(e) = entry.sandbox.set_deadline(Some(deadline)).await {
-                tracing::warn!(sandbox = %id, "could not move the agent's deadline: {e}");
+                // A delete that ran meanwhile (a client deleting right after
+                // its exec) stopped the agent: nothing to move, nothing wrong.
+                if self.entry(&id).is_none() {
+                    tracing::debug!(sandbox = %id, "the agent's deadline was not moved: the sandbox was deleted meanwhile");
+                } else {
+                    tracing::warn!(sandbox = %id, "could not move the agent's deadline: {e}");
+                }
             }
         }
     }
