@@ -195,7 +195,7 @@ pub unsafe fn clone_vfork(
 
 /// Closes every file descriptor of the calling process except those in
 /// `keep` (which it sorts in place). Async-signal-safe: meant for the child
-/// of [`clone_fork`], which inherits every descriptor of the (multi-threaded)
+/// of [`clone_fork`] or [`clone_vfork`], which inherits every descriptor of the (multi-threaded)
 /// parent, including ones opened by other threads without `O_CLOEXEC` and
 /// the host ends of other sandboxes' setup sockets.
 ///
