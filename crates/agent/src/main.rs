@@ -33,10 +33,17 @@ use std::process::ExitCode;
 const FILE_THREADS: usize = 8;
 
 fn main() -> ExitCode {
-    let started = std::time::Instant::now();
+    let mut started = std::time::Instant::now();
     let mut in_vm = false;
+    let mut fork_server = false;
     let gvisor = match std::env::args().nth(1).as_deref() {
         Some("init") => false,
+        // The jail's agent fork server (runcell_jail::forkserver): each
+        // sandbox's agent is forked from it and goes on as `init` below.
+        Some(runcell_jail::forkserver::FORK_SERVER_ARG) => {
+            fork_server = true;
+            false
+        }
         // Started by runsc as the init of a gVisor container.
         Some("gvisor-init") => true,
         // PID 1 of a microVM guest (the kernel passes what follows `--` on
@@ -77,6 +84,18 @@ fn main() -> ExitCode {
     );
     if in_vm {
         return vm::main(started);
+    }
+    if fork_server {
+        match runcell_jail::forkserver::serve() {
+            // A forked sandbox agent: the init path below, as if exec'd.
+            Ok(true) => started = std::time::Instant::now(),
+            // The host closed the fork server's socket.
+            Ok(false) => return ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!("the agent fork server failed: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
     }
     // Under gVisor the process limit is gVisor's own pids cgroup, which the
     // agent joins before it starts anything; its count is sampled below.

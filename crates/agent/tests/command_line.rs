@@ -39,3 +39,15 @@ fn run_by_hand_it_refuses_with_a_usage_error_and_says_who_starts_it() {
         assert!(out.stdout.is_empty(), "{args:?}: {out:?}");
     }
 }
+
+#[test]
+fn a_fork_server_run_by_hand_without_its_socket_exits_at_once() {
+    let out = agent(&["fork-server"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("fork server") && err.contains("not a socket"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty(), "{out:?}");
+}

@@ -150,6 +150,9 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_TEMPLATES_DIR)),
         ),
         agent: cli.agent,
+        // One sandbox (a run, a template build's steps): a fork server
+        // would cost the exec it saves.
+        fork_server: false,
         ..Default::default()
     };
     let code = runtime.block_on(async {

@@ -41,6 +41,11 @@ pub struct RuntimeConfig {
     /// writable layer is a subvolume there and saving it a snapshot.
     /// `None`: a tmpfs per sandbox, saved by copying.
     pub stage_store: Option<PathBuf>,
+    /// Fork each jail sandbox's agent from one started agent instead of
+    /// an exec per sandbox ([`runcell_jail::forkserver`]): for long-lived
+    /// processes; `false` for one-shot use, where starting the fork server
+    /// costs what it would save.
+    pub fork_server: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -54,6 +59,7 @@ impl Default for RuntimeConfig {
             agent_log: std::env::var("RUNCELL_AGENT_LOG").ok(),
             standby: 0,
             stage_store: None,
+            fork_server: true,
         }
     }
 }
@@ -149,7 +155,8 @@ impl Runtime {
             config.id_map,
             config.agent_log.clone(),
         )
-        .with_stage_store(config.stage_store.clone());
+        .with_stage_store(config.stage_store.clone())
+        .with_fork_server(config.fork_server);
         Ok(Self::with_backend(config, Arc::new(backend)))
     }
 

@@ -28,6 +28,7 @@ pub mod cgroup;
 pub mod clock;
 mod command;
 pub mod confine;
+pub mod forkserver;
 pub mod gvisor;
 pub mod idmap_mount;
 pub mod inside;

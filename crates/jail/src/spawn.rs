@@ -131,6 +131,10 @@ pub struct PrepareConfig {
     /// sets it again) instead of a tmpfs, so a
     /// save is a snapshot of it ([`Jail::export_layer`]). `None`: a tmpfs.
     pub stage_store: Option<PathBuf>,
+    /// Fork the agent from this fork server (of the same agent binary)
+    /// instead of an exec per sandbox; `None` for one-shot use. Should it
+    /// fail, the agent is exec'd.
+    pub fork_server: Option<std::sync::Arc<crate::forkserver::ForkServer>>,
 }
 
 /// What [`Standby::start`] needs: what runs in the sandbox and how.
@@ -418,55 +422,48 @@ impl Standby {
         if !cfg.host_network {
             flags |= libc::CLONE_NEWNET;
         }
-        let mut child = ChildStart {
-            fds: child_fds,
-            argv: argv.as_ptr(),
-            envp: envp.as_ptr(),
-            empty: empty.as_ptr(),
-        };
-        let mut stack = Box::new([0u8; sys::VFORK_STACK]);
-        let tid = std::sync::atomic::AtomicI32::new(0);
         let attach = Attach {
             map: format!("0 {} {}\n", cfg.id_map.host_base, cfg.id_map.count),
             cgroup: cleanup.cgroup.as_ref(),
             timeout: cfg.setup_timeout,
             log_path: &log_path,
         };
-        // The child shares this process's memory and the cloning thread is
-        // suspended until it execs (`clone_vfork`), but it must wait for its
-        // id maps and cgroup first: another thread gives it those.
-        let (cloned, attached) = std::thread::scope(|scope| {
-            let helper = std::thread::Builder::new()
-                .name("runcell-attach".into())
-                .spawn_scoped(scope, || attach.run(&mut host_end, &tid))
-                .map_err(SpawnError::Setup)?;
-            // SAFETY: `child_start` runs only `child_exec`, which makes raw,
-            // async-signal-safe syscalls on data built before the clone
-            // (`child`, the argument and environment arrays, the C strings),
-            // all alive in this frame while this thread is suspended, writes
-            // none of it, and ends in execveat or _exit.
-            let cloned = unsafe {
-                sys::clone_vfork(
-                    flags,
-                    child_start,
-                    std::ptr::addr_of_mut!(child).cast(),
-                    &mut stack,
-                    &tid,
+        let forked = cfg.fork_server.as_ref().and_then(|server| {
+            let fds = crate::forkserver::AgentFds {
+                setup: child_end.as_raw_fd(),
+                listener: listener.as_raw_fd(),
+                log: log.as_raw_fd(),
+                devnull: devnull.as_raw_fd(),
+            };
+            server
+                .fork(flags, fds, &dir)
+                .map_err(
+                    |e| tracing::warn!(sandbox = %cfg.id, "starting the agent with an exec: {e}"),
                 )
-            };
-            // The helper waits for the child's first byte: if the clone
-            // failed or the child died before it, closing our copy of the
-            // child's end makes that wait end.
-            drop(child_end);
-            let attached = match helper.join() {
-                Ok(r) => r,
-                Err(panic) => std::panic::resume_unwind(panic),
-            };
-            Ok::<_, SpawnError>((cloned, attached))
-        })?;
-        let pid = cloned.map_err(SpawnError::Clone)?;
-        cleanup.pid = Some(pid);
-        let pidfd = attached?;
+                .ok()
+        });
+        let pidfd = match forked {
+            Some(pid) => {
+                // The fork server's child is this process's child
+                // (CLONE_PARENT); it holds its own copy of the child's end.
+                cleanup.pid = Some(pid);
+                drop(child_end);
+                attach.run(&mut host_end, &std::sync::atomic::AtomicI32::new(pid))?
+            }
+            None => {
+                let child = ChildStart {
+                    fds: child_fds,
+                    argv: argv.as_ptr(),
+                    envp: envp.as_ptr(),
+                    empty: empty.as_ptr(),
+                };
+                let (cloned, attached) =
+                    exec_agent(flags, child, &attach, &mut host_end, child_end)?;
+                let pid = cloned.map_err(SpawnError::Clone)?;
+                cleanup.pid = Some(pid);
+                attached?
+            }
+        };
         drop(listener);
         drop(log);
         drop(devnull);
@@ -1106,6 +1103,53 @@ impl Attach<'_> {
     }
 }
 
+/// Clones the sandbox's first process sharing this process's memory
+/// ([`sys::clone_vfork`]) to exec the agent (`child`), while a helper
+/// thread gives it its id maps and cgroup (`attach`). Gives the clone's
+/// result (the pid) and the attach's (the pidfd).
+fn exec_agent(
+    flags: libc::c_int,
+    mut child: ChildStart,
+    attach: &Attach<'_>,
+    host_end: &mut UnixStream,
+    child_end: UnixStream,
+) -> Result<(io::Result<i32>, Result<OwnedFd, SpawnError>), SpawnError> {
+    let mut stack = Box::new([0u8; sys::VFORK_STACK]);
+    let tid = std::sync::atomic::AtomicI32::new(0);
+    // The child shares this process's memory and the cloning thread is
+    // suspended until it execs (`clone_vfork`), but it must wait for its
+    // id maps and cgroup first: another thread gives it those.
+    std::thread::scope(|scope| {
+        let helper = std::thread::Builder::new()
+            .name("runcell-attach".into())
+            .spawn_scoped(scope, || attach.run(host_end, &tid))
+            .map_err(SpawnError::Setup)?;
+        // SAFETY: `child_start` runs only `child_exec`, which makes raw,
+        // async-signal-safe syscalls on data built before the clone
+        // (`child`, the argument and environment arrays, the C strings),
+        // all alive in the caller's frame while this thread is suspended,
+        // writes none of it, and ends in execveat or _exit.
+        let cloned = unsafe {
+            sys::clone_vfork(
+                flags,
+                child_start,
+                std::ptr::addr_of_mut!(child).cast(),
+                &mut stack,
+                &tid,
+            )
+        };
+        // The helper waits for the child's first byte: if the clone
+        // failed or the child died before it, closing our copy of the
+        // child's end makes that wait end.
+        drop(child_end);
+        let attached = match helper.join() {
+            Ok(r) => r,
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        Ok((cloned, attached))
+    })
+}
+
 /// The entry point of the child of [`sys::clone_vfork`]: `arg` is the
 /// prepare's [`ChildStart`].
 extern "C" fn child_start(arg: *mut libc::c_void) -> libc::c_int {
@@ -1226,7 +1270,7 @@ unsafe fn child_exec(
 /// # Safety
 ///
 /// Same contract as [`child_exec`].
-unsafe fn report_errno_and_exit(fd: RawFd) -> ! {
+pub(crate) unsafe fn report_errno_and_exit(fd: RawFd) -> ! {
     // SAFETY: __errno_location returns this thread's errno slot; write and
     // _exit are async-signal-safe.
     unsafe {
@@ -1277,6 +1321,7 @@ mod tests {
             agent_log: None,
             host_network: false,
             stage_store: None,
+            fork_server: None,
         }
     }
 

@@ -24,6 +24,7 @@ pub struct JailBackend {
     id_map: IdMap,
     agent_log: Option<String>,
     stage_store: Option<PathBuf>,
+    fork_server: Option<std::sync::Arc<runcell_jail::forkserver::ForkServer>>,
 }
 
 impl JailBackend {
@@ -45,7 +46,21 @@ impl JailBackend {
             id_map,
             agent_log,
             stage_store: None,
+            fork_server: None,
         }
+    }
+
+    /// Forks each sandbox's agent from one started agent (a fork server)
+    /// instead of an exec per sandbox: for a long-lived host, where it
+    /// saves the agent's start-up per sandbox; a one-shot host execs.
+    pub fn with_fork_server(mut self, on: bool) -> Self {
+        self.fork_server = on.then(|| {
+            std::sync::Arc::new(runcell_jail::forkserver::ForkServer::new(
+                self.agent.clone(),
+                self.agent_log.clone(),
+            ))
+        });
+        self
     }
 
     /// Makes each sandbox's writable layer a btrfs subvolume in
@@ -78,6 +93,7 @@ impl Backend for JailBackend {
             agent_log: self.agent_log.clone(),
             host_network: spec.host_network,
             stage_store: self.stage_store.clone(),
+            fork_server: self.fork_server.clone(),
         };
         Ok(Box::new(Standby::prepare(&cfg)?))
     }
