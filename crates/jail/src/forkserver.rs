@@ -38,7 +38,7 @@
 //! a new fork server for the next one. The fork server exits when the host
 //! closes its end (the host died or dropped it).
 
-use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
@@ -46,7 +46,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 
-use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 
 use crate::sys;
 
@@ -322,29 +322,7 @@ type Request = (libc::c_int, std::ffi::CString, Vec<OwnedFd>);
 /// Reads one request; `None` at the end of the socket.
 fn receive(sock: &mut UnixStream) -> io::Result<Option<Request>> {
     let mut header = [0u8; 8];
-    let mut space = nix::cmsg_space!([RawFd; 4]);
-    let (got, fds) = {
-        let mut iov = [IoSliceMut::new(&mut header)];
-        let msg = recvmsg::<()>(
-            sock.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )?;
-        let mut fds = Vec::new();
-        for c in msg.cmsgs()? {
-            if let ControlMessageOwned::ScmRights(r) = c {
-                fds.extend(r);
-            }
-        }
-        (msg.bytes, fds)
-    };
-    // SAFETY: each descriptor was just received in SCM_RIGHTS and is owned
-    // by nothing else in this process.
-    let fds: Vec<OwnedFd> = fds
-        .into_iter()
-        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
-        .collect();
+    let (got, fds) = crate::socket::recv_with_fds(sock, &mut header)?;
     if got == 0 {
         return Ok(None);
     }

@@ -7,9 +7,9 @@
 //! short whatever the directory's own path.
 
 use std::fs::File;
-use std::io;
-use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixListener;
+use std::io::{self, IoSliceMut};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
 /// The longest path `sun_path` takes (108 bytes with its NUL).
@@ -63,6 +63,37 @@ impl SocketPath {
 pub fn bind(path: &Path) -> io::Result<UnixListener> {
     let p = SocketPath::new(path)?;
     UnixListener::bind(p.path())
+}
+
+/// Receives into `buf` what one `recvmsg` gives, with the descriptors
+/// passed alongside (`SCM_RIGHTS`, at most 8, close-on-exec): the bytes
+/// read (0 at the end of the stream) and the descriptors, owned.
+pub(crate) fn recv_with_fds(
+    sock: &UnixStream,
+    buf: &mut [u8],
+) -> io::Result<(usize, Vec<OwnedFd>)> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut space = nix::cmsg_space!([RawFd; 8]);
+    let mut iov = [IoSliceMut::new(buf)];
+    let msg = recvmsg::<()>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )?;
+    let mut raw = Vec::new();
+    for c in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(r) = c {
+            raw.extend(r);
+        }
+    }
+    // SAFETY: each descriptor was just received in SCM_RIGHTS and is owned
+    // by nothing else in this process.
+    let fds = raw
+        .into_iter()
+        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+        .collect();
+    Ok((msg.bytes, fds))
 }
 
 #[cfg(test)]

@@ -53,13 +53,13 @@
 //! a request. Should it be gone, [`Zygote::spawn`] says so
 //! ([`ZygoteError::Gone`]) and the agent forks supervisors itself again.
 
-use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 
 use crate::inside::{ExecGroupFds, ExecImage};
 
@@ -482,29 +482,7 @@ enum Message {
 /// Receives one message; `None` when the agent closed its end.
 fn receive(sock: &mut UnixStream) -> io::Result<Option<Message>> {
     let mut header = [0u8; 8];
-    let mut space = nix::cmsg_space!([RawFd; 6]);
-    let (got, fds) = {
-        let mut iov = [IoSliceMut::new(&mut header)];
-        let msg = recvmsg::<()>(
-            sock.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )?;
-        let mut fds = Vec::new();
-        for c in msg.cmsgs()? {
-            if let ControlMessageOwned::ScmRights(r) = c {
-                fds.extend(r);
-            }
-        }
-        (msg.bytes, fds)
-    };
-    // SAFETY: each descriptor was just received in SCM_RIGHTS and is owned
-    // by nothing else in this process.
-    let mut fds: Vec<OwnedFd> = fds
-        .into_iter()
-        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
-        .collect();
+    let (got, mut fds) = crate::socket::recv_with_fds(sock, &mut header)?;
     if got == 0 {
         return Ok(None);
     }
