@@ -128,13 +128,65 @@ async fn agents_are_forked_from_a_fork_server_that_is_replaced_when_it_dies_or_h
     let r = sh(&a, "echo a").await;
     assert_eq!(text(&r.stdout), "a\n", "{}", text(&r.stderr));
 
+    // A wedged fork server (stopped) holds no create up for long: the one
+    // that finds it so gives up after 10 s and execs its agent,
+    // the wedged one is killed, and the next create has a new one.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(second),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
+    let t0 = std::time::Instant::now();
+    let d = sandbox(&rt, limits()).await;
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(14),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(
+        cmdline(d.agent_pid()).get(1).map(String::as_str),
+        Some("init")
+    );
+    let r = sh(&d, "echo d").await;
+    assert_eq!(text(&r.stdout), "d\n", "{}", text(&r.stderr));
+    d.destroy().await.unwrap();
+    let e = sandbox(&rt, limits()).await;
+    assert_eq!(
+        cmdline(e.agent_pid()).get(1).map(String::as_str),
+        Some("fork-server")
+    );
+    e.destroy().await.unwrap();
+    let mut servers = fork_servers();
+    for _ in 0..150 {
+        if servers.len() == 1 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        servers = fork_servers();
+    }
+    assert_eq!(
+        servers.len(),
+        1,
+        "the wedged fork server is still there: {servers:?}"
+    );
+    assert_ne!(servers[0], second);
+    let second = servers[0];
+
     // A fork server serves a bounded number of sandboxes; then a fresh one
     // (a new exec, so a new layout) takes over.
     for _ in 0..runcell_jail::forkserver::FORKS_PER_SERVER {
         let s = sandbox(&rt, limits()).await;
         s.destroy().await.unwrap();
     }
-    let servers = fork_servers();
+    // The retired one is stopped off the create's path: give it a moment.
+    let mut servers = fork_servers();
+    for _ in 0..100 {
+        if servers.len() == 1 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        servers = fork_servers();
+    }
     assert_eq!(servers.len(), 1, "{servers:?}");
     assert_ne!(servers[0], second, "the fork server was never replaced");
 

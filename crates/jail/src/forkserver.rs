@@ -56,6 +56,11 @@ pub const FORKS_PER_SERVER: u32 = 64;
 /// The agent's argument that makes it a fork server.
 pub const FORK_SERVER_ARG: &str = "fork-server";
 
+/// How long the host waits for the fork server to take a request and
+/// answer it (a clone: well under a millisecond); as long as it waits for
+/// a sandbox's first process to say it runs.
+const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The most bytes of a sandbox directory's path in a request.
 const MAX_DIR: usize = 4096;
 
@@ -89,6 +94,17 @@ struct Running {
 }
 
 impl Running {
+    /// Stops it off the caller's path (a create's): [`Running::stop`] on
+    /// a thread of its own.
+    fn retire(self) {
+        let spawned = std::thread::Builder::new()
+            .name("runcell-forksrv-stop".into())
+            .spawn(move || self.stop());
+        if let Err(e) = spawned {
+            tracing::warn!("could not stop a retired agent fork server: {e}");
+        }
+    }
+
     /// Closes the socket (the fork server exits on the end of it) and
     /// collects the process.
     fn stop(self) {
@@ -156,7 +172,7 @@ impl ForkServer {
             .is_some_and(|r| r.forks >= FORKS_PER_SERVER)
         {
             if let Some(old) = running.take() {
-                old.stop();
+                old.retire();
             }
         }
         if running.is_none() {
@@ -172,7 +188,7 @@ impl ForkServer {
             Ok(Err(e)) => Err(ForkServerError::Clone(e)),
             Err(e) => {
                 if let Some(old) = running.take() {
-                    old.stop();
+                    old.retire();
                 }
                 Err(ForkServerError::Lost(e))
             }
@@ -182,6 +198,10 @@ impl ForkServer {
     fn start(&self) -> Result<Running, ForkServerError> {
         let err = |e| ForkServerError::Start(self.agent.clone(), e);
         let (ours, theirs) = UnixStream::pair().map_err(err)?;
+        // A wedged fork server must not wedge every create behind it: past
+        // this it is given up (and killed), and the agent exec'd.
+        ours.set_read_timeout(Some(ANSWER_WAIT)).map_err(err)?;
+        ours.set_write_timeout(Some(ANSWER_WAIT)).map_err(err)?;
         let mut cmd = Command::new(&self.agent);
         cmd.arg(FORK_SERVER_ARG)
             .env_clear()

@@ -379,7 +379,7 @@ impl Standby {
             .write(true)
             .open("/dev/null")
             .map_err(io_err(Path::new("/dev/null")))?;
-        let (mut host_end, child_end) = UnixStream::pair().map_err(SpawnError::Setup)?;
+        let (mut host_end, mut child_end) = UnixStream::pair().map_err(SpawnError::Setup)?;
 
         cleanup.cgroup = Some(Cgroup::create(
             hierarchy,
@@ -408,7 +408,7 @@ impl Standby {
         })?;
         let child_fds = ChildFds {
             dir: dir_c.as_ptr(),
-            setup: child_end.as_raw_fd(),
+            setup: -1,
             listener: listener.as_raw_fd(),
             log: log.as_raw_fd(),
             devnull: devnull.as_raw_fd(),
@@ -451,8 +451,18 @@ impl Standby {
                 attach.run(&mut host_end, &std::sync::atomic::AtomicI32::new(pid))?
             }
             None => {
+                // A fork server that was asked and failed may have received
+                // the child's end, or even cloned a child with it before it
+                // went: the exec'd agent gets a setup socket of its own, and
+                // such a child reads the end of the old one and exits.
+                if cfg.fork_server.is_some() {
+                    (host_end, child_end) = UnixStream::pair().map_err(SpawnError::Setup)?;
+                }
                 let child = ChildStart {
-                    fds: child_fds,
+                    fds: ChildFds {
+                        setup: child_end.as_raw_fd(),
+                        ..child_fds
+                    },
                     argv: argv.as_ptr(),
                     envp: envp.as_ptr(),
                     empty: empty.as_ptr(),
