@@ -49,6 +49,20 @@ fn fork_servers() -> Vec<i32> {
         .collect()
 }
 
+/// The fork servers, once only one is left (a dropped one is stopped off
+/// the create's path, so it may take a moment to go), or after 3 s.
+fn one_fork_server() -> Vec<i32> {
+    let mut servers = fork_servers();
+    for _ in 0..150 {
+        if servers.len() == 1 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        servers = fork_servers();
+    }
+    servers
+}
+
 /// The socket inodes among a process's descriptors.
 fn sockets(pid: i32) -> Vec<String> {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -156,14 +170,7 @@ async fn agents_are_forked_from_a_fork_server_that_is_replaced_when_it_dies_or_h
         Some("fork-server")
     );
     e.destroy().await.unwrap();
-    let mut servers = fork_servers();
-    for _ in 0..150 {
-        if servers.len() == 1 {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        servers = fork_servers();
-    }
+    let servers = one_fork_server();
     assert_eq!(
         servers.len(),
         1,
@@ -179,14 +186,7 @@ async fn agents_are_forked_from_a_fork_server_that_is_replaced_when_it_dies_or_h
         s.destroy().await.unwrap();
     }
     // The retired one is stopped off the create's path: give it a moment.
-    let mut servers = fork_servers();
-    for _ in 0..100 {
-        if servers.len() == 1 {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        servers = fork_servers();
-    }
+    let servers = one_fork_server();
     assert_eq!(servers.len(), 1, "{servers:?}");
     assert_ne!(servers[0], second, "the fork server was never replaced");
 

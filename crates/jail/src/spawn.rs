@@ -406,14 +406,6 @@ impl Standby {
                 "the path contains a NUL byte",
             ))
         })?;
-        let child_fds = ChildFds {
-            dir: dir_c.as_ptr(),
-            setup: -1,
-            listener: listener.as_raw_fd(),
-            log: log.as_raw_fd(),
-            devnull: devnull.as_raw_fd(),
-            agent: agent.as_raw_fd(),
-        };
         let mut flags = libc::CLONE_NEWUSER
             | libc::CLONE_NEWPID
             | libc::CLONE_NEWNS
@@ -460,8 +452,12 @@ impl Standby {
                 }
                 let child = ChildStart {
                     fds: ChildFds {
+                        dir: dir_c.as_ptr(),
                         setup: child_end.as_raw_fd(),
-                        ..child_fds
+                        listener: listener.as_raw_fd(),
+                        log: log.as_raw_fd(),
+                        devnull: devnull.as_raw_fd(),
+                        agent: agent.as_raw_fd(),
                     },
                     argv: argv.as_ptr(),
                     envp: envp.as_ptr(),
