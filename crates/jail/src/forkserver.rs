@@ -290,34 +290,69 @@ pub fn serve() -> io::Result<bool> {
     // Standard output is /dev/null; standard error stays the host's, where
     // the fork server's own errors go.
     loop {
-        let Some((flags, dir, fds)) = receive(&mut sock)? else {
-            return Ok(false);
+        let handled = match receive(&mut sock) {
+            Ok(None) => return Ok(false),
+            Ok(Some((flags, dir, fds))) => handle(&mut sock, flags, &dir, fds),
+            Err(e) => Err(e),
         };
-        let Ok(fds) = <[OwnedFd; 4]>::try_from(fds) else {
-            reply(&mut sock, -libc::EINVAL)?;
-            continue;
-        };
-        let clone_flags = namespaces(flags) | libc::CLONE_PARENT as libc::c_ulong;
-        // SAFETY: this process is single-threaded (the agent starts no
-        // thread before it serves), so the child may run any code; it
-        // continues below and never returns into the loop.
-        match unsafe { sys::clone_fork(clone_flags) } {
-            Ok(0) => {
-                let raw = fds.map(IntoRawFd::into_raw_fd);
-                // The socket goes with every other descriptor the child does
-                // not keep (close_all_except in become_agent).
+        match handled {
+            Ok(Handled::Served) => {}
+            Ok(Handled::Child) => {
+                // Closed already (close_all_except in become_agent), and its
+                // number is the child's standard input now: not closed again.
                 let _ = sock.into_raw_fd();
-                become_agent(raw, &dir);
                 return Ok(true);
             }
-            Ok(pid) => {
-                drop(fds);
-                reply(&mut sock, pid)?;
+            // The host went away mid-request: as at the end of the socket.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                return Ok(false)
             }
-            Err(e) => {
-                drop(fds);
-                reply(&mut sock, -e.raw_os_error().unwrap_or(libc::EIO))?;
-            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// What [`handle`] did: answered a request, or is the forked child.
+enum Handled {
+    Served,
+    Child,
+}
+
+/// Clones for one request and answers it (in the fork server), or
+/// prepares the child to go on as the agent (in the child).
+fn handle(
+    sock: &mut UnixStream,
+    flags: libc::c_int,
+    dir: &std::ffi::CStr,
+    fds: Vec<OwnedFd>,
+) -> io::Result<Handled> {
+    let Ok(fds) = <[OwnedFd; 4]>::try_from(fds) else {
+        reply(sock, -libc::EINVAL)?;
+        return Ok(Handled::Served);
+    };
+    let clone_flags = namespaces(flags) | libc::CLONE_PARENT as libc::c_ulong;
+    // SAFETY: this process is single-threaded (the agent starts no
+    // thread before it serves), so the child may run any code; it
+    // returns to the agent's `main` and never into the loop.
+    match unsafe { sys::clone_fork(clone_flags) } {
+        Ok(0) => {
+            // The socket goes with every other descriptor the child does
+            // not keep (close_all_except in become_agent).
+            become_agent(fds.map(IntoRawFd::into_raw_fd), dir);
+            Ok(Handled::Child)
+        }
+        Ok(pid) => {
+            drop(fds);
+            reply(sock, pid).map(|()| Handled::Served)
+        }
+        Err(e) => {
+            drop(fds);
+            reply(sock, -e.raw_os_error().unwrap_or(libc::EIO)).map(|()| Handled::Served)
         }
     }
 }
