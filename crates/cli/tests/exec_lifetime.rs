@@ -20,6 +20,12 @@ use serde_json::{json, Value};
 const COUNT_SLEEPS: &str =
     "n=0; for c in /proc/[0-9]*/comm; do [ \"$(cat $c 2>/dev/null)\" = sleep ] && n=$((n+1)); done; echo $n";
 
+/// The fork bombs take the host's cores (under gVisor's ptrace platform a
+/// fork storm is thousands of host threads, and its teardown seconds of
+/// CPU): one at a time, so that neither is timed while the other holds a
+/// 2-core host.
+static FORK_BOMBS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn exec_body(d: &Daemon, id: &str, body: Value) -> Value {
     let (status, v) = d.exec_json(id, body).await;
     assert_eq!(status, 200, "{v}");
@@ -103,6 +109,7 @@ async fn a_timeout_kills_detached_processes_too() {
 
 #[tokio::test]
 async fn a_fork_bomb_leaves_the_sandbox_usable() {
+    let _alone = FORK_BOMBS.lock().await;
     let d = Daemon::start(&data_dir("lifetime-bomb"), free_port(), &[]);
     let id = d.create(json!({"limits": {"pids": 128}})).await;
     let count = "ls -d /proc/[0-9]* | wc -l";
@@ -135,6 +142,7 @@ async fn a_fork_bomb_leaves_the_sandbox_usable() {
 
 #[tokio::test]
 async fn a_fork_bomb_that_times_out_is_gone_too() {
+    let _alone = FORK_BOMBS.lock().await;
     let d = Daemon::start(&data_dir("lt-bomb-t"), free_port(), &[]);
     // Default limits: 512 processes, enough to put memory under pressure.
     let id = d.create(json!({})).await;
