@@ -660,6 +660,10 @@ impl Sandbox {
     }
 }
 
+/// How long a run whose agent went away waits for its sandbox to end
+/// before it answers that the agent's connection closed.
+const ENDING_WAIT: Duration = Duration::from_secs(5);
+
 fn collect(stdout: &mut Vec<u8>, stderr: &mut Vec<u8>, stream: Output, bytes: &[u8]) {
     match stream {
         Output::Stdout => stdout.extend_from_slice(bytes),
@@ -736,17 +740,29 @@ impl ExecRun<'_> {
         }
     }
 
-    /// The answer for a run whose agent went away. The OOM killer counts
-    /// its kill only after sending it, and the sandbox's end can reach the
-    /// channel first: a sandbox that is gone is looked at again for a
-    /// moment before its end is called unexplained.
+    /// The answer for a run whose agent went away. The sandbox is ending,
+    /// but its processes can take a while to go (a gVisor sandbox after a
+    /// fork storm: seconds, thousands of host threads) and its counters say
+    /// why only then; the OOM killer counts its kill only after sending it,
+    /// and the sandbox's end can reach the channel first. So the sandbox is
+    /// waited for (up to [`ENDING_WAIT`]) and, once gone, looked at again
+    /// for a moment before its end is called unexplained.
     async fn closed(&self) -> Result<RunEvent, Error> {
-        for _ in 0..10 {
+        let alive_until = tokio::time::Instant::now() + ENDING_WAIT;
+        let mut looks_when_gone = 0;
+        loop {
             if self.sandbox.kills().oom_kills > self.before.oom_kills {
                 return Ok(RunEvent::Done(self.ended_by_oom()));
             }
             if self.sandbox.is_alive() {
-                break;
+                if tokio::time::Instant::now() >= alive_until {
+                    break;
+                }
+            } else {
+                looks_when_gone += 1;
+                if looks_when_gone >= 10 {
+                    break;
+                }
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
