@@ -104,11 +104,11 @@ async fn every_error_is_json_with_an_error_sentence() {
     )
     .await;
 
-    // A body that may be absent is absent only when empty or JSON
-    // whitespace: a form feed (ASCII whitespace, not JSON's) or any other
-    // byte is a body, and not JSON.
+    // A body that may be absent is absent only when it has no bytes: JSON
+    // whitespace alone, a form feed (ASCII whitespace, not JSON's) or any
+    // other byte is a body, and not JSON (a JSON text holds a value).
     for route in ["repl/sessions", "fork", "promote"] {
-        for body in ["\x0c", "\x0b", " \x0c\n"] {
+        for body in ["\x0c", "\x0b", " \x0c\n", " ", " \t\r\n"] {
             json_error(
                 d.req(Method::POST, &format!("{sb}/{route}"))
                     .header("content-type", "application/json")
@@ -122,11 +122,10 @@ async fn every_error_is_json_with_an_error_sentence() {
     let r = d
         .req(Method::POST, &format!("{sb}/repl/sessions"))
         .header("content-type", "application/json")
-        .body(" \t\r\n")
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 201, "JSON whitespace is an absent body");
+    assert_eq!(r.status(), 201, "no body at all is an absent body");
 
     // Wrong methods: 405, the Allow header kept, a sentence naming the method.
     let h = json_error(d.req(Method::DELETE, "/v1/me"), 405, "DELETE").await;

@@ -43,7 +43,7 @@ impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
 }
 
 /// A JSON body that may be absent (PandaStack's clients send none for a
-/// bodiless POST): empty is `T::default()`.
+/// bodiless POST): no bytes at all is `T::default()`.
 pub(crate) struct OptionalJson<T>(pub(crate) T);
 
 impl<T: DeserializeOwned + Default> FromRequest<Arc<AppState>> for OptionalJson<T> {
@@ -59,15 +59,16 @@ impl<T: DeserializeOwned + Default> FromRequest<Arc<AppState>> for OptionalJson<
 }
 
 /// JSON's own whitespace (RFC 8259: space, tab, line feed, carriage
-/// return), not ASCII's, which also counts the form feed: a body of `\x0c`
-/// is not JSON and must not pass for an absent one.
+/// return), not ASCII's, which also counts the form feed.
 fn is_json_space(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
 
-/// An absent body: nothing, or only JSON whitespace.
+/// An absent body: no bytes at all. Anything else is a body and must be a
+/// JSON text, which holds a value (RFC 8259): whitespace alone (`" "`) or a
+/// form feed is not JSON and must not pass for an absent body.
 pub(crate) fn is_blank(bytes: &[u8]) -> bool {
-    bytes.iter().all(|&b| is_json_space(b))
+    bytes.is_empty()
 }
 
 /// Parses a JSON body; the error names the field that is wrong
