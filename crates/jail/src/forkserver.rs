@@ -38,15 +38,13 @@
 //! a new fork server for the next one. The fork server exits when the host
 //! closes its end (the host died or dropped it).
 
-use std::io::{self, IoSlice, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::io::{self, Read, Write};
+use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
-
-use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 
 use crate::sys;
 
@@ -254,14 +252,7 @@ fn request(
     msg.extend_from_slice(&(dir.len() as u32).to_le_bytes());
     msg.extend_from_slice(dir);
     let passed = [fds.setup, fds.listener, fds.log, fds.devnull];
-    let sent = sendmsg::<()>(
-        sock.as_raw_fd(),
-        &[IoSlice::new(&msg)],
-        &[ControlMessage::ScmRights(&passed)],
-        MsgFlags::MSG_NOSIGNAL,
-        None,
-    )?;
-    sock.write_all(&msg[sent..])?;
+    crate::socket::send_with_fds(sock, &msg, &passed)?;
     let mut answer = [0u8; 4];
     sock.read_exact(&mut answer)?;
     let n = i32::from_le_bytes(answer);

@@ -65,6 +65,23 @@ pub fn bind(path: &Path) -> io::Result<UnixListener> {
     UnixListener::bind(p.path())
 }
 
+/// Sends all of `msg` on `sock`, with `fds` passed alongside its first
+/// bytes (`SCM_RIGHTS`); `MSG_NOSIGNAL`, so a peer that is gone is an
+/// `EPIPE` error, not a signal.
+pub(crate) fn send_with_fds(sock: &UnixStream, msg: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    use std::io::Write;
+    let sent = sendmsg::<()>(
+        sock.as_raw_fd(),
+        &[std::io::IoSlice::new(msg)],
+        &[ControlMessage::ScmRights(fds)],
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )?;
+    let mut rest = sock;
+    rest.write_all(&msg[sent..])
+}
+
 /// Receives into `buf` what one `recvmsg` gives, with the descriptors
 /// passed alongside (`SCM_RIGHTS`, at most 8, close-on-exec): the bytes
 /// read (0 at the end of the stream) and the descriptors, owned.

@@ -53,13 +53,11 @@
 //! a request. Should it be gone, [`Zygote::spawn`] says so
 //! ([`ZygoteError::Gone`]) and the agent forks supervisors itself again.
 
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Mutex;
 use std::time::Duration;
-
-use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 
 use crate::inside::{ExecGroupFds, ExecImage};
 
@@ -254,25 +252,9 @@ impl Zygote {
         header[..4].copy_from_slice(&MAGIC.to_le_bytes());
         header[4..].copy_from_slice(&len.to_le_bytes());
         {
-            let mut sock = self.exec.lock().unwrap_or_else(|p| p.into_inner());
-            let sent = sendmsg::<()>(
-                sock.as_raw_fd(),
-                &[IoSlice::new(&header)],
-                &[ControlMessage::ScmRights(&fds)],
-                MsgFlags::MSG_NOSIGNAL,
-                None,
-            );
-            match sent {
-                Ok(n) if n == header.len() => {}
-                Ok(_) => {
-                    return Err(ZygoteError::Gone(io::Error::new(
-                        io::ErrorKind::WriteZero,
-                        "short write of a request header",
-                    )))
-                }
-                Err(e) => return Err(ZygoteError::Gone(e.into())),
-            }
-            sock.write_all(&payload).map_err(ZygoteError::Gone)?;
+            let sock = self.exec.lock().unwrap_or_else(|p| p.into_inner());
+            crate::socket::send_with_fds(&sock, &header, &fds).map_err(ZygoteError::Gone)?;
+            (&*sock).write_all(&payload).map_err(ZygoteError::Gone)?;
         }
         drop(report_w);
         match read_report(report_r) {
@@ -302,20 +284,9 @@ impl Zygote {
         msg[..4].copy_from_slice(&MAGIC_REAP.to_le_bytes());
         msg[4..].copy_from_slice(&supervisor.to_le_bytes());
         let sock = self.control.lock().unwrap_or_else(|p| p.into_inner());
-        match sendmsg::<()>(
-            sock.as_raw_fd(),
-            &[IoSlice::new(&msg)],
-            &[ControlMessage::ScmRights(&[done_w.as_raw_fd()])],
-            MsgFlags::MSG_NOSIGNAL,
-            None,
-        ) {
-            Ok(n) if n == msg.len() => Ok(done_r),
-            Ok(_) => Err(ZygoteError::Gone(io::Error::new(
-                io::ErrorKind::WriteZero,
-                "short write of a reap message",
-            ))),
-            Err(e) => Err(ZygoteError::Gone(e.into())),
-        }
+        crate::socket::send_with_fds(&sock, &msg, &[done_w.as_raw_fd()])
+            .map_err(ZygoteError::Gone)?;
+        Ok(done_r)
     }
 }
 
