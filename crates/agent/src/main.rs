@@ -85,6 +85,9 @@ fn main() -> ExitCode {
     if in_vm {
         return vm::main(started);
     }
+    // The seccomp filter (installed at the end of setup), built before a
+    // fork server serves, so each sandbox it forks inherits it built.
+    let seccomp = runcell_jail::seccomp::filter();
     if fork_server {
         match runcell_jail::forkserver::serve() {
             // A forked sandbox agent: the init path below, as if exec'd.
@@ -143,14 +146,14 @@ fn main() -> ExitCode {
     tracing::debug!("Landlock {}", confinement.describe());
     // Installed on the agent itself so every process it starts inherits it;
     // the agent needs none of the denied calls after setup.
-    let filters = match runcell_jail::seccomp::filters() {
+    let seccomp = match seccomp {
         Ok(f) => f,
         Err(e) => {
             tracing::error!("{e}");
             return ExitCode::FAILURE;
         }
     };
-    if let Err(e) = runcell_jail::seccomp::install(&filters) {
+    if let Err(e) = runcell_jail::seccomp::install(&seccomp) {
         tracing::error!("{e}");
         return ExitCode::FAILURE;
     }

@@ -333,13 +333,13 @@ async fn serve(port: PathBuf, restart: Arc<tokio::sync::Notify>) -> Result<(), V
     let built = runcell_jail::inside::build_in_vm(&spec).and_then(|()| {
         // Installed on every thread (the runtime has some by now), so every
         // process the agent starts inherits it.
-        let filters = runcell_jail::seccomp::filters().map_err(|e| {
+        let filter = runcell_jail::seccomp::filter().map_err(|e| {
             runcell_jail::inside::SetupError::Step {
                 step: "building the seccomp filter".into(),
                 source: io::Error::other(e.to_string()),
             }
         })?;
-        runcell_jail::seccomp::install_all_threads(&filters).map_err(|e| {
+        runcell_jail::seccomp::install_all_threads(&filter).map_err(|e| {
             runcell_jail::inside::SetupError::Step {
                 step: "installing the seccomp filter".into(),
                 source: io::Error::other(e.to_string()),

@@ -7,12 +7,17 @@
 //! must fall back, see `clone3`), so programs get an error, not a crash.
 //! docs/SECURITY.md has the table with the reason for each entry.
 //!
-//! Two filters are installed:
+//! One filter is installed, in two parts run in order:
 //! 1. A guard that kills the process on a foreign architecture (32-bit
 //!    `int 0x80` calls), refuses the x32 ABI (syscall numbers with bit 30
 //!    set), so the deny list below cannot be bypassed with another ABI, and
 //!    answers `clone3` with `ENOSYS`.
-//! 2. The deny list itself (built with seccompiler).
+//! 2. The deny list itself (built with seccompiler), which a call the guard
+//!    lets through falls into.
+//!
+//! One program rather than two stacked filters: the kernel checks, copies
+//! and compiles each installed filter, and runs every one of them on every
+//! system call of every sandboxed process.
 
 use std::collections::BTreeMap;
 
@@ -300,27 +305,28 @@ pub fn guard() -> BpfProgram {
     prog
 }
 
-/// Both filters, ready to install.
-pub fn filters() -> Result<Vec<BpfProgram>, SeccompError> {
-    Ok(vec![guard(), deny_list()?])
+/// The whole filter, ready to install: the guard, whose last instruction
+/// (allow) gives way to the deny list, so a call the guard lets through
+/// goes on to the deny list. Every jump of either part is relative and
+/// stays within its part, so the two join without any being rewritten.
+pub fn filter() -> Result<BpfProgram, SeccompError> {
+    let mut prog = guard();
+    let allow = prog.pop();
+    debug_assert!(allow.is_some_and(|i| i.code == BPF_RET | BPF_K && i.k == SECCOMP_RET_ALLOW));
+    prog.extend(deny_list()?);
+    Ok(prog)
 }
 
-/// Installs the filters on the calling thread (and so on every process it
+/// Installs `filter` on the calling thread (and so on every process it
 /// later starts). Sets `no_new_privs` first.
-pub fn install(filters: &[BpfProgram]) -> Result<(), SeccompError> {
-    for f in filters {
-        seccompiler::apply_filter(f).map_err(SeccompError::Install)?;
-    }
-    Ok(())
+pub fn install(filter: &BpfProgram) -> Result<(), SeccompError> {
+    seccompiler::apply_filter(filter).map_err(SeccompError::Install)
 }
 
-/// Installs `filters` on every thread of the process (a microVM guest's
+/// Installs `filter` on every thread of the process (a microVM guest's
 /// agent has threads by the time its setup is done).
-pub fn install_all_threads(filters: &[BpfProgram]) -> Result<(), SeccompError> {
-    for f in filters {
-        seccompiler::apply_filter_all_threads(f).map_err(SeccompError::Install)?;
-    }
-    Ok(())
+pub fn install_all_threads(filter: &BpfProgram) -> Result<(), SeccompError> {
+    seccompiler::apply_filter_all_threads(filter).map_err(SeccompError::Install)
 }
 
 #[cfg(test)]
@@ -329,21 +335,28 @@ mod tests {
 
     #[test]
     fn filters_build_and_every_denied_entry_has_a_reason() {
-        let f = filters().unwrap();
-        assert!(!f.is_empty());
+        let f = filter().unwrap();
+        assert!(f.len() > guard().len());
         for (name, _, why) in DENIED {
             assert!(!why.is_empty(), "{name} has no reason");
         }
     }
 
+    /// Whether `getpid` through the x32 ABI fails with `ENOSYS`.
+    fn x32_getpid_refused() -> bool {
+        // SAFETY: a raw getpid (no arguments, no memory) with the x32 bit set.
+        let r = unsafe { libc::syscall(libc::SYS_getpid | X32_SYSCALL_BIT as libc::c_long) };
+        r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS)
+    }
+
     /// Installs the filter in a forked child and checks the kernel's answers.
     #[test]
     fn denies_in_a_child_process() {
-        let filters = filters().unwrap();
+        let filter = filter().unwrap();
         // SAFETY: the child only makes raw syscalls and exits.
         match unsafe { libc::fork() } {
             0 => {
-                let ok = install(&filters).is_ok()
+                let ok = install(&filter).is_ok()
                     // SAFETY: raw syscalls with harmless arguments.
                     && unsafe { libc::syscall(libc::SYS_unshare, libc::CLONE_NEWUSER) } == -1
                     && std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
@@ -353,6 +366,12 @@ mod tests {
                     // SAFETY: as above.
                     && unsafe { libc::syscall(libc::SYS_bpf, 0, 0, 0) } == -1
                     && std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+                    // SAFETY: as above; the deny list's argument rules still apply
+                    // after the guard (TIOCSTI on a descriptor that is not open).
+                    && unsafe { libc::syscall(libc::SYS_ioctl, -1, libc::TIOCSTI, 0) } == -1
+                    && std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+                    // A call through the x32 ABI is refused by the guard.
+                    && (!cfg!(target_arch = "x86_64") || x32_getpid_refused())
                     // SAFETY: getpid is always safe; it must still be allowed.
                     && unsafe { libc::syscall(libc::SYS_getpid) } > 0;
                 // SAFETY: _exit never returns and runs no destructors in the child.
