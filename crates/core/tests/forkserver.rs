@@ -117,6 +117,34 @@ async fn agents_are_forked_from_a_fork_server_that_is_replaced_when_it_dies_or_h
     assert_eq!(lines.get(1), Some(&"runcell-agent"), "{out}");
     assert_ne!(lines.get(2), Some(&agent.to_string().as_str()), "{out}");
 
+    // Its network namespace is its own: neither the host's nor the fork
+    // server's (which is private too), with a TCP connection table of its
+    // own (the kernel shows a shared table's size as negative), so its
+    // teardown never walks the host's; and loopback TCP works in it.
+    let netns = |pid: i32| std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
+    let host = std::fs::read_link("/proc/self/ns/net").unwrap();
+    assert_ne!(
+        netns(server),
+        host,
+        "the fork server is on the host's network"
+    );
+    assert_ne!(netns(agent), host);
+    assert_ne!(netns(agent), netns(server));
+    let r = sh(
+        &a,
+        "cat /proc/sys/net/ipv4/tcp_ehash_entries; /usr/bin/python3 -c '\
+import socket; s = socket.create_server((\"127.0.0.1\", 0)); \
+c = socket.create_connection(s.getsockname()); a, _ = s.accept(); \
+c.sendall(b\"ok\"); print(a.recv(2).decode())'",
+    )
+    .await;
+    assert_eq!(
+        text(&r.stdout),
+        format!("{}\nok\n", runcell_jail::forkserver::SANDBOX_TCP_BUCKETS),
+        "{}",
+        text(&r.stderr)
+    );
+
     // A fork server killed outright: sandboxes still start (the one that
     // finds it gone execs its agent), and the next fork server is new.
     nix::sys::signal::kill(

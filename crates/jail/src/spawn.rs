@@ -420,7 +420,10 @@ impl Standby {
             timeout: cfg.setup_timeout,
             log_path: &log_path,
         };
-        let forked = cfg.fork_server.as_ref().and_then(|server| {
+        // A sandbox on the host's network is never forked: the fork
+        // server's clones always get a network namespace of their own.
+        let server = cfg.fork_server.as_ref().filter(|_| !cfg.host_network);
+        let forked = server.and_then(|server| {
             let fds = crate::forkserver::AgentFds {
                 setup: child_end.as_raw_fd(),
                 listener: listener.as_raw_fd(),
@@ -447,7 +450,7 @@ impl Standby {
                 // the child's end, or even cloned a child with it before it
                 // went: the exec'd agent gets a setup socket of its own, and
                 // such a child reads the end of the old one and exits.
-                if cfg.fork_server.is_some() {
+                if server.is_some() {
                     (host_end, child_end) = UnixStream::pair().map_err(SpawnError::Setup)?;
                 }
                 let child = ChildStart {
