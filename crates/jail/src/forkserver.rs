@@ -153,9 +153,9 @@ impl ForkServer {
 
     /// Forks a sandbox's first process into new namespaces (`flags`, the
     /// `CLONE_NEW*` set, with a network namespace always) with `fds`, to
-    /// live in `dir`; gives its pid. The
-    /// process is this process's child. On an error the caller execs the
-    /// agent itself; the next call starts a new fork server.
+    /// live in `dir`; gives its pid. The process is this process's child.
+    /// On an error the caller execs the agent itself; the next call starts
+    /// a new fork server.
     pub fn fork(
         &self,
         flags: libc::c_int,

@@ -222,8 +222,13 @@ fn arch() -> Result<seccompiler::TargetArch, SeccompError> {
 
 /// The deny-list filter.
 pub fn deny_list() -> Result<BpfProgram, SeccompError> {
+    compile(deny_rules()?)
+}
+
+/// The deny list's program for `rules` (from [`deny_rules`]).
+fn compile(rules: BTreeMap<i64, Vec<SeccompRule>>) -> Result<BpfProgram, SeccompError> {
     let filter = SeccompFilter::new(
-        deny_rules()?,
+        rules,
         SeccompAction::Allow,
         SeccompAction::Errno(libc::EPERM as u32),
         arch()?,
@@ -372,12 +377,13 @@ pub fn filter() -> Result<BpfProgram, SeccompError> {
     let mut prog = guard();
     let allow = prog.pop();
     debug_assert!(allow.is_some_and(|i| i.code == BPF_RET | BPF_K && i.k == SECCOMP_RET_ALLOW));
-    let numbers = deny_rules()?
+    let rules = deny_rules()?;
+    let numbers = rules
         .keys()
         .map(|&nr| u32::try_from(nr).map_err(|_| SeccompError::Arch))
         .collect::<Result<Vec<u32>, _>>()?;
     prog.extend(search(&numbers)?);
-    prog.extend(deny_list()?);
+    prog.extend(compile(rules)?);
     Ok(prog)
 }
 
