@@ -100,6 +100,12 @@ daemon_stop() {
       [ -d "$m" ] && umount "$m" 2>/dev/null || true
     done
   fi
+  # The sandboxes' tmpfs: a daemon that stopped with none left unmounted
+  # it; one that was killed did not.
+  if [ -n "$DATA_DIR" ] && mountpoint -q "$DATA_DIR/sandboxes" 2>/dev/null \
+    && [ -z "$(ls -A "$DATA_DIR/sandboxes")" ]; then
+    umount "$DATA_DIR/sandboxes" 2>/dev/null || true
+  fi
   # A bind mount of a host directory left behind must never be deleted through.
   if [ -n "$DATA_DIR" ] && [ -d "$DATA_DIR" ]; then
     if awk -v d="$DATA_DIR/" '{ if (index($5 "/", d) == 1) found = 1 } END { exit !found }' /proc/self/mountinfo; then

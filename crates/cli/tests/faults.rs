@@ -94,14 +94,16 @@ fn processes_of(sandboxes: &Path, id: &str) -> Vec<String> {
     out
 }
 
-/// Host mounts whose mount point is under `dir`.
+/// Host mounts whose mount point is under `dir`, but for the daemon's own
+/// tmpfs for its sandboxes' directories (`<dir>/sandboxes`).
 fn mounts_under(dir: &Path) -> Vec<String> {
     let prefix = dir.display().to_string();
+    let own = dir.join("sandboxes").display().to_string();
     std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap()
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .filter(|m| m.starts_with(&prefix))
+        .filter(|m| m.starts_with(&prefix) && *m != own)
         .map(str::to_string)
         .collect()
 }

@@ -303,6 +303,14 @@ async fn default_store_is_btrfs_released_on_a_graceful_stop_and_nothing_is_lost(
     );
     assert!(is_mount_point(&store));
     assert_eq!(loop_devices(&image).len(), 1);
+    // The sandboxes' own directories (sockets, logs, mount points) are on
+    // a tmpfs of the daemon's, with the same lifetime rules as the store.
+    let sandboxes = data.join("sandboxes");
+    let on_tmpfs = |p: &Path| {
+        nix::sys::statfs::statfs(p)
+            .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
+    };
+    assert!(is_mount_point(&sandboxes) && on_tmpfs(&sandboxes));
 
     // A hibernated sandbox, a snapshot and a volume with data on it.
     let sleeper = d
@@ -328,6 +336,11 @@ async fn default_store_is_btrfs_released_on_a_graceful_stop_and_nothing_is_lost(
     assert_eq!(d.exec(&live, "echo alive > ~/l").await.0, 200);
     d.stop();
     assert!(is_mount_point(&store), "unmounted under a live sandbox");
+    assert!(
+        is_mount_point(&sandboxes),
+        "the sandboxes' tmpfs went under a live sandbox"
+    );
+    assert!(sandboxes.join(&live).join("agent.sock").exists());
     drop(d);
     let mut d = start();
     assert_eq!(loop_devices(&image).len(), 1, "a second loop device");
@@ -340,6 +353,10 @@ async fn default_store_is_btrfs_released_on_a_graceful_stop_and_nothing_is_lost(
     // loop device; the image stays.
     d.stop();
     assert!(!is_mount_point(&store), "the store is still mounted");
+    assert!(
+        !is_mount_point(&sandboxes),
+        "the sandboxes' tmpfs is still mounted"
+    );
     wait_no_loop(&image).await;
     assert!(image.exists());
     drop(d);

@@ -14,6 +14,7 @@ mod metrics;
 mod pool;
 mod quota;
 mod registry;
+pub mod sandbox_dir;
 mod service;
 mod snapshots;
 mod state;
@@ -66,6 +67,9 @@ pub enum ServeError {
     /// The layer store (`--layer-store`) could not be set up.
     #[error(transparent)]
     Store(#[from] store::StoreError),
+    /// The sandboxes' directory could not be set up.
+    #[error(transparent)]
+    SandboxDir(#[from] sandbox_dir::SandboxDirError),
     /// Sandboxes could not reach their directories: every create would fail.
     #[error(
         "Sandboxes cannot reach the {what} {dir}: {blocker} (mode {mode:o}, owner {uid}:{gid}) \
@@ -180,6 +184,17 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
         reason = layer_store.reason(),
         "layer store"
     );
+    // Also before: the jail sandboxes' directories are on a tmpfs mounted
+    // there (their namespaces copy the mount table at their clone).
+    let sandbox_dir = sandbox_dir::open(&config.data_dir.join("sandboxes"))?;
+    match &sandbox_dir {
+        sandbox_dir::SandboxDir::Tmpfs { .. } => {
+            tracing::info!("sandbox directories: on a tmpfs")
+        }
+        sandbox_dir::SandboxDir::Disk { reason } => {
+            tracing::info!("sandbox directories: on the data directory's disk; {reason}")
+        }
+    }
     let runtime = Runtime::new(RuntimeConfig {
         state_dir: config.data_dir.join("sandboxes"),
         stage_store: layer_store.stages(),
@@ -359,6 +374,7 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     release_layer_store(&state).await;
+    release_sandbox_dir(&state, sandbox_dir).await;
     tracing::info!("stopped; sandboxes keep running and are re-attached by the next start");
     Ok(())
 }
@@ -395,6 +411,25 @@ async fn release_layer_store(state: &Arc<AppState>) {
         Ok(Ok(false)) => {}
         Ok(Err(e)) => tracing::warn!("the layer store stays mounted: {e}"),
         Err(e) => tracing::warn!("the layer store stays mounted: {e}"),
+    }
+}
+
+/// On a graceful stop: the standbys go (nothing would hand them out), and
+/// with no live sandbox left the sandboxes' tmpfs is unmounted; the next
+/// start mounts it again. A live sandbox keeps it, with its files there,
+/// for the next start to re-attach to.
+async fn release_sandbox_dir(state: &Arc<AppState>, dir: sandbox_dir::SandboxDir) {
+    if !matches!(dir, sandbox_dir::SandboxDir::Tmpfs { .. }) {
+        return;
+    }
+    state.runtime.close_standbys().await;
+    match tokio::task::spawn_blocking(move || dir.release()).await {
+        Ok(Ok(true)) => tracing::info!("unmounted the sandboxes' tmpfs"),
+        Ok(Ok(false)) => {
+            tracing::info!("the sandboxes' tmpfs stays mounted for the sandboxes that keep running")
+        }
+        Ok(Err(e)) => tracing::warn!("the sandboxes' tmpfs stays mounted: {e}"),
+        Err(e) => tracing::warn!("the sandboxes' tmpfs stays mounted: {e}"),
     }
 }
 

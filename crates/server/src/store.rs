@@ -300,7 +300,8 @@ fn make_image(data_dir: &Path, image: &Path) -> Result<(), StoreError> {
     std::fs::rename(&tmp, image).map_err(io("renaming", image))
 }
 
-fn is_mounted(path: &Path) -> bool {
+/// Whether `path` is a mount point in the daemon's mount namespace.
+pub(crate) fn is_mounted(path: &Path) -> bool {
     let want = path.to_string_lossy();
     std::fs::read_to_string("/proc/self/mountinfo")
         .map(|m| {

@@ -219,7 +219,7 @@ impl Store {
     /// Mounts volume `id` if it is not mounted.
     pub fn mount(&self, id: &str) -> Result<(), String> {
         let mnt = self.mount_point(id);
-        if is_mounted(&mnt) {
+        if crate::store::is_mounted(&mnt) {
             return Ok(());
         }
         std::fs::create_dir_all(&mnt).map_err(|e| e.to_string())?;
@@ -232,7 +232,7 @@ impl Store {
     /// Unmounts and removes volume `id`'s files.
     fn remove(&self, id: &str) -> Result<(), String> {
         let mnt = self.mount_point(id);
-        if is_mounted(&mnt) {
+        if crate::store::is_mounted(&mnt) {
             run(Command::new("umount").arg(&mnt))?;
         }
         let _ = std::fs::remove_dir(&mnt);
@@ -248,16 +248,6 @@ impl Store {
             .map(|s| (s.blocks().saturating_sub(s.blocks_free())).saturating_mul(s.fragment_size()))
             .unwrap_or(0)
     }
-}
-
-fn is_mounted(path: &Path) -> bool {
-    let want = path.to_string_lossy();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .map(|m| {
-            m.lines()
-                .any(|l| l.split(' ').nth(4) == Some(want.as_ref()))
-        })
-        .unwrap_or(false)
 }
 
 fn run(cmd: &mut Command) -> Result<(), String> {

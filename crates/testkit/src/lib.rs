@@ -310,10 +310,20 @@ impl Drop for Daemon {
         // live sandbox unmounted it; one that was killed (or left sandboxes)
         // did not. With no sandbox left, unmount it here, so that no test
         // leaves a mount or a loop device (autoclear) behind.
-        let store = self.data.join("store");
         let mut mounted = false;
+        // The sandboxes' tmpfs: likewise (a graceful stop with none left
+        // unmounted it).
+        let sandboxes = self.data.join("sandboxes");
+        if is_mount_point(&sandboxes) {
+            mounted |= !(no_sandboxes
+                && Command::new("umount")
+                    .arg(&sandboxes)
+                    .status()
+                    .is_ok_and(|s| s.success()));
+        }
+        let store = self.data.join("store");
         if is_mount_point(&store) {
-            mounted = !(no_sandboxes
+            mounted |= !(no_sandboxes
                 && Command::new("umount")
                     .arg(&store)
                     .status()
