@@ -306,28 +306,20 @@ impl Drop for Daemon {
         self.stop();
         let no_sandboxes =
             std::fs::read_dir(self.data.join("sandboxes")).map_or(true, |mut d| d.next().is_none());
-        // The btrfs layer store: a daemon that stopped gracefully with no
-        // live sandbox unmounted it; one that was killed (or left sandboxes)
-        // did not. With no sandbox left, unmount it here, so that no test
-        // leaves a mount or a loop device (autoclear) behind.
+        // The sandboxes' tmpfs and the btrfs layer store: a daemon that
+        // stopped gracefully with no live sandbox unmounted them; one that
+        // was killed (or left sandboxes) did not. With no sandbox left,
+        // unmount them here, so that no test leaves a mount or a loop
+        // device (autoclear) behind.
         let mut mounted = false;
-        // The sandboxes' tmpfs: likewise (a graceful stop with none left
-        // unmounted it).
-        let sandboxes = self.data.join("sandboxes");
-        if is_mount_point(&sandboxes) {
-            mounted |= !(no_sandboxes
-                && Command::new("umount")
-                    .arg(&sandboxes)
-                    .status()
-                    .is_ok_and(|s| s.success()));
-        }
-        let store = self.data.join("store");
-        if is_mount_point(&store) {
-            mounted |= !(no_sandboxes
-                && Command::new("umount")
-                    .arg(&store)
-                    .status()
-                    .is_ok_and(|s| s.success()));
+        for mount in ["sandboxes", "store"].map(|m| self.data.join(m)) {
+            if is_mount_point(&mount) {
+                mounted |= !(no_sandboxes
+                    && Command::new("umount")
+                        .arg(&mount)
+                        .status()
+                        .is_ok_and(|s| s.success()));
+            }
         }
         if self.remove_data_on_drop && no_sandboxes && !mounted {
             // Volumes stay mounted after the daemon (for its next start):
