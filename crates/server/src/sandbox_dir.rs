@@ -17,6 +17,8 @@
 //! - A directory on disk that still holds sandboxes (left by a daemon from
 //!   before this) is used as it is; the first start that finds it empty
 //!   mounts the tmpfs.
+//! - Another file system mounted there (not a tmpfs) is used as it is and
+//!   never unmounted.
 //! - Where the mount is refused (no `CAP_SYS_ADMIN` in the daemon's mount
 //!   namespace), the directory stays on the data directory's file system.
 //!
@@ -100,8 +102,17 @@ pub fn open(dir: &Path) -> Result<SandboxDir, SandboxDirError> {
     };
     std::fs::create_dir_all(dir).map_err(|e| io("make", e))?;
     if crate::store::is_mounted(dir) {
-        return Ok(SandboxDir::Tmpfs {
-            path: dir.to_path_buf(),
+        let tmpfs = nix::sys::statfs::statfs(dir)
+            .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC);
+        return Ok(if tmpfs {
+            SandboxDir::Tmpfs {
+                path: dir.to_path_buf(),
+            }
+        } else {
+            // Someone else's mount: used as it is, and never unmounted.
+            SandboxDir::Disk {
+                reason: "another file system is mounted there".into(),
+            }
         });
     }
     if has_entries(dir)? {
@@ -171,6 +182,31 @@ mod tests {
         std::fs::remove_dir(dir.join("a-live-sandbox")).unwrap();
         assert!(opened.release().unwrap());
         assert!(!crate::store::is_mounted(&dir));
+    }
+
+    #[test]
+    fn someone_elses_mount_there_is_used_as_it_is_and_never_unmounted() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test mounts a ramfs: run it as root"
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("sandboxes");
+        std::fs::create_dir(&dir).unwrap();
+        nix::mount::mount(
+            Some("ramfs"),
+            &dir,
+            Some("ramfs"),
+            MsFlags::empty(),
+            None::<&str>,
+        )
+        .unwrap();
+        let opened = open(&dir).unwrap();
+        let released = opened.release();
+        let still = crate::store::is_mounted(&dir);
+        nix::mount::umount2(dir.as_path(), MntFlags::empty()).unwrap();
+        assert_eq!(opened.name(), "disk", "{opened:?}");
+        assert!(!released.unwrap() && still, "unmounted another's mount");
     }
 
     #[test]
