@@ -186,12 +186,21 @@ fn a_default_isolation_the_host_cannot_run_stops_serve_at_start_up() {
         ])
         .output()
         .unwrap();
-    let _ = std::fs::remove_dir_all(&data);
+    // A start that fails leaves nothing mounted (the sandboxes' tmpfs).
+    let left_mounted = is_mount_point(&data.join("sandboxes"));
+    if !left_mounted {
+        let _ = std::fs::remove_dir_all(&data);
+    }
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "serve started: {err}");
     assert!(
         err.contains("default isolation") && err.contains("microvm"),
         "the refusal must name the setting and why: {err}"
+    );
+    assert!(
+        !left_mounted,
+        "the failed start left {}/sandboxes mounted",
+        data.display()
     );
 }
 

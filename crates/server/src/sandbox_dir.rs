@@ -50,8 +50,10 @@ pub enum SandboxDirError {
     Unmount(PathBuf, #[source] nix::Error),
 }
 
-/// What the sandboxes' directory is on.
-#[derive(Debug, Clone)]
+/// What the sandboxes' directory is on. Dropping it releases it
+/// ([`SandboxDir::release`]), so a start that fails after mounting it
+/// leaves no mount behind.
+#[derive(Debug)]
 pub enum SandboxDir {
     /// A tmpfs runcell mounted (now or at an earlier start).
     Tmpfs {
@@ -87,6 +89,16 @@ impl SandboxDir {
         nix::mount::umount2(path.as_path(), MntFlags::empty())
             .map_err(|e| SandboxDirError::Unmount(path.clone(), e))?;
         Ok(true)
+    }
+}
+
+impl Drop for SandboxDir {
+    fn drop(&mut self) {
+        match self.release() {
+            Ok(true) => tracing::info!("unmounted the sandboxes' tmpfs"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!("the sandboxes' tmpfs stays mounted: {e}"),
+        }
     }
 }
 
