@@ -128,3 +128,70 @@ async fn config_file_flags_win_and_sigterm_lets_running_requests_finish() {
     drop(d);
     let _ = std::fs::remove_dir_all(&data);
 }
+
+/// Live (not zombie) host processes in sandbox `id`'s cgroups.
+fn live_processes_of(id: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
+        if cgroups.lines().any(|l| l.ends_with(&format!("/{id}"))) && state != Some(Some('Z')) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// The idle TTL holds with no daemon at all: the agent is started with its
+/// deadline (the idle TTL plus the daemon's 30 s grace), so a sandbox whose
+/// daemon was SIGKILLed right after creating it, and never came back, ends
+/// by itself: not before its TTL and the grace, and soon after them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_ends_by_itself_after_its_ttl_when_its_daemon_is_gone() {
+    let data = data_dir("agent-deadline");
+    let port = free_port();
+    let mut d = Daemon::start(&data, port, &[]);
+    let id = d.create(json!({"ttl_seconds": 2})).await;
+    let created = std::time::Instant::now();
+    d.kill9();
+    assert!(
+        !live_processes_of(&id).is_empty(),
+        "the sandbox's processes were not found"
+    );
+    // Past its TTL, within the grace the agent leaves a daemon to reap it.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        !live_processes_of(&id).is_empty(),
+        "the sandbox ended within the agent's grace"
+    );
+    // The TTL plus the grace: the agent stops the sandbox.
+    let until = created + Duration::from_secs(2 + 30 + 15);
+    while !live_processes_of(&id).is_empty() {
+        assert!(
+            std::time::Instant::now() < until,
+            "the sandbox outlived its TTL and the grace by 15 s: {:?}",
+            live_processes_of(&id)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        created.elapsed() >= Duration::from_secs(2 + 30 - 1),
+        "the sandbox ended {:?} after it was made, before its TTL and grace",
+        created.elapsed()
+    );
+    // A daemon started again finds it ended and removes what is left.
+    drop(d);
+    let d = Daemon::start(&data, port, &[]);
+    assert_eq!(
+        d.status(reqwest::Method::GET, &format!("/v1/sandboxes/{id}"), None)
+            .await,
+        404
+    );
+    wait_gone(&data.join("sandboxes").join(&id)).await;
+    drop(d);
+    let _ = std::fs::remove_dir_all(&data);
+}

@@ -219,6 +219,20 @@ impl AppState {
         agent_deadline(r, self.max_lifetime_ms())
     }
 
+    /// The agent-enforced deadline of a sandbox recorded at `now_ms` with
+    /// this idle TTL, as [`AppState::agent_deadline`] gives it for that
+    /// record: what a create starts the agent with, so that the create's
+    /// first touch has no deadline to send.
+    pub fn first_agent_deadline(&self, now_ms: i64, ttl_seconds: u64, persistent: bool) -> u64 {
+        deadline(
+            now_ms / 1000,
+            now_ms,
+            ttl_seconds,
+            persistent,
+            self.max_lifetime_ms(),
+        )
+    }
+
     /// The maximum lifetime in milliseconds.
     fn max_lifetime_ms(&self) -> i64 {
         i64::try_from(self.config.max_lifetime.as_millis()).unwrap_or(i64::MAX)
@@ -547,15 +561,30 @@ fn ttl_ms(ttl_seconds: u64) -> i64 {
 /// The agent-enforced deadline (unix ms) of a record when no sandbox may
 /// live longer than `max_lifetime_ms`: see [`AppState::agent_deadline`].
 fn agent_deadline(r: &Record, max_lifetime_ms: i64) -> u64 {
-    let hard = r
-        .created_at
+    deadline(
+        r.created_at,
+        r.last_activity_ms,
+        r.ttl_seconds,
+        r.persistent,
+        max_lifetime_ms,
+    )
+}
+
+/// [`agent_deadline`] of a record's times (`created_at` in seconds) and TTL.
+fn deadline(
+    created_at: i64,
+    last_activity_ms: i64,
+    ttl_seconds: u64,
+    persistent: bool,
+    max_lifetime_ms: i64,
+) -> u64 {
+    let hard = created_at
         .saturating_mul(1000)
         .saturating_add(max_lifetime_ms);
-    let idle = r
-        .last_activity_ms
-        .saturating_add(ttl_ms(r.ttl_seconds))
+    let idle = last_activity_ms
+        .saturating_add(ttl_ms(ttl_seconds))
         .saturating_add(AGENT_DEADLINE_GRACE_MS);
-    let deadline = if r.persistent { hard } else { idle.min(hard) };
+    let deadline = if persistent { hard } else { idle.min(hard) };
     u64::try_from(deadline).unwrap_or(0)
 }
 

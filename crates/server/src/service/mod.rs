@@ -46,6 +46,8 @@ struct Origin<'x> {
     state_layers: &'x [String],
     /// A gVisor memory image to restore over them.
     memory_image: Option<&'x std::path::Path>,
+    /// The deadline (unix ms) the agent is started with.
+    deadline_unix_ms: u64,
 }
 
 /// Counts a create in flight against the capacity until dropped.
@@ -137,6 +139,13 @@ impl<'a> Service<'a> {
             tokio::spawn(async move { pool.refill(&st.runtime).await });
         }
         let mut memory = false;
+        // The agent's deadline as this sandbox's record will give it (idle
+        // TTL from now): a sandbox started here is started with it, and
+        // the touch below then has nothing to send. A warm one was started
+        // with the pool's deadline; a restored one has its source's.
+        let first_deadline =
+            state.first_agent_deadline(now_ms(), asked.ttl_seconds, asked.persistent);
+        let mut started_with = None;
         let (sandbox, warm_context) = match warm {
             Some(w) => {
                 // Pooled sandboxes are made with no network.
@@ -166,6 +175,7 @@ impl<'a> Service<'a> {
                                 Origin {
                                     state_layers: &lineage.state_layers,
                                     memory_image: Some(image),
+                                    deadline_unix_ms: first_deadline,
                                 },
                                 mounts.clone(),
                             )
@@ -192,18 +202,24 @@ impl<'a> Service<'a> {
                 let sandbox = match restored {
                     Some(s) => s,
                     None => {
-                        self.start(
-                            &template,
-                            limits,
-                            network,
-                            isolation,
-                            Origin {
-                                state_layers: &lineage.state_layers,
-                                memory_image: None,
-                            },
-                            mounts,
-                        )
-                        .await?
+                        let s = self
+                            .start(
+                                &template,
+                                limits,
+                                network,
+                                isolation,
+                                Origin {
+                                    state_layers: &lineage.state_layers,
+                                    memory_image: None,
+                                    deadline_unix_ms: first_deadline,
+                                },
+                                mounts,
+                            )
+                            .await?;
+                        // A restored agent keeps its source's deadline; a
+                        // started one has the deadline its record gives.
+                        started_with = Some(first_deadline);
+                        s
                     }
                 };
                 (sandbox, None)
@@ -247,12 +263,11 @@ impl<'a> Service<'a> {
         }
         let entry = Entry::new(sandbox, record, template, warm_context);
         // The record just written holds this activity: the touch only sends
-        // the agent its deadline.
-        entry
+        // the agent its deadline, unless it was started with it.
+        *entry
             .persisted
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .0 = now;
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = (now, started_with.unwrap_or(0));
         state.touch(&entry).await;
         let boot = started.elapsed();
         state.metrics.creations.fetch_add(1, Ordering::Relaxed);
@@ -441,7 +456,13 @@ impl<'a> Service<'a> {
                 template: template.name.clone(),
                 limits,
                 tied_to_process: false,
-                max_lifetime: Some(self.0.config.max_lifetime),
+                // The agent stops the sandbox by itself at this deadline,
+                // which the daemon moves on with the sandbox's activity.
+                max_lifetime: Some(Duration::from_millis(
+                    origin
+                        .deadline_unix_ms
+                        .saturating_sub(u64::try_from(now_ms()).unwrap_or(0)),
+                )),
                 network: Some(network),
                 isolation: Some(isolation),
                 state_layers,
