@@ -79,19 +79,11 @@ fn cgroup_dirs_named(id: &str) -> Vec<PathBuf> {
 /// named by it.
 fn processes_of(sandboxes: &Path, id: &str) -> Vec<String> {
     let dir = sandboxes.join(id);
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap_or_default();
-        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-        if cwd.starts_with(&dir) || cgroups.lines().any(|l| l.ends_with(&format!("/{id}"))) {
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            out.push(format!("{pid} ({})", comm.trim()));
-        }
-    }
-    out
+    host_processes()
+        .into_iter()
+        .filter(|p| p.cwd.starts_with(&dir) || p.in_cgroup_of(id))
+        .map(|p| format!("{} ({})", p.pid, p.comm))
+        .collect()
 }
 
 /// Host mounts whose mount point is under `dir`, but for the daemon's own

@@ -131,19 +131,11 @@ async fn config_file_flags_win_and_sigterm_lets_running_requests_finish() {
 
 /// Live (not zombie) host processes in sandbox `id`'s cgroups.
 fn live_processes_of(id: &str) -> Vec<i32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let state = stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
-        if cgroups.lines().any(|l| l.ends_with(&format!("/{id}"))) && state != Some(Some('Z')) {
-            out.push(pid);
-        }
-    }
-    out
+    host_processes()
+        .into_iter()
+        .filter(|p| p.in_cgroup_of(id) && p.state != 'Z')
+        .map(|p| p.pid)
+        .collect()
 }
 
 /// The idle TTL holds with no daemon at all: the agent is started with its

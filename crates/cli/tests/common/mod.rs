@@ -235,3 +235,52 @@ pub async fn act(d: &Daemon, id: &str, action: &str) -> u16 {
     )
     .await
 }
+
+/// A host process as the tests look at it.
+pub struct HostProcess {
+    pub pid: i32,
+    /// Its command name.
+    pub comm: String,
+    /// Its state letter (`Z`: a zombie).
+    pub state: char,
+    /// Its working directory.
+    pub cwd: PathBuf,
+    /// Its `/proc/PID/cgroup` lines.
+    pub cgroups: String,
+}
+
+impl HostProcess {
+    /// Whether it is in a cgroup named by sandbox `id`.
+    pub fn in_cgroup_of(&self, id: &str) -> bool {
+        let suffix = format!("/{id}");
+        self.cgroups.lines().any(|l| l.ends_with(&suffix))
+    }
+}
+
+/// Every process on the host (one that exits while it is read is left out).
+pub fn host_processes() -> Vec<HostProcess> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let state = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next())
+            .unwrap_or('?');
+        out.push(HostProcess {
+            pid,
+            comm: std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
+            state,
+            cwd: std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap_or_default(),
+            cgroups: std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default(),
+        });
+    }
+    out
+}
