@@ -135,6 +135,11 @@ const REFILL_DELAY: Duration = Duration::from_millis(100);
 #[derive(Debug, Default)]
 struct Pool {
     ready: Mutex<std::collections::VecDeque<Box<dyn Prepared>>>,
+    /// The spec of the last claim that a standby could have served (no
+    /// saved files, no volumes): standbys prepared from now on build
+    /// ahead with it ([`Prepared::build_ahead`]), as the next claim is
+    /// likely to ask for the same.
+    expected: Mutex<Option<StartSpec>>,
     refilling: AtomicBool,
     /// Set by [`Runtime::close_standbys`]: no more are prepared.
     closed: AtomicBool,
@@ -333,7 +338,20 @@ impl Runtime {
         {
             let spec = Self::prepare_spec(&SandboxOptions::default(), false);
             let backend = self.default_backend();
-            match tokio::task::spawn_blocking(move || backend.prepare(&spec)).await {
+            let ahead = self
+                .pool
+                .expected
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            let prepare = move || {
+                let mut standby = backend.prepare(&spec)?;
+                if let Some(ahead) = &ahead {
+                    standby.build_ahead(ahead)?;
+                }
+                Ok::<_, crate::backend::BackendError>(standby)
+            };
+            match tokio::task::spawn_blocking(prepare).await {
                 Ok(Ok(standby)) => self
                     .pool
                     .ready
@@ -434,6 +452,19 @@ impl Runtime {
         };
         let network = opts.network.clone().filter(|_| !host_network);
         let spec = Self::start_spec(&template, &opts, host_network);
+        if self.config.standby > 0
+            && !host_network
+            && isolation == self.default_isolation
+            && spec.state_layers.is_empty()
+            && spec.mounts.is_empty()
+            && spec.memory_image.is_none()
+        {
+            *self
+                .pool
+                .expected
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(spec.clone());
+        }
         let started = match standby {
             Some(standby) => {
                 let r = tokio::task::spawn_blocking(move || {

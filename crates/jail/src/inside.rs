@@ -92,8 +92,17 @@ pub fn bootstrap() -> Result<Bootstrap, SetupError> {
     }
     let mut sock = File::from(setup);
     let result = read_spec(&mut sock).and_then(|spec| {
-        tracing::debug!(sandbox = %spec.sandbox_id, "spec received");
-        build(&spec).map(|()| spec)
+        tracing::debug!(sandbox = %spec.sandbox_id, ahead = spec.ahead, "spec received");
+        // We were moved into our cgroup before we started: make it our root.
+        unshare(CloneFlags::CLONE_NEWCGROUP).map_err(step("unsharing the cgroup namespace"))?;
+        let spec = if spec.ahead {
+            claim_ahead(&spec, &mut sock)?
+        } else {
+            lay_root(&spec, Enter::Pivot)?;
+            spec
+        };
+        enter_root(&spec, Enter::Pivot)?;
+        Ok(spec)
     });
     match result {
         Ok(spec) => {
@@ -142,10 +151,136 @@ enum Enter {
     MoveAndChroot,
 }
 
-fn build(spec: &InitSpec) -> Result<(), SetupError> {
-    // We were moved into our cgroup before we started: make it our root.
-    unshare(CloneFlags::CLONE_NEWCGROUP).map_err(step("unsharing the cgroup namespace"))?;
-    build_root(spec, Enter::Pivot)
+/// Lays out the root of a spec a standby's host sent ahead of any claim
+/// ([`InitSpec::ahead`]), then waits for the claim's spec and returns it,
+/// its root laid out: the one laid ahead when the claim builds the same
+/// root (the writable layer resized in place if need be), else the
+/// claim's own, laid out after the first is taken apart. Only the claim's
+/// spec can fail the sandbox: a layout ahead that failed is taken apart
+/// and done again for the claim, which then reports its own error.
+fn claim_ahead(ahead: &InitSpec, sock: &mut File) -> Result<InitSpec, SetupError> {
+    let sources = host_sources(ahead);
+    let laid = lay_root(ahead, Enter::Pivot);
+    if let Err(e) = &laid {
+        tracing::debug!("laying out the root ahead of the claim failed: {e}");
+    }
+    let spec = read_spec(sock)?;
+    tracing::debug!(sandbox = %spec.sandbox_id, "spec of the claim received");
+    if spec.ahead {
+        return Err(step("reading the claim's spec")(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a second spec was sent ahead",
+        )));
+    }
+    let kept = match laid {
+        Ok(on_disk) if ahead.builds_same_root(&spec) && host_sources(&spec) == sources => {
+            resize_writable_layer(&spec, on_disk, ahead.disk_bytes)
+                .map_err(|e| tracing::debug!("resizing the writable layer failed: {e}"))
+                .is_ok()
+        }
+        _ => false,
+    };
+    if kept {
+        tracing::debug!("the root laid out ahead is the claim's");
+    } else {
+        take_apart(&ahead.staging_dir)?;
+        lay_root(&spec, Enter::Pivot)?;
+    }
+    Ok(spec)
+}
+
+/// The host paths a root laid out from `spec` is made of (the template's
+/// directories or layers, host paths and `/etc` entries, saved layers,
+/// volumes), each as its device and inode: a root laid out ahead is kept
+/// only if none was replaced since (a template deleted and built again at
+/// the same path, a host file renamed over), as the mounts still show
+/// what was there when they were made.
+fn host_sources(spec: &InitSpec) -> Vec<Option<(u64, u64)>> {
+    use std::os::unix::fs::MetadataExt;
+    let mut paths: Vec<PathBuf> = match &spec.rootfs {
+        RootfsSpec::Directory { path } => vec![path.clone()],
+        RootfsSpec::Layers { lowers, persist } => {
+            lowers.iter().cloned().chain(persist.clone()).collect()
+        }
+        RootfsSpec::Host { paths, etc } => paths
+            .iter()
+            .cloned()
+            .chain(etc.iter().map(|name| Path::new("/etc").join(name)))
+            .collect(),
+    };
+    paths.extend(spec.state_layers.iter().cloned());
+    paths.extend(spec.mounts.iter().map(|m| m.source.clone()));
+    paths
+        .iter()
+        .map(|p| fs::symlink_metadata(p).ok().map(|m| (m.dev(), m.ino())))
+        .collect()
+}
+
+/// Gives the writable layer laid out for `laid_bytes` the claim's size:
+/// a tmpfs is remounted with the claim's size and inode cap (which the
+/// kernel refuses below what it holds); a btrfs stage is capped by the
+/// host.
+fn resize_writable_layer(
+    spec: &InitSpec,
+    on_disk: bool,
+    laid_bytes: u64,
+) -> Result<(), SetupError> {
+    if on_disk || spec.disk_bytes == laid_bytes {
+        return Ok(());
+    }
+    mount(
+        None::<&str>,
+        &spec.staging_dir,
+        None::<&str>,
+        MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(tmpfs_size_options(spec.disk_bytes).as_str()),
+    )
+    .map_err(step("resizing the writable layer"))
+}
+
+/// The size options of a writable layer's tmpfs of `disk_bytes`.
+fn tmpfs_size_options(disk_bytes: u64) -> String {
+    format!(
+        "size={},nr_inodes={}",
+        disk_bytes.max(1 << 20),
+        inode_limit(disk_bytes)
+    )
+}
+
+/// Takes apart what [`lay_root`] laid out under `stage`, whole or in part,
+/// leaving the stage as the host made it: the descriptor kept on it
+/// closed, every mount under it detached, and on a btrfs stage (the
+/// writable layer itself, not a mount) the directories it made removed.
+fn take_apart(stage: &Path) -> Result<(), SetupError> {
+    use std::os::unix::fs::MetadataExt;
+    // The descriptor is closed only if it is the stage's: a layout that
+    // failed early may not have taken it.
+    // SAFETY: fstat only writes the struct it is given; a descriptor that
+    // is not open fails with EBADF.
+    let kept = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        (libc::fstat(STAGE_FD, &mut st) == 0).then_some(st)
+    };
+    if let (Some(kept), Ok(now)) = (kept, fs::metadata(stage)) {
+        if kept.st_dev == now.dev() && kept.st_ino == now.ino() {
+            // SAFETY: STAGE_FD is the descriptor `keep_stage_open` leaked
+            // on the stage (checked just above); nothing else owns it.
+            drop(unsafe { OwnedFd::from_raw_fd(STAGE_FD) });
+        }
+    }
+    // Not a mount point when the layout failed before it: nothing to detach.
+    let _ = umount2(&stage.join("root"), MntFlags::MNT_DETACH);
+    if crate::btrfs::is_subvolume(stage) {
+        for d in ["root", "upper", "work", "shm"] {
+            let path = stage.join(d);
+            if fs::symlink_metadata(&path).is_ok() {
+                fs::remove_dir_all(&path).map_err(step("taking apart the root laid out ahead"))?;
+            }
+        }
+    } else {
+        let _ = umount2(stage, MntFlags::MNT_DETACH);
+    }
+    Ok(())
 }
 
 /// Builds the sandbox's root inside a microVM guest, as [`bootstrap`] does
@@ -168,6 +303,14 @@ fn is_mount_point(path: &Path) -> bool {
 }
 
 fn build_root(spec: &InitSpec, enter: Enter) -> Result<(), SetupError> {
+    lay_root(spec, enter)?;
+    enter_root(spec, enter)
+}
+
+/// Lays out the sandbox's root filesystem under the stage: the writable
+/// layer, the template overlaid, `/etc`, `/proc`, `/dev` and the volumes.
+/// Returns whether the writable layer is the stage itself (on disk).
+fn lay_root(spec: &InitSpec, enter: Enter) -> Result<bool, SetupError> {
     let t0 = std::time::Instant::now();
     // Nothing we mount may propagate back to the host.
     mount(
@@ -195,14 +338,7 @@ fn build_root(spec: &InitSpec, enter: Enter) -> Result<(), SetupError> {
             stage,
             Some("tmpfs"),
             MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-            Some(
-                format!(
-                    "size={},nr_inodes={},mode=0755",
-                    spec.disk_bytes.max(1 << 20),
-                    inode_limit(spec.disk_bytes)
-                )
-                .as_str(),
-            ),
+            Some(format!("{},mode=0755", tmpfs_size_options(spec.disk_bytes)).as_str()),
         )
         .map_err(step("mounting the writable layer"))?;
     }
@@ -240,8 +376,19 @@ fn build_root(spec: &InitSpec, enter: Enter) -> Result<(), SetupError> {
     }
     populate(spec, &root, stage)?;
     bind_mounts(spec, &root)?;
-    let t_populate = t0.elapsed();
+    tracing::debug!(
+        root_us = crate::sys::micros(t_root),
+        populate_us = crate::sys::micros(t0.elapsed() - t_root),
+        "sandbox filesystem laid out"
+    );
+    Ok(on_disk)
+}
 
+/// Enters the root [`lay_root`] laid out, and sets the host name and
+/// loopback up.
+fn enter_root(spec: &InitSpec, enter: Enter) -> Result<(), SetupError> {
+    let t0 = std::time::Instant::now();
+    let root = spec.staging_dir.join("root");
     chdir(&root).map_err(step("entering the new root"))?;
     match enter {
         Enter::Pivot => {
@@ -264,10 +411,8 @@ fn build_root(spec: &InitSpec, enter: Enter) -> Result<(), SetupError> {
         crate::sys::loopback_up().map_err(step("bringing up loopback"))?;
     }
     tracing::debug!(
-        root_us = crate::sys::micros(t_root),
-        populate_us = crate::sys::micros(t_populate - t_root),
-        pivot_us = crate::sys::micros(t0.elapsed() - t_populate),
-        "sandbox filesystem built"
+        pivot_us = crate::sys::micros(t0.elapsed()),
+        "sandbox filesystem entered"
     );
     Ok(())
 }

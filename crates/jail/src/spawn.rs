@@ -291,6 +291,8 @@ pub struct Standby {
     cgroup_parent: String,
     /// Root of the sandbox on the host (owner of its egress directory).
     root_id: u32,
+    /// A spec was sent ahead ([`Standby::build_ahead`]).
+    built_ahead: bool,
     pidfd: OwnedFd,
     host_end: UnixStream,
     cleanup: Cleanup,
@@ -492,6 +494,7 @@ impl Standby {
             cgroup_limits: std::sync::Mutex::new(Some(CgroupLimits::of(&cfg.limits))),
             cgroup_parent: cfg.cgroup_parent.clone(),
             root_id: cfg.id_map.host_base,
+            built_ahead: false,
             pidfd,
             host_end,
             cleanup,
@@ -535,38 +538,59 @@ impl Standby {
         !sys::pidfd_wait_exit(self.pidfd.as_raw_fd(), 0).unwrap_or(true)
     }
 
-    /// Sends the spec and waits until the sandbox is ready.
-    pub fn start(mut self, cfg: &StartConfig) -> Result<Jail, SpawnError> {
-        let t0 = std::time::Instant::now();
-        let dir = self.cleanup.dir.clone();
-        let pid = self.cleanup.pid.expect("prepared");
-        self.set_limits(&cfg.limits)?;
-        if let Some(stage) = &self.stage {
-            if cfg.limits.disk_bytes != self.prepared_limits.disk_bytes {
-                crate::btrfs::limit(stage, cfg.limits.disk_bytes.max(1 << 20))?;
-            }
+    /// Sends `cfg`'s spec ahead of a claim, marked [`InitSpec::ahead`]: the
+    /// agent lays out that root filesystem now, off the claim's path, and
+    /// a [`Standby::start`] that asks for the same root only enters it
+    /// (one whose root differs gets its own, built then, as without this).
+    /// Returns at once: the agent reports nothing for it, and a failure
+    /// there shows only as the claim's start building its root itself.
+    /// Once per standby; the deadline and host tie are the claim's.
+    pub fn build_ahead(&mut self, cfg: &StartConfig) -> Result<(), SpawnError> {
+        if self.built_ahead {
+            return Ok(());
         }
+        let egress = self.egress_dir(cfg)?;
+        let enabled = egress.as_ref().is_some_and(|(_, on)| *on);
+        let socket = egress.map(|(dir, _)| dir.join(EGRESS_SOCKET_NAME));
+        let mut spec = self.init_spec(cfg, socket, enabled);
+        spec.ahead = true;
+        spec.deadline_unix_ms = None;
+        spec.exit_on_host_close = false;
+        send_spec(&mut self.host_end, &spec)?;
+        self.built_ahead = true;
+        Ok(())
+    }
+
+    /// The egress directory `cfg` asks for, made (owned by root of the
+    /// sandbox, 0700), and whether egress starts enabled.
+    fn egress_dir(&self, cfg: &StartConfig) -> Result<Option<(PathBuf, bool)>, SpawnError> {
         // The host's network namespace has no use for the proxy.
-        let egress_enabled = match cfg.egress {
-            EgressSocket::Socket { enabled } if !self.host_network => Some(enabled),
-            _ => None,
+        let enabled = match cfg.egress {
+            EgressSocket::Socket { enabled } if !self.host_network => enabled,
+            _ => return Ok(None),
         };
-        let egress = if egress_enabled.is_some() {
-            let sockets = dir.join(EGRESS_DIR);
-            fs::create_dir_all(&sockets).map_err(io_err(&sockets))?;
-            // Only root of the sandbox (the agent) may enter it, not the
-            // sandbox user.
-            let root = nix::unistd::Uid::from_raw(self.root_id);
-            let root_gid = nix::unistd::Gid::from_raw(self.root_id);
-            nix::unistd::chown(sockets.as_path(), Some(root), Some(root_gid))
-                .map_err(|e| io_err(&sockets)(e.into()))?;
-            fs::set_permissions(&sockets, fs::Permissions::from_mode(0o700))
-                .map_err(io_err(&sockets))?;
-            Some(bind_egress(&sockets)?)
-        } else {
-            None
-        };
-        let spec = InitSpec {
+        let sockets = self.cleanup.dir.join(EGRESS_DIR);
+        fs::create_dir_all(&sockets).map_err(io_err(&sockets))?;
+        // Only root of the sandbox (the agent) may enter it, not the
+        // sandbox user.
+        let root = nix::unistd::Uid::from_raw(self.root_id);
+        let root_gid = nix::unistd::Gid::from_raw(self.root_id);
+        nix::unistd::chown(sockets.as_path(), Some(root), Some(root_gid))
+            .map_err(|e| io_err(&sockets)(e.into()))?;
+        fs::set_permissions(&sockets, fs::Permissions::from_mode(0o700))
+            .map_err(io_err(&sockets))?;
+        Ok(Some((sockets, enabled)))
+    }
+
+    /// The agent's spec for `cfg`.
+    fn init_spec(
+        &self,
+        cfg: &StartConfig,
+        egress_socket: Option<PathBuf>,
+        egress_enabled: bool,
+    ) -> InitSpec {
+        let dir = &self.cleanup.dir;
+        InitSpec {
             sandbox_id: self.id.clone(),
             hostname: format!("runcell-{}", &self.id[..self.id.len().min(8)]),
             staging_dir: self.stage.clone().unwrap_or_else(|| dir.join("rootfs")),
@@ -578,19 +602,36 @@ impl Standby {
             host_network: self.host_network,
             env: cfg.env.clone(),
             workdir: cfg.workdir.clone(),
-            egress_socket: egress.as_ref().map(|(_, p)| p.clone()),
-            egress_enabled: egress_enabled.unwrap_or(false),
+            egress_socket,
+            egress_enabled,
             state_layers: cfg.state_layers.clone(),
             mounts: cfg.mounts.clone(),
+            ahead: false,
+        }
+    }
+
+    /// Sends the spec and waits until the sandbox is ready.
+    pub fn start(mut self, cfg: &StartConfig) -> Result<Jail, SpawnError> {
+        let t0 = std::time::Instant::now();
+        let dir = self.cleanup.dir.clone();
+        let pid = self.cleanup.pid.expect("prepared");
+        self.set_limits(&cfg.limits)?;
+        if let Some(stage) = &self.stage {
+            if cfg.limits.disk_bytes != self.prepared_limits.disk_bytes {
+                crate::btrfs::limit(stage, cfg.limits.disk_bytes.max(1 << 20))?;
+            }
+        }
+        let egress = match self.egress_dir(cfg)? {
+            Some((sockets, enabled)) => Some((bind_egress(&sockets)?, enabled)),
+            None => None,
         };
-        let spec = serde_json::to_vec(&spec).expect("spec serializes");
-        let mut msg = Vec::with_capacity(4 + spec.len());
-        let len = u32::try_from(spec.len())
-            .map_err(|_| SpawnError::Setup(io::Error::other("the sandbox spec is over 4 GiB")))?;
-        msg.extend_from_slice(&len.to_be_bytes());
-        msg.extend_from_slice(&spec);
+        let spec = self.init_spec(
+            cfg,
+            egress.as_ref().map(|((_, path), _)| path.clone()),
+            egress.as_ref().is_some_and(|(_, on)| *on),
+        );
+        send_spec(&mut self.host_end, &spec)?;
         let host_end = &mut self.host_end;
-        host_end.write_all(&msg).map_err(SpawnError::Setup)?;
         host_end
             .set_read_timeout(Some(cfg.ready_timeout))
             .map_err(SpawnError::Setup)?;
@@ -636,9 +677,20 @@ impl Standby {
             cgroup,
             stage: self.stage,
             _host_end: cfg.exit_on_host_close.then_some(self.host_end),
-            egress: egress.map(|(l, _)| l),
+            egress: egress.map(|((l, _), _)| l),
         })
     }
+}
+
+/// Sends the agent a spec: its length (4 bytes, big-endian), then JSON.
+fn send_spec(host_end: &mut UnixStream, spec: &InitSpec) -> Result<(), SpawnError> {
+    let spec = serde_json::to_vec(spec).expect("spec serializes");
+    let mut msg = Vec::with_capacity(4 + spec.len());
+    let len = u32::try_from(spec.len())
+        .map_err(|_| SpawnError::Setup(io::Error::other("the sandbox spec is over 4 GiB")))?;
+    msg.extend_from_slice(&len.to_be_bytes());
+    msg.extend_from_slice(&spec);
+    host_end.write_all(&msg).map_err(SpawnError::Setup)
 }
 
 impl Jail {
@@ -1297,11 +1349,14 @@ const EGRESS_DIR: &str = "egress";
 /// Binds `<sockets>/sock` (replacing a dead one), owned by the owner of
 /// `sockets` (root of the sandbox), 0600: connecting needs write permission,
 /// so only the agent can, not the sandbox user.
+/// The egress socket's name in its directory.
+const EGRESS_SOCKET_NAME: &str = "sock";
+
 fn bind_egress(sockets: &Path) -> Result<(UnixListener, PathBuf), SpawnError> {
     use std::os::unix::fs::MetadataExt;
     let owner = fs::metadata(sockets).map_err(io_err(sockets))?;
     // As long as the former `<dir>/egress.sock`: socket paths are short.
-    let path = sockets.join("sock");
+    let path = sockets.join(EGRESS_SOCKET_NAME);
     let _ = fs::remove_file(&path);
     let listener = crate::socket::bind(&path).map_err(io_err(&path))?;
     nix::unistd::chown(

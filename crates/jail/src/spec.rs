@@ -166,6 +166,32 @@ pub struct InitSpec {
     /// Host directories bound into the sandbox (volumes).
     #[serde(default)]
     pub mounts: Vec<BindMount>,
+    /// Sent by a standby's host before any claim, with what the last
+    /// claim asked for: the agent lays out the root filesystem now and
+    /// waits for the claim's own spec. When that spec builds the same root
+    /// ([`InitSpec::builds_same_root`]) the claim only enters it; else the
+    /// agent takes what it laid down apart and builds the claim's.
+    #[serde(default)]
+    pub ahead: bool,
+}
+
+impl InitSpec {
+    /// Whether `other` asks for the root filesystem this spec lays out:
+    /// the same in everything but what only matters once the root is laid
+    /// out (the deadline, the tie to the host, the processes' environment
+    /// and working directory, whether the egress proxy listens), the
+    /// writable layer's size (resized in place) and [`InitSpec::ahead`].
+    pub fn builds_same_root(&self, other: &InitSpec) -> bool {
+        let mut other = other.clone();
+        other.deadline_unix_ms = self.deadline_unix_ms;
+        other.exit_on_host_close = self.exit_on_host_close;
+        other.env.clone_from(&self.env);
+        other.workdir.clone_from(&self.workdir);
+        other.egress_enabled = self.egress_enabled;
+        other.disk_bytes = self.disk_bytes;
+        other.ahead = self.ahead;
+        *self == other
+    }
 }
 
 /// A host directory bound into the sandbox.
@@ -190,3 +216,85 @@ pub const STAGE_FD: i32 = 5;
 /// binds again at the same path (a restarted daemon) is the one the agent
 /// reaches.
 pub const EGRESS_SOCKET: &str = "/run/runcell/egress/sock";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> InitSpec {
+        InitSpec {
+            sandbox_id: "a".into(),
+            hostname: "runcell-a".into(),
+            staging_dir: "/state/a/rootfs".into(),
+            rootfs: RootfsSpec::Directory {
+                path: "/templates/t/rootfs".into(),
+            },
+            disk_bytes: 64 << 20,
+            user: SandboxUser::default(),
+            exit_on_host_close: false,
+            deadline_unix_ms: None,
+            host_network: false,
+            env: BTreeMap::new(),
+            workdir: None,
+            egress_socket: None,
+            egress_enabled: false,
+            state_layers: Vec::new(),
+            mounts: Vec::new(),
+            ahead: true,
+        }
+    }
+
+    #[test]
+    fn a_root_laid_out_ahead_serves_a_claim_that_differs_only_in_what_comes_after_it() {
+        let ahead = spec();
+        let claim = InitSpec {
+            ahead: false,
+            deadline_unix_ms: Some(1),
+            exit_on_host_close: true,
+            env: BTreeMap::from([("A".into(), "1".into())]),
+            workdir: Some("/work".into()),
+            egress_enabled: true,
+            disk_bytes: 1 << 30,
+            ..spec()
+        };
+        assert!(ahead.builds_same_root(&claim));
+        let others = [
+            InitSpec {
+                rootfs: RootfsSpec::Directory {
+                    path: "/templates/u/rootfs".into(),
+                },
+                ..claim.clone()
+            },
+            InitSpec {
+                hostname: "runcell-b".into(),
+                ..claim.clone()
+            },
+            InitSpec {
+                mounts: vec![BindMount {
+                    source: "/volumes/v".into(),
+                    target: "/data".into(),
+                    read_only: false,
+                }],
+                ..claim.clone()
+            },
+            InitSpec {
+                egress_socket: Some("/state/a/egress/sock".into()),
+                ..claim.clone()
+            },
+            InitSpec {
+                user: SandboxUser {
+                    uid: 1001,
+                    ..SandboxUser::default()
+                },
+                ..claim.clone()
+            },
+            InitSpec {
+                state_layers: vec!["/snapshots/s".into()],
+                ..claim.clone()
+            },
+        ];
+        for other in others {
+            assert!(!ahead.builds_same_root(&other), "{other:?}");
+        }
+    }
+}

@@ -923,6 +923,7 @@ impl GvisorPrepared {
             state_layers: spec.state_layers.clone(),
             // runsc mounts the volumes (the spec's mounts), not the agent.
             mounts: Vec::new(),
+            ahead: false,
         };
         let root = runcell_jail::gvisor::compose_rootfs(&init, &dir.join(ROOTFS_DIR))
             .map_err(GvisorError::Rootfs)?;

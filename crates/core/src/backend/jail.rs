@@ -146,21 +146,28 @@ impl Prepared for Standby {
         Standby::is_alive(self)
     }
 
+    fn build_ahead(&mut self, spec: &StartSpec) -> Result<(), BackendError> {
+        Ok(Standby::build_ahead(self, &start_config(spec))?)
+    }
+
     fn start(self: Box<Self>, spec: &StartSpec) -> Result<Box<dyn Instance>, BackendError> {
-        let cfg = StartConfig {
-            rootfs: spec.rootfs.clone(),
-            limits: spec.limits,
-            user: spec.user.clone(),
-            exit_on_host_close: spec.tied_to_process,
-            deadline_unix_ms: spec.deadline_unix_ms,
-            ready_timeout: SETUP_TIMEOUT,
-            env: spec.env.clone(),
-            workdir: spec.workdir.clone(),
-            egress: spec.egress,
-            state_layers: spec.state_layers.clone(),
-            mounts: spec.mounts.clone(),
-        };
-        Ok(Box::new(Standby::start(*self, &cfg)?))
+        Ok(Box::new(Standby::start(*self, &start_config(spec))?))
+    }
+}
+
+fn start_config(spec: &StartSpec) -> StartConfig {
+    StartConfig {
+        rootfs: spec.rootfs.clone(),
+        limits: spec.limits,
+        user: spec.user.clone(),
+        exit_on_host_close: spec.tied_to_process,
+        deadline_unix_ms: spec.deadline_unix_ms,
+        ready_timeout: SETUP_TIMEOUT,
+        env: spec.env.clone(),
+        workdir: spec.workdir.clone(),
+        egress: spec.egress,
+        state_layers: spec.state_layers.clone(),
+        mounts: spec.mounts.clone(),
     }
 }
 

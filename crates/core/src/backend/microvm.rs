@@ -778,6 +778,7 @@ impl MicrovmBackend {
                     read_only: m.read_only,
                 })
                 .collect(),
+            ahead: false,
         };
         let spec_json = serde_json::to_vec(&init).unwrap_or_default();
 

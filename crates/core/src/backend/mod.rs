@@ -230,6 +230,15 @@ pub trait Prepared: Send + fmt::Debug {
     /// Whether its agent is still waiting.
     fn is_alive(&self) -> bool;
 
+    /// Does what it can of starting with `spec` ahead of a claim, which
+    /// is likely to ask for the same (the last claim's spec): the jail
+    /// lays out that root filesystem. A start with another spec works as
+    /// without it. Returns at once; nothing by default.
+    fn build_ahead(&mut self, spec: &StartSpec) -> Result<(), BackendError> {
+        let _ = spec;
+        Ok(())
+    }
+
     /// Sends the spec and waits until the sandbox is ready.
     fn start(self: Box<Self>, spec: &StartSpec) -> Result<Box<dyn Instance>, BackendError>;
 }
