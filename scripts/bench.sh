@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sandbox start-up benchmark: runcell beside bare python3, bwrap and gVisor in
 # one run. Needs root. Usage: sudo ./scripts/bench.sh [--iterations N]
-# The HTTP API benchmark: sudo ./scripts/bench.sh --api [--iterations N]
+# The HTTP API benchmark (and one sandbox phase by phase beside bare python3):
+#   sudo ./scripts/bench.sh --api [--iterations N]
 # Code-interpreter first result (needs the code-interpreter template):
 #   sudo ./scripts/bench.sh --interp [--iterations N]
 # Isolation backends (jail, gVisor, microVM) beside python3, bwrap, runsc:

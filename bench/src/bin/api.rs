@@ -1,7 +1,11 @@
 //! The HTTP API's own cost, in one run: create + exec `python3 -c pass` +
 //! delete through `runcell serve` on loopback (sequential, then 16 and 64
 //! concurrent clients), beside the same work through the library with the
-//! same standby pool (the direct path) and `runcell run python -c pass`.
+//! same standby pool (the direct path) and `runcell run python -c pass`;
+//! then where one sandbox's time goes through the API, phase by phase, as
+//! `runcell run` uses it (create, the program `pass` through
+//! `exec/stream`, a second run in the same sandbox, delete), beside bare
+//! `/usr/bin/python3 -c pass` in the same loop.
 //!
 //! Run with `sudo ./scripts/bench.sh --api`.
 
@@ -81,6 +85,54 @@ impl Api {
         }
         Ok(t.elapsed())
     }
+
+    /// Runs `pass` as a Python program through `exec/stream`, as
+    /// `runcell run` does (no shell); the time to the stream's end.
+    async fn run_pass(&self, id: &str) -> Result<Duration, String> {
+        let t = Instant::now();
+        let r = self
+            .req(Method::POST, &format!("/v1/sandboxes/{id}/exec/stream"))
+            .json(&json!({"cmd": "pass", "language": "python", "exact_output": true}))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let body = r.text().await.map_err(|e| e.to_string())?;
+        if !body.contains("\"exit_code\":0") {
+            return Err(format!("run: {body}"));
+        }
+        Ok(t.elapsed())
+    }
+
+    /// One sandbox phase by phase: create, first run, second run, delete.
+    async fn phases(&self) -> Result<[Duration; 4], String> {
+        let t = Instant::now();
+        let r = self
+            .req(Method::POST, "/v1/sandboxes")
+            .json(&json!({"template": "host"}))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if r.status() != 201 {
+            return Err(format!("create: {}", r.status()));
+        }
+        let id = r.json::<Value>().await.map_err(|e| e.to_string())?["id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let create = t.elapsed();
+        let first = self.run_pass(&id).await?;
+        let second = self.run_pass(&id).await?;
+        let t = Instant::now();
+        let r = self
+            .req(Method::DELETE, &format!("/v1/sandboxes/{id}"))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if r.status() != 204 {
+            return Err(format!("delete: {}", r.status()));
+        }
+        Ok([create, first, second, t.elapsed()])
+    }
 }
 
 async fn concurrent(
@@ -157,6 +209,8 @@ async fn main() {
     }
 
     let (mut seq_api, mut seq_direct, mut cli) = (Vec::new(), Vec::new(), Vec::new());
+    let mut phases: [Vec<Duration>; 4] = Default::default();
+    let mut bare = Vec::new();
     let mut errors = 0;
     for _ in 0..args.iterations {
         // Between requests, as a daemon is, the pools have refilled.
@@ -197,8 +251,31 @@ async fn main() {
             .success();
         assert!(ok);
         cli.push(t.elapsed());
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        match api.phases().await {
+            Ok(p) => {
+                for (v, d) in phases.iter_mut().zip(p) {
+                    v.push(d);
+                }
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                errors += 1
+            }
+        }
+        let t = Instant::now();
+        let ok = Command::new("/usr/bin/python3")
+            .args(["-c", "pass"])
+            .status()
+            .expect("python3")
+            .success();
+        assert!(ok);
+        bare.push(t.elapsed());
     }
-    for v in [&mut seq_api, &mut seq_direct, &mut cli] {
+    for v in [&mut seq_api, &mut seq_direct, &mut cli, &mut bare]
+        .into_iter()
+        .chain(phases.iter_mut())
+    {
         v.sort();
     }
     let (c16, e16, w16) = concurrent(&api, 16, args.per_client).await;
@@ -232,6 +309,23 @@ async fn main() {
     println!(
         "\nAPI cost over the direct path (p50): {:.1} ms",
         pct(&seq_api, 0.5) - pct(&seq_direct, 0.5)
+    );
+    println!("\nOne sandbox through the API, phase by phase (the program `pass` through `exec/stream`, as `runcell run` sends it):\n");
+    println!("| phase | p50 ms | p95 ms |");
+    println!("|---|---:|---:|");
+    let labels = [
+        "create (standby pool)",
+        "first run in the sandbox",
+        "second run in the same sandbox",
+        "delete",
+    ];
+    for (label, v) in labels.iter().zip(&phases) {
+        println!("| {label} | {:.2} | {:.2} |", pct(v, 0.5), pct(v, 0.95));
+    }
+    println!(
+        "| bare `/usr/bin/python3 -c pass`, same loop | {:.2} | {:.2} |",
+        pct(&bare, 0.5),
+        pct(&bare, 0.95)
     );
     let _ = std::fs::remove_dir_all(&data);
 }
