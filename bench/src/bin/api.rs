@@ -50,8 +50,8 @@ impl Api {
         self.daemon.request(&self.http, method, path)
     }
 
-    async fn cycle(&self) -> Result<Duration, String> {
-        let t = Instant::now();
+    /// Creates a sandbox from `host`; its id.
+    async fn create(&self) -> Result<String, String> {
         let r = self
             .req(Method::POST, "/v1/sandboxes")
             .json(&json!({"template": "host"}))
@@ -61,10 +61,27 @@ impl Api {
         if r.status() != 201 {
             return Err(format!("create: {}", r.status()));
         }
-        let id = r.json::<Value>().await.map_err(|e| e.to_string())?["id"]
+        Ok(r.json::<Value>().await.map_err(|e| e.to_string())?["id"]
             .as_str()
             .unwrap_or_default()
-            .to_string();
+            .to_string())
+    }
+
+    async fn delete(&self, id: &str) -> Result<(), String> {
+        let r = self
+            .req(Method::DELETE, &format!("/v1/sandboxes/{id}"))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if r.status() != 204 {
+            return Err(format!("delete: {}", r.status()));
+        }
+        Ok(())
+    }
+
+    async fn cycle(&self) -> Result<Duration, String> {
+        let t = Instant::now();
+        let id = self.create().await?;
         let r = self
             .req(Method::POST, &format!("/v1/sandboxes/{id}/exec"))
             .json(&json!({"cmd": "/usr/bin/python3 -c pass"}))
@@ -75,14 +92,7 @@ impl Api {
         if body["exit_code"] != 0 {
             return Err(format!("exec: {body}"));
         }
-        let r = self
-            .req(Method::DELETE, &format!("/v1/sandboxes/{id}"))
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        if r.status() != 204 {
-            return Err(format!("delete: {}", r.status()));
-        }
+        self.delete(&id).await?;
         Ok(t.elapsed())
     }
 
@@ -106,31 +116,12 @@ impl Api {
     /// One sandbox phase by phase: create, first run, second run, delete.
     async fn phases(&self) -> Result<[Duration; 4], String> {
         let t = Instant::now();
-        let r = self
-            .req(Method::POST, "/v1/sandboxes")
-            .json(&json!({"template": "host"}))
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        if r.status() != 201 {
-            return Err(format!("create: {}", r.status()));
-        }
-        let id = r.json::<Value>().await.map_err(|e| e.to_string())?["id"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
+        let id = self.create().await?;
         let create = t.elapsed();
         let first = self.run_pass(&id).await?;
         let second = self.run_pass(&id).await?;
         let t = Instant::now();
-        let r = self
-            .req(Method::DELETE, &format!("/v1/sandboxes/{id}"))
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        if r.status() != 204 {
-            return Err(format!("delete: {}", r.status()));
-        }
+        self.delete(&id).await?;
         Ok([create, first, second, t.elapsed()])
     }
 }
