@@ -278,3 +278,24 @@ pub fn report(err: &dyn std::error::Error) {
     }
     eprintln!("{msg}");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// A command `runcell` parses but does not list would still be handed
+    /// to `runcell-full` (right, but slow); one it lists but cannot parse
+    /// would be too. The list is the parser's.
+    #[test]
+    fn the_commands_runcell_runs_itself_are_the_ones_it_parses() {
+        let mut parsed: Vec<String> = FrontCli::command()
+            .get_subcommands()
+            .map(|c| c.get_name().to_string())
+            .collect();
+        parsed.sort();
+        let mut listed: Vec<String> = FRONT_COMMANDS.iter().map(|c| c.to_string()).collect();
+        listed.sort();
+        assert_eq!(parsed, listed);
+    }
+}
