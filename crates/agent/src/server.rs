@@ -204,7 +204,9 @@ async fn enforce_deadline(mut rx: watch::Receiver<Option<u64>>) {
 async fn connection(agent: Arc<Agent>, conn: u64, stream: Box<dyn Conn>) {
     // Counted until both halves are gone (declared first, dropped last).
     let _open = checkpoint::open();
-    let (mut rd, mut wr) = tokio::io::split(stream);
+    let (rd, mut wr) = tokio::io::split(stream);
+    // A frame's length, header and body in one read when they are there.
+    let mut rd = tokio::io::BufReader::new(rd);
     let (tx, mut rx) = mpsc::channel::<Frame<ServerMessage>>(64);
     let writer = tokio::spawn(async move {
         loop {

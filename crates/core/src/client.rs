@@ -10,8 +10,13 @@ use runcell_protocol::{
     read_frame, write_frame, ClientMessage, CodecError, ErrorKind, Event, Frame, Request,
     ServerMessage, PROTOCOL_VERSION,
 };
+use tokio::io::BufReader;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
+
+/// The agent's side of a connection, buffered: a frame's length, header
+/// and body come in one read when they are there, not one read each.
+type Reader = BufReader<OwnedReadHalf>;
 use tokio::sync::mpsc;
 
 /// Errors talking to an agent.
@@ -130,7 +135,7 @@ impl Replies {
 impl AgentClient {
     /// Connects and checks the agent's hello.
     pub async fn connect(path: &Path) -> Result<Self, ClientError> {
-        let (rd, wr, sandbox_id) = open(path).await?;
+        let (rd, wr, sandbox_id) = open(path, None).await?;
         let pending: Pending = Arc::default();
         let reader = spawn_reader(rd, pending.clone());
         Ok(Self {
@@ -148,7 +153,7 @@ impl AgentClient {
     /// agent does for a checkpoint): requests from here on go over the new
     /// connection; those that waited on the old one have ended.
     pub async fn reconnect(&self) -> Result<(), ClientError> {
-        let (rd, wr, _) = open(&self.path).await?;
+        let (rd, wr, _) = open(&self.path, None).await?;
         let mut writer = self.writer.lock().await;
         let mut reader = self
             .reader
@@ -175,11 +180,32 @@ impl AgentClient {
     ) -> Result<Replies, ClientError> {
         // Counted as this sandbox's work, not the new connection's.
         let work = is_work(&request).then(|| WorkGuard::new(&self.work));
-        let conn = Box::new(AgentClient::connect(&self.path).await?);
-        let mut replies = conn.request(request, body).await?;
-        replies.own = Some(conn);
-        replies._work = work;
-        Ok(replies)
+        // The request goes out with the connection, before the agent's
+        // hello is read (it is still read and checked): this agent's hello
+        // was checked when it was first reached, and a running agent does
+        // not change its protocol, so waiting for it first only added a
+        // round trip to the agent to every exec.
+        const ID: u64 = 1;
+        let frame = Frame::with_body(ClientMessage { id: ID, request }, body);
+        let (rd, wr, sandbox_id) = open(&self.path, Some(&frame)).await?;
+        let (tx, rx) = mpsc::channel(16);
+        let pending: Pending = Arc::new(Mutex::new(HashMap::from([(ID, tx)])));
+        let reader = spawn_reader(rd, pending.clone());
+        let conn = Box::new(Self {
+            writer: tokio::sync::Mutex::new(wr),
+            pending,
+            next_id: AtomicU64::new(ID + 1),
+            reader: Mutex::new(reader),
+            sandbox_id,
+            path: self.path.clone(),
+            work: Arc::default(),
+        });
+        Ok(Replies {
+            rx,
+            id: ID,
+            own: Some(conn),
+            _work: work,
+        })
     }
 
     /// The sandbox id the agent reported.
@@ -234,16 +260,23 @@ impl AgentClient {
     }
 }
 
-/// Connects to the agent at `path` and reads its hello: the connection's
-/// halves and the sandbox id it reported.
-async fn open(path: &Path) -> Result<(OwnedReadHalf, OwnedWriteHalf, String), ClientError> {
+/// Connects to the agent at `path`, sends `first` if given, and reads the
+/// agent's hello: the connection's halves and the sandbox id it reported.
+async fn open(
+    path: &Path,
+    first: Option<&Frame<ClientMessage>>,
+) -> Result<(Reader, OwnedWriteHalf, String), ClientError> {
     // However deep the sandbox's directory is (sun_path holds 107 bytes).
     let short = runcell_jail::socket::SocketPath::new(path).map_err(ClientError::Connect)?;
     let stream = UnixStream::connect(short.path())
         .await
         .map_err(ClientError::Connect)?;
     drop(short);
-    let (mut rd, wr) = stream.into_split();
+    let (rd, mut wr) = stream.into_split();
+    if let Some(frame) = first {
+        write_frame(&mut wr, frame).await?;
+    }
+    let mut rd = BufReader::new(rd);
     let hello: Frame<ServerMessage> = read_frame(&mut rd).await?.ok_or(ClientError::Closed)?;
     let sandbox_id = match hello.header.event {
         Event::Hello {
@@ -266,7 +299,7 @@ async fn open(path: &Path) -> Result<(OwnedReadHalf, OwnedWriteHalf, String), Cl
 
 /// Reads the agent's replies on `rd` and hands them to their requests in
 /// `p`; when the connection ends, every request still waiting ends too.
-fn spawn_reader(mut rd: OwnedReadHalf, p: Pending) -> tokio::task::JoinHandle<()> {
+fn spawn_reader(mut rd: Reader, p: Pending) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             let frame: Frame<ServerMessage> = match read_frame(&mut rd).await {

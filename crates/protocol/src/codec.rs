@@ -121,12 +121,27 @@ where
     let mut prefix = [0u8; 8];
     prefix[..4].copy_from_slice(&total.to_be_bytes());
     prefix[4..].copy_from_slice(&header_len.to_be_bytes());
-    writer.write_all(&prefix).await?;
-    writer.write_all(&header).await?;
-    writer.write_all(&frame.body).await?;
+    if frame.body.len() <= COALESCE_BODY {
+        // One write: a reader waiting on the socket wakes once for the
+        // whole frame, not once per part (most frames are a request, an
+        // event or a chunk of output, and their parts are small).
+        let mut whole = Vec::with_capacity(8 + header.len() + frame.body.len());
+        whole.extend_from_slice(&prefix);
+        whole.extend_from_slice(&header);
+        whole.extend_from_slice(&frame.body);
+        writer.write_all(&whole).await?;
+    } else {
+        writer.write_all(&prefix).await?;
+        writer.write_all(&header).await?;
+        writer.write_all(&frame.body).await?;
+    }
     writer.flush().await?;
     Ok(())
 }
+
+/// The largest body [`write_frame`] copies to send its frame in one write;
+/// a larger one (a file's contents) goes in a write of its own.
+const COALESCE_BODY: usize = 64 << 10;
 
 #[cfg(test)]
 mod tests {
@@ -152,6 +167,53 @@ mod tests {
             .await
             .unwrap()
             .is_none());
+    }
+
+    /// Counts the writes a frame takes.
+    struct Writes(Vec<Vec<u8>>);
+
+    impl tokio::io::AsyncWrite for Writes {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            self.0.push(buf.to_vec());
+            std::task::Poll::Ready(Ok(buf.len()))
+        }
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_small_frame_is_one_write_and_a_large_body_its_own() {
+        for (body_len, writes) in [(0, 1), (100, 1), (COALESCE_BODY, 1), (COALESCE_BODY + 1, 3)] {
+            let frame = Frame::with_body(
+                ServerMessage {
+                    id: 3,
+                    event: Event::Stdout,
+                },
+                (0..body_len)
+                    .map(|i| u8::try_from(i % 251).unwrap())
+                    .collect(),
+            );
+            let mut out = Writes(Vec::new());
+            write_frame(&mut out, &frame).await.unwrap();
+            assert_eq!(out.0.len(), writes, "a body of {body_len} bytes");
+            let bytes = out.0.concat();
+            let back: Frame<ServerMessage> = read_frame(&mut &bytes[..]).await.unwrap().unwrap();
+            assert_eq!(back, frame, "a body of {body_len} bytes");
+        }
     }
 
     #[tokio::test]
