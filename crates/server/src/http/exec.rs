@@ -176,13 +176,19 @@ pub(crate) async fn exec_stream(
     let opts = run_options(&state, &e, &req)?;
     state.touch(&e).await;
     let (tx, response) = super::stream::sse_channel();
+    let (begun, begun_rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
-        let result = stream_exec(&e, &req, &opts, tx).await;
+        let result = stream_exec(&e, &req, &opts, tx, begun).await;
         state.touch(&e).await;
         if let Err(err) = result {
             tracing::info!(sandbox = %e.sandbox.id(), "exec stream ended: {err}");
         }
     });
+    // The answer goes out once the program has started (or failed to): the
+    // task starting it runs at once on this thread while this waits, rather
+    // than after the answer's headers are written, which took a wake-up
+    // of its own before the sandbox's agent heard of the exec.
+    let _ = begun_rx.await;
     Ok(response)
 }
 
@@ -210,6 +216,7 @@ async fn stream_exec(
     req: &ExecReq,
     opts: &RunOptions,
     mut tx: super::stream::SseSender,
+    begun: tokio::sync::oneshot::Sender<()>,
 ) -> Result<(), StreamError> {
     use super::stream::{error_event, SendError, Utf8Carry};
     use runcell_core::RunEvent;
@@ -222,6 +229,7 @@ async fn stream_exec(
                 .await
         }
     };
+    let _ = begun.send(());
     let mut run = match started {
         Ok(r) => r,
         Err(err) => {
