@@ -143,7 +143,7 @@ pub fn front_main() -> ExitCode {
     let Ok(cli) = FrontCli::try_parse() else {
         return exec_full();
     };
-    init_tracing();
+    init_front_tracing();
     match cli.command {
         Front::Run(args) => run_command(args, cli.globals),
         Front::Remote(command) => remote_command(command),
@@ -168,6 +168,26 @@ fn exec_full() -> ExitCode {
         full.display()
     );
     ExitCode::from(125)
+}
+
+/// The front's log filter: `RUNCELL_LOG` read as per-target levels
+/// (`warn,runcell_core=debug`), which is what a run's logs need, without
+/// the span and field matching (and the regex engine) of the full binary's
+/// filter.
+fn init_front_tracing() {
+    let filter = std::env::var("RUNCELL_LOG")
+        .ok()
+        .and_then(|s| s.parse::<tracing_subscriber::filter::Targets>().ok())
+        .unwrap_or_else(|| {
+            tracing_subscriber::filter::Targets::new()
+                .with_default(tracing_subscriber::filter::LevelFilter::WARN)
+        });
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(filter)
+        .init();
 }
 
 fn init_tracing() {
