@@ -645,23 +645,26 @@ async fn pump(
     let Ok(mut rx) = pipe::Receiver::from_owned_fd(fd) else {
         return (0, false);
     };
-    let mut buf = vec![0u8; 64 * 1024];
+    // Read into its spare capacity: never zeroed (an exec that prints
+    // nothing touches none of it).
+    let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
     let mut total = 0u64;
     let mut forwarded = 0u64;
     let mut after_stop = 0u64;
     let mut cut = false;
     loop {
+        buf.clear();
         let n = if *stop.borrow() {
             // After the grace, read on while data keeps coming (the pump may
             // have been held back by a slow host for longer than the grace,
             // with the pipe still full); stop once it stays empty.
-            match tokio::time::timeout(EMPTY_WAIT, rx.read(&mut buf)).await {
+            match tokio::time::timeout(EMPTY_WAIT, rx.read_buf(&mut buf)).await {
                 Ok(Ok(0)) | Ok(Err(_)) | Err(_) => break,
                 Ok(Ok(n)) => n,
             }
         } else {
             tokio::select! {
-                r = rx.read(&mut buf) => match r { Ok(0) | Err(_) => break, Ok(n) => n },
+                r = rx.read_buf(&mut buf) => match r { Ok(0) | Err(_) => break, Ok(n) => n },
                 _ = stop.wait_for(|s| *s) => continue,
             }
         };
