@@ -625,7 +625,7 @@ pub async fn exec(args: ExecArgs) -> u8 {
         timeout: args.timeout,
         env: args.env.into_iter().collect(),
         cwd: args.cwd,
-        background: false,
+        ..ExecOptions::default()
     };
     if args.conn.json {
         return outcome(async move {

@@ -322,13 +322,17 @@ async fn through_daemon(
         }
         made = client.create_sandbox(&request) => made.map_err(NoDaemon::Create)?,
     };
+    // The daemon deletes the sandbox once the program has run: no DELETE
+    // (and no round trip) after a run that streamed to its end.
     let opts = runcell_client::ExecOptions {
         env: args.env.iter().cloned().collect(),
+        delete_after: true,
         ..Default::default()
     };
+    let mut streamed = false;
     let status = wait_for_run(
         async {
-            client
+            let end = client
                 .run_code_stream(
                     &sandbox.id,
                     language.name(),
@@ -339,21 +343,30 @@ async fn through_daemon(
                         echo(stream == runcell_client::Stream::Stderr, bytes);
                     },
                 )
-                .await
-                .map(|end| match end.error {
-                    Some(error) => Ended::Failed(error),
-                    None => Ended::Exited {
-                        status: end.exit_code,
-                        messages: end.messages,
-                    },
-                })
+                .await;
+            streamed = end.is_ok();
+            end.map(|end| match end.error {
+                Some(error) => Ended::Failed(error),
+                None => Ended::Exited {
+                    status: end.exit_code,
+                    messages: end.messages,
+                },
+            })
         },
         interrupts,
     )
     .await;
-    if let Err(e) = client.delete_sandbox(&sandbox.id).await {
-        report(&e);
-        return Ok(125);
+    // Interrupted, or the stream failed: the daemon deletes it too once
+    // it sees the stream closed; this makes sure, at once (a sandbox the
+    // daemon has deleted meanwhile is no longer there to find).
+    if !streamed {
+        match client.delete_sandbox(&sandbox.id).await {
+            Err(e) if e.status() != Some(404) => {
+                report(&e);
+                return Ok(125);
+            }
+            _ => {}
+        }
     }
     Ok(status)
 }

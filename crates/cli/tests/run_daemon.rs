@@ -215,3 +215,131 @@ async fn the_exec_extensions_refuse_what_they_cannot_run_naming_the_field() {
         .unwrap();
     assert_eq!(resp.status(), 204);
 }
+
+/// `delete_after` deletes the sandbox once its exec has run, after the
+/// answer, on both exec routes, whatever the program's end; a request
+/// refused before it runs leaves the sandbox; `runcell run` uses it and
+/// leaves nothing behind.
+#[tokio::test(flavor = "multi_thread")]
+async fn delete_after_deletes_the_sandbox_once_its_exec_has_run() {
+    let r = runner();
+    let d = &r.daemon;
+    let create = || async {
+        let sb: Value = d
+            .req(reqwest::Method::POST, "/v1/sandboxes")
+            .json(&serde_json::json!({"template": "host", "ttl_seconds": 300}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        sb["id"].as_str().unwrap().to_string()
+    };
+    let status_of = |id: String| async move {
+        d.req(reqwest::Method::GET, &format!("/v1/sandboxes/{id}"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+    };
+    // Refused before it runs (args without language): the sandbox stays.
+    let id = create().await;
+    let resp = d
+        .req(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/exec"))
+        .json(&serde_json::json!({"cmd": "echo", "args": ["a"], "delete_after": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    assert_eq!(status_of(id.clone()).await, 200);
+    // The plain exec answers in full, then the sandbox is gone, with why.
+    let resp = d
+        .req(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/exec"))
+        .json(&serde_json::json!({"cmd": "echo kept; exit 3", "delete_after": true}))
+        .send()
+        .await
+        .unwrap();
+    let out: Value = resp.json().await.unwrap();
+    assert_eq!(
+        (out["stdout"].as_str(), out["exit_code"].as_i64()),
+        (Some("kept\n"), Some(3)),
+        "{out}"
+    );
+    let gone = d
+        .req(reqwest::Method::GET, &format!("/v1/sandboxes/{id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gone.status(), 404);
+    let err: Value = gone.json().await.unwrap();
+    assert!(
+        err["error"].as_str().unwrap().contains("delete_after"),
+        "{err}"
+    );
+    // The stream sends its closing event, then the sandbox goes, also
+    // after a timeout.
+    for (body, closing) in [
+        (
+            serde_json::json!({"cmd": "print('streamed')", "language": "python", "exact_output": true, "delete_after": true}),
+            "event: exit",
+        ),
+        (
+            serde_json::json!({"cmd": "sleep 30", "timeout_seconds": 0.5, "delete_after": true}),
+            "event: ",
+        ),
+    ] {
+        let id = create().await;
+        let text = d
+            .req(
+                reqwest::Method::POST,
+                &format!("/v1/sandboxes/{id}/exec/stream"),
+            )
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(text.contains(closing), "{body}: {text}");
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while status_of(id.clone()).await != 404 {
+            assert!(
+                Instant::now() < deadline,
+                "{body}: the sandbox is still there"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // Without it the sandbox stays.
+    let id = create().await;
+    let resp = d
+        .req(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/exec"))
+        .json(&serde_json::json!({"cmd": "true"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(status_of(id.clone()).await, 200);
+    // runcell run: nothing is left once it returns (its sandbox's TTL is
+    // 5 s; this looks well before).
+    let before = r.sandboxes().len();
+    let out = r
+        .cmd()
+        .args(["run", "python", "-c", "print(6*7)"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "42\n");
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while r.sandboxes().len() != before {
+        assert!(Instant::now() < deadline, "{:?}", r.sandboxes());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let resp = d
+        .req(reqwest::Method::DELETE, &format!("/v1/sandboxes/{id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 204);
+}

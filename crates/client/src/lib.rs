@@ -458,6 +458,9 @@ pub struct ExecOptions {
     /// Keep the processes the command leaves behind (`cmd &`, daemons)
     /// running after it returns; by default they are killed with it.
     pub background: bool,
+    /// Delete the sandbox once the exec has run, however it ended (runcell
+    /// extension): a one-shot run then needs no `DELETE`.
+    pub delete_after: bool,
 }
 
 impl ExecOptions {
@@ -471,6 +474,9 @@ impl ExecOptions {
         }
         if let Some(c) = &self.cwd {
             body["cwd"] = c.clone().into();
+        }
+        if self.delete_after {
+            body["delete_after"] = true.into();
         }
         body
     }

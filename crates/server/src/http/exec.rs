@@ -45,7 +45,17 @@ pub(crate) struct ExecReq {
     /// event (`messages`, `timed_out`), which also ends a timed-out exec.
     #[serde(default)]
     exact_output: bool,
+    /// Delete the sandbox once this exec has run, however it ended
+    /// (runcell extension, what `runcell run` uses): the answer, or the
+    /// stream's closing event, goes out first; a request refused before
+    /// the exec runs (a 4xx) leaves the sandbox as it is. Saves a one-shot
+    /// run the round trip of its `DELETE`.
+    #[serde(default)]
+    delete_after: bool,
 }
+
+/// Why a sandbox deleted by its exec's `delete_after` ended.
+const DELETED_AFTER_EXEC: &str = "deleted after its exec (delete_after)";
 
 /// What an exec request runs.
 fn command(req: &ExecReq) -> AppResult<Option<runcell_protocol::Language>> {
@@ -101,6 +111,21 @@ pub(crate) async fn exec(
     Sandboxed(e, JsonBody(req)): Sandboxed<JsonBody<ExecReq>>,
 ) -> AppResult<Response> {
     let opts = run_options(&state, &e, &req)?;
+    let id = e.sandbox.id().to_string();
+    let answer = run_and_answer(&state, e, &req, &opts).await;
+    if req.delete_after {
+        state.remove(&id, DELETED_AFTER_EXEC).await;
+    }
+    answer
+}
+
+/// Runs a checked exec and answers it whole.
+async fn run_and_answer(
+    state: &AppState,
+    e: std::sync::Arc<Entry>,
+    req: &ExecReq,
+    opts: &RunOptions,
+) -> AppResult<Response> {
     state.touch(&e).await;
     let started = std::time::Instant::now();
     // The output is held once (at most the output limit per stream, which
@@ -113,15 +138,15 @@ pub(crate) async fn exec(
             Output::Stderr => stderr.extend_from_slice(b),
         }
     };
-    let outcome = match command(&req)? {
+    let outcome = match command(req)? {
         Some(language) => {
             e.sandbox
-                .run_code_streaming(language, &req.cmd, &opts, collect)
+                .run_code_streaming(language, &req.cmd, opts, collect)
                 .await?
         }
         None => {
             e.sandbox
-                .exec_streaming(Command::Shell(req.cmd.clone()), &opts, collect)
+                .exec_streaming(Command::Shell(req.cmd.clone()), opts, collect)
                 .await?
         }
     };
@@ -179,9 +204,15 @@ pub(crate) async fn exec_stream(
     let (begun, begun_rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         let result = stream_exec(&e, &req, &opts, tx, begun).await;
-        state.touch(&e).await;
+        let id = e.sandbox.id().to_string();
+        if req.delete_after {
+            drop(e);
+            state.remove(&id, DELETED_AFTER_EXEC).await;
+        } else {
+            state.touch(&e).await;
+        }
         if let Err(err) = result {
-            tracing::info!(sandbox = %e.sandbox.id(), "exec stream ended: {err}");
+            tracing::info!(sandbox = %id, "exec stream ended: {err}");
         }
     });
     // The answer goes out once the program has started (or failed to): the
