@@ -41,17 +41,11 @@ async fn long_work_outlives_the_idle_ttl_and_the_clock_starts_when_it_ends() {
     // A stream three times longer than the TTL ends with its exit event.
     let id = d.create(json!({"ttl_seconds": 2})).await;
     let text = d
-        .req(
-            reqwest::Method::POST,
-            &format!("/v1/sandboxes/{id}/exec/stream"),
+        .exec_stream_text(
+            &id,
+            json!({"cmd": "for i in 1 2 3 4 5 6; do echo tick$i; sleep 1; done"}),
         )
-        .json(&json!({"cmd": "for i in 1 2 3 4 5 6; do echo tick$i; sleep 1; done"}))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+        .await;
     assert!(text.contains("tick6"), "{text}");
     assert!(text.contains("event: exit"), "{text}");
     assert!(text.contains(r#""exit_code":0"#), "{text}");

@@ -257,14 +257,12 @@ async fn exec_stream_follows_the_same_rules() {
     let d = Daemon::start(&data_dir("lt-stream"), free_port(), &[]);
     let id = d.create(json!({})).await;
     for (background, left) in [(false, 0), (true, 1)] {
-        let r = d
-            .req(Method::POST, &format!("/v1/sandboxes/{id}/exec/stream"))
-            .json(&json!({"cmd": "(setsid sleep 1000 >/dev/null 2>&1 &); echo started", "background": background}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-        let body = r.text().await.unwrap();
+        let body = d
+            .exec_stream_text(
+                &id,
+                json!({"cmd": "(setsid sleep 1000 >/dev/null 2>&1 &); echo started", "background": background}),
+            )
+            .await;
         assert!(body.contains("started") && body.contains("exit"), "{body}");
         assert_eq!(sleeps(&d, &id).await, left, "background {background}");
     }

@@ -222,89 +222,51 @@ async fn the_exec_extensions_refuse_what_they_cannot_run_naming_the_field() {
 /// leaves nothing behind.
 #[tokio::test(flavor = "multi_thread")]
 async fn delete_after_deletes_the_sandbox_once_its_exec_has_run() {
+    use serde_json::json;
     let r = runner();
     let d = &r.daemon;
-    let create = || async {
-        let sb: Value = d
-            .req(reqwest::Method::POST, "/v1/sandboxes")
-            .json(&serde_json::json!({"template": "host", "ttl_seconds": 300}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        sb["id"].as_str().unwrap().to_string()
-    };
-    let status_of = |id: String| async move {
-        d.req(reqwest::Method::GET, &format!("/v1/sandboxes/{id}"))
-            .send()
-            .await
-            .unwrap()
-            .status()
+    let host = json!({"template": "host", "ttl_seconds": 300});
+    let status_of = |id: &str| {
+        let path = format!("/v1/sandboxes/{id}");
+        async move { d.status(reqwest::Method::GET, &path, None).await }
     };
     // Refused before it runs (args without language): the sandbox stays.
-    let id = create().await;
-    let resp = d
-        .req(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/exec"))
-        .json(&serde_json::json!({"cmd": "echo", "args": ["a"], "delete_after": true}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 400);
-    assert_eq!(status_of(id.clone()).await, 200);
+    let id = d.create(host.clone()).await;
+    let refused = json!({"cmd": "echo", "args": ["a"], "delete_after": true});
+    assert_eq!(d.exec_json(&id, refused).await.0, 400);
+    assert_eq!(status_of(&id).await, 200);
     // The plain exec answers in full, then the sandbox is gone, with why.
-    let resp = d
-        .req(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/exec"))
-        .json(&serde_json::json!({"cmd": "echo kept; exit 3", "delete_after": true}))
-        .send()
-        .await
-        .unwrap();
-    let out: Value = resp.json().await.unwrap();
+    let once = json!({"cmd": "echo kept; exit 3", "delete_after": true});
+    let (status, out) = d.exec_json(&id, once).await;
+    assert_eq!(status, 200, "{out}");
     assert_eq!(
         (out["stdout"].as_str(), out["exit_code"].as_i64()),
         (Some("kept\n"), Some(3)),
         "{out}"
     );
-    let gone = d
-        .req(reqwest::Method::GET, &format!("/v1/sandboxes/{id}"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(gone.status(), 404);
-    let err: Value = gone.json().await.unwrap();
+    let gone = d.sandbox(&id).await;
+    assert_eq!(status_of(&id).await, 404, "{gone}");
     assert!(
-        err["error"].as_str().unwrap().contains("delete_after"),
-        "{err}"
+        gone["error"].as_str().unwrap().contains("delete_after"),
+        "{gone}"
     );
     // The stream sends its closing event, then the sandbox goes, also
     // after a timeout.
     for (body, closing) in [
         (
-            serde_json::json!({"cmd": "print('streamed')", "language": "python", "exact_output": true, "delete_after": true}),
+            json!({"cmd": "print('streamed')", "language": "python", "exact_output": true, "delete_after": true}),
             "event: exit",
         ),
         (
-            serde_json::json!({"cmd": "sleep 30", "timeout_seconds": 0.5, "delete_after": true}),
+            json!({"cmd": "sleep 30", "timeout_seconds": 0.5, "delete_after": true}),
             "event: ",
         ),
     ] {
-        let id = create().await;
-        let text = d
-            .req(
-                reqwest::Method::POST,
-                &format!("/v1/sandboxes/{id}/exec/stream"),
-            )
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let id = d.create(host.clone()).await;
+        let text = d.exec_stream_text(&id, body.clone()).await;
         assert!(text.contains(closing), "{body}: {text}");
         let deadline = Instant::now() + Duration::from_secs(2);
-        while status_of(id.clone()).await != 404 {
+        while status_of(&id).await != 404 {
             assert!(
                 Instant::now() < deadline,
                 "{body}: the sandbox is still there"
@@ -313,15 +275,9 @@ async fn delete_after_deletes_the_sandbox_once_its_exec_has_run() {
         }
     }
     // Without it the sandbox stays.
-    let id = create().await;
-    let resp = d
-        .req(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/exec"))
-        .json(&serde_json::json!({"cmd": "true"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    assert_eq!(status_of(id.clone()).await, 200);
+    let id = d.create(host).await;
+    assert_eq!(d.exec(&id, "true").await.0, 200);
+    assert_eq!(status_of(&id).await, 200);
     // runcell run: nothing is left once it returns (its sandbox's TTL is
     // 5 s; this looks well before).
     let before = r.sandboxes().len();
@@ -336,10 +292,5 @@ async fn delete_after_deletes_the_sandbox_once_its_exec_has_run() {
         assert!(Instant::now() < deadline, "{:?}", r.sandboxes());
         std::thread::sleep(Duration::from_millis(20));
     }
-    let resp = d
-        .req(reqwest::Method::DELETE, &format!("/v1/sandboxes/{id}"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 204);
+    d.delete(&id).await;
 }

@@ -217,6 +217,19 @@ impl Daemon {
         self.post(&format!("/v1/sandboxes/{id}/exec"), body).await
     }
 
+    /// POST /v1/sandboxes/{id}/exec/stream with `body`, which must answer
+    /// 200: the whole event stream as text, read to its end.
+    pub async fn exec_stream_text(&self, id: &str, body: Value) -> String {
+        let r = self
+            .req(Method::POST, &format!("/v1/sandboxes/{id}/exec/stream"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "exec/stream {body}");
+        r.text().await.unwrap()
+    }
+
     /// POSTs `body` as JSON to `path`: the status and the answer's JSON.
     pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
         self.send_json(Method::POST, path, body).await
