@@ -274,6 +274,24 @@ async fn delete_after_deletes_the_sandbox_once_its_exec_has_run() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+    // A client that goes away mid-exec: the exec is killed and the
+    // sandbox goes too.
+    let id = d.create(host.clone()).await;
+    let gave_up = d
+        .req(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/exec"))
+        .json(&json!({"cmd": "sleep 30", "delete_after": true}))
+        .timeout(Duration::from_millis(500))
+        .send()
+        .await;
+    assert!(gave_up.is_err(), "{gave_up:?}");
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while status_of(&id).await != 404 {
+        assert!(
+            Instant::now() < deadline,
+            "the sandbox of a client gone is still there"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // Without it the sandbox stays.
     let id = d.create(host).await;
     assert_eq!(d.exec(&id, "true").await.0, 200);

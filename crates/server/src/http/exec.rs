@@ -111,12 +111,24 @@ pub(crate) async fn exec(
     Sandboxed(e, JsonBody(req)): Sandboxed<JsonBody<ExecReq>>,
 ) -> AppResult<Response> {
     let opts = run_options(&state, &e, &req)?;
-    let id = e.sandbox.id().to_string();
-    let answer = run_and_answer(&state, e, &req, &opts).await;
-    if req.delete_after {
-        state.remove(&id, DELETED_AFTER_EXEC).await;
+    // Dropped after the answer, or with this request should the client go
+    // away mid-exec (which kills the exec): the sandbox goes either way.
+    let _delete = DeleteAfter(
+        req.delete_after
+            .then(|| (state.clone(), e.sandbox.id().to_string())),
+    );
+    run_and_answer(&state, e, &req, &opts).await
+}
+
+/// Deletes a sandbox (its exec asked so with `delete_after`) when dropped.
+struct DeleteAfter(Option<(std::sync::Arc<AppState>, String)>);
+
+impl Drop for DeleteAfter {
+    fn drop(&mut self) {
+        if let Some((state, id)) = self.0.take() {
+            tokio::spawn(async move { state.remove(&id, DELETED_AFTER_EXEC).await });
+        }
     }
-    answer
 }
 
 /// Runs a checked exec and answers it whole.
@@ -203,11 +215,11 @@ pub(crate) async fn exec_stream(
     let (tx, response) = super::stream::sse_channel();
     let (begun, begun_rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
-        let result = stream_exec(&e, &req, &opts, tx, begun).await;
         let id = e.sandbox.id().to_string();
+        let result = stream_exec(&e, &req, &opts, tx, begun).await;
         if req.delete_after {
             drop(e);
-            state.remove(&id, DELETED_AFTER_EXEC).await;
+            drop(DeleteAfter(Some((state, id.clone()))));
         } else {
             state.touch(&e).await;
         }
