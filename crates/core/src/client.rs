@@ -13,11 +13,11 @@ use runcell_protocol::{
 use tokio::io::BufReader;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
+use tokio::sync::mpsc;
 
 /// The agent's side of a connection, buffered: a frame's length, header
 /// and body come in one read when they are there, not one read each.
 type Reader = BufReader<OwnedReadHalf>;
-use tokio::sync::mpsc;
 
 /// Errors talking to an agent.
 #[derive(Debug, thiserror::Error)]

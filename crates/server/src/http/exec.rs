@@ -219,7 +219,7 @@ pub(crate) async fn exec_stream(
         let result = stream_exec(&e, &req, &opts, tx, begun).await;
         if req.delete_after {
             drop(e);
-            drop(DeleteAfter(Some((state, id.clone()))));
+            state.remove(&id, DELETED_AFTER_EXEC).await;
         } else {
             state.touch(&e).await;
         }
