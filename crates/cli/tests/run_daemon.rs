@@ -230,6 +230,18 @@ async fn delete_after_deletes_the_sandbox_once_its_exec_has_run() {
         let path = format!("/v1/sandboxes/{id}");
         async move { d.status(reqwest::Method::GET, &path, None).await }
     };
+    // Waits until a GET of the sandbox answers 404; fails with `why` after
+    // `secs` seconds.
+    let gone_within = |id: &str, secs: u64, why: &str| {
+        let (id, why) = (id.to_string(), why.to_string());
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(secs);
+            while status_of(&id).await != 404 {
+                assert!(Instant::now() < deadline, "{why}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
     // Refused before it runs (args without language): the sandbox stays.
     let id = d.create(host.clone()).await;
     let refused = json!({"cmd": "echo", "args": ["a"], "delete_after": true});
@@ -265,14 +277,7 @@ async fn delete_after_deletes_the_sandbox_once_its_exec_has_run() {
         let id = d.create(host.clone()).await;
         let text = d.exec_stream_text(&id, body.clone()).await;
         assert!(text.contains(closing), "{body}: {text}");
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while status_of(&id).await != 404 {
-            assert!(
-                Instant::now() < deadline,
-                "{body}: the sandbox is still there"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        gone_within(&id, 2, &format!("{body}: the sandbox is still there")).await;
     }
     // A client that goes away mid-exec: the exec is killed and the
     // sandbox goes too.
@@ -284,14 +289,7 @@ async fn delete_after_deletes_the_sandbox_once_its_exec_has_run() {
         .send()
         .await;
     assert!(gave_up.is_err(), "{gave_up:?}");
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while status_of(&id).await != 404 {
-        assert!(
-            Instant::now() < deadline,
-            "the sandbox of a client gone is still there"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    gone_within(&id, 3, "the sandbox of a client gone is still there").await;
     // Without it the sandbox stays.
     let id = d.create(host).await;
     assert_eq!(d.exec(&id, "true").await.0, 200);
