@@ -324,6 +324,20 @@ def scenario(etcd, a, b, c):
     check("the create's answer names the owner node", h.get("x-runcell-node") == "nb", dict(h))
     s, h, r = run(c, a.key, on_b, "echo hello from $(hostname) && cat /proc/self/cgroup | head -3")
     check("exec through C on B's sandbox", s == 200 and "hello from" in json.dumps(r), f"{s} {r}")
+    # A one-shot run through A placed on B: its stream comes back through
+    # A, and its sandbox is gone once it has run.
+    s, h, r = http("POST", a.url + "/v1/run", a.key, {"sandbox": {"node": "nb"}, "exec": {"cmd": "echo one-shot"}})
+    first = r.split("\n\n")[0] if isinstance(r, str) else ""
+    ran = json.loads(first.split("data: ", 1)[1]) if first.startswith("event: sandbox") else {}
+    check(
+        "POST /v1/run through A placed on B streams its output",
+        s == 200 and h.get("x-runcell-node") == "nb" and "one-shot" in r and "event: exit" in r,
+        f"{s} {dict(h)} {r}",
+    )
+    gone = wait_for("the run's sandbox to go", lambda: http("GET", f"{b.url}/v1/sandboxes/{ran.get('id')}", a.key)[0] == 404)
+    check("the run's sandbox is deleted once it has run", bool(ran.get("id")) and bool(gone), ran)
+    s, _, r = http("POST", a.url + "/v1/run", a.key, {"sandbox": {"node_selector": {"zone": 5}}, "exec": {"cmd": "true"}})
+    check("a malformed sandbox.node_selector on POST /v1/run is a 400 naming it", s == 400 and "sandbox.node_selector" in json.dumps(r), f"{s} {r}")
     # A file written through A is read through C.
     req = urllib.request.Request(
         f"{a.url}/v1/sandboxes/{on_b}/fs?path=/tmp/x.txt", data=b"written through A", method="PUT",

@@ -310,3 +310,152 @@ async fn delete_after_deletes_the_sandbox_once_its_exec_has_run() {
     }
     d.delete(&id).await;
 }
+
+/// The events of an SSE answer, in order: (name, data as JSON).
+fn sse_events(text: &str) -> Vec<(String, Value)> {
+    text.split("\n\n")
+        .filter_map(|event| {
+            let name = event.lines().find_map(|l| l.strip_prefix("event: "))?;
+            let data = event.lines().find_map(|l| l.strip_prefix("data: "))?;
+            Some((name.to_string(), serde_json::from_str(data).unwrap()))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn post_run_makes_runs_and_deletes_a_sandbox_in_one_request() {
+    use base64::Engine as _;
+    use serde_json::json;
+    let r = runner();
+    let d = &r.daemon;
+    let run = |body: Value| async move {
+        let resp = d
+            .req(reqwest::Method::POST, "/v1/run")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        (resp.status().as_u16(), resp.text().await.unwrap())
+    };
+    let listed = || async { d.get::<Value>("/v1/sandboxes").await };
+    let gone_within = |id: String, secs: u64| async move {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        let path = format!("/v1/sandboxes/{id}");
+        loop {
+            if d.status(reqwest::Method::GET, &path, None).await == 404 {
+                return d.sandbox(&id).await;
+            }
+            assert!(Instant::now() < deadline, "{id} is still there");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    // The sandbox comes first, then the program's output as written and
+    // its end; the sandbox's and the exec's environments both apply.
+    let (status, text) = run(json!({
+        "sandbox": {"template": "host", "env": {"A": "1"}},
+        "exec": {
+            "cmd": "import os, sys; print(os.environ['A'] + os.environ['B']); sys.stderr.write('e'); sys.exit(4)",
+            "language": "python", "exact_output": true, "env": {"B": "2"},
+        },
+    }))
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let events = sse_events(&text);
+    assert_eq!(events[0].0, "sandbox", "{text}");
+    assert_eq!(events[0].1["template"], "host", "{text}");
+    let id = events[0].1["id"].as_str().unwrap().to_string();
+    let decoded = |stream: &str| -> Vec<u8> {
+        events
+            .iter()
+            .filter(|(n, _)| n == stream)
+            .flat_map(|(_, v)| {
+                base64::engine::general_purpose::STANDARD
+                    .decode(v["data"].as_str().unwrap())
+                    .unwrap()
+            })
+            .collect()
+    };
+    assert_eq!(decoded("stdout"), b"12\n", "{text}");
+    assert_eq!(decoded("stderr"), b"e", "{text}");
+    let last = events.last().unwrap();
+    assert_eq!((last.0.as_str(), &last.1["exit_code"]), ("exit", &json!(4)));
+    let why = gone_within(id, 2).await;
+    assert!(
+        why["error"].as_str().unwrap().contains("POST /v1/run"),
+        "{why}"
+    );
+    // Refused before anything is made, the error naming the field from
+    // the body's top.
+    for (body, names) in [
+        (
+            json!({"exec": {"cmd": "true", "timeout_seconds": -1}}),
+            "exec.timeout_seconds",
+        ),
+        (
+            json!({"exec": {"cmd": "true", "timeout_seconds": 1e308}}),
+            "exec.timeout_seconds",
+        ),
+        (json!({"exec": {"cmd": "1", "args": ["a"]}}), "exec.args"),
+        (
+            json!({"exec": {"cmd": "1", "language": "cobol"}}),
+            "exec.language",
+        ),
+        (json!({"exec": {"cmd": " "}}), "exec.cmd"),
+        (
+            json!({"sandbox": {"limits": {"memory_mb": 1e20}}, "exec": {"cmd": "true"}}),
+            "sandbox.limits.memory_mb",
+        ),
+        (
+            json!({"sandbox": {"ttl_seconds": -5}, "exec": {"cmd": "true"}}),
+            "ttl_seconds",
+        ),
+        (
+            json!({"sandbox": {"template": "no-such-template"}, "exec": {"cmd": "true"}}),
+            "no-such-template",
+        ),
+        (json!({"sandbox": {}}), "exec"),
+        (json!({"exec": {"cmd": "true"}, "then": "x"}), "then"),
+    ] {
+        let (status, text) = run(body.clone()).await;
+        assert!((400..500).contains(&status), "{body}: {status} {text}");
+        let err: Value = serde_json::from_str(&text).unwrap();
+        assert!(
+            err["error"].as_str().unwrap().contains(names),
+            "{body}: {text}"
+        );
+    }
+    assert_eq!(listed().await, json!([]), "a refused run made a sandbox");
+    // A timeout ends the stream, then the sandbox goes.
+    let (status, text) = run(json!({
+        "sandbox": {"template": "host"},
+        "exec": {"cmd": "sleep 30", "timeout_seconds": 0.5, "exact_output": true},
+    }))
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let events = sse_events(&text);
+    assert_eq!(events.last().unwrap().1["timed_out"], true, "{text}");
+    gone_within(events[0].1["id"].as_str().unwrap().into(), 2).await;
+    // A program that outlives the sandbox's idle TTL is work in progress:
+    // the TTL does not reap it.
+    let (status, text) = run(json!({
+        "sandbox": {"template": "host", "ttl_seconds": 1},
+        "exec": {"cmd": "sleep 2.5; echo done"},
+    }))
+    .await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("{\"chunk\":\"done\\n\"}"), "{text}");
+    // A client that goes away mid-run: the program is killed and the
+    // sandbox goes.
+    let mut resp = d
+        .req(reqwest::Method::POST, "/v1/run")
+        .json(&json!({"sandbox": {"template": "host"}, "exec": {"cmd": "sleep 30"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let first = String::from_utf8(resp.chunk().await.unwrap().unwrap().to_vec()).unwrap();
+    let id = sse_events(&first)[0].1["id"].as_str().unwrap().to_string();
+    drop(resp);
+    gone_within(id, 3).await;
+    assert_eq!(listed().await, json!([]));
+}

@@ -44,6 +44,28 @@ impl ApiError {
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, message)
     }
+
+    /// This error as the answer to a request whose fields sit in the
+    /// object `scope` of the body (`POST /v1/run`'s `sandbox` and `exec`),
+    /// `fields` their names: a 400's message that starts with one of them
+    /// then names the field from the body's top (`exec.timeout_seconds must
+    /// be ...`); another says which part it is about (`sandbox: unknown
+    /// template ...`).
+    pub(crate) fn within(mut self, scope: &str, fields: &[&str]) -> Self {
+        if self.status == StatusCode::BAD_REQUEST {
+            let m = &self.message;
+            let names_field = fields.iter().any(|f| {
+                m.strip_prefix(f)
+                    .is_some_and(|rest| rest.starts_with(['.', ' ', ':', '[']))
+            });
+            self.message = if names_field {
+                format!("{scope}.{m}")
+            } else {
+                format!("{scope}: {m}")
+            };
+        }
+        self
+    }
 }
 
 impl IntoResponse for ApiError {

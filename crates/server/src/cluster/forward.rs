@@ -181,7 +181,11 @@ pub(crate) async fn layer(State(state): St, req: Request, next: Next) -> Respons
         (Method::POST, ["sandboxes"]) if forwarded => {
             create_here(&state, &cluster, &ws, req, next).await
         }
-        (Method::POST, ["sandboxes"]) => place(&state, &cluster, &ws, uri, req, next).await,
+        (Method::POST, ["sandboxes"]) => place(&state, &cluster, &ws, uri, "", req, next).await,
+        // A one-shot run is placed as its sandbox's create; its sandbox is
+        // deleted when its answer's stream ends, so it is not published.
+        (Method::POST, ["run"]) if forwarded => run_here(&cluster, req, next).await,
+        (Method::POST, ["run"]) => place(&state, &cluster, &ws, uri, "/sandbox", req, next).await,
         (Method::GET, ["sandboxes"]) => list(&cluster, &ws, &uri, req, next).await,
         (_, ["sandboxes", id, rest @ ..]) => {
             let id = id.to_string();
@@ -270,16 +274,32 @@ async fn create_here(
     Response::from_parts(parts, Body::from(bytes))
 }
 
+/// Runs a one-shot run (`POST /v1/run`) here, unless this node drains;
+/// the answer names this node.
+async fn run_here(cluster: &Arc<Cluster>, req: Request, next: Next) -> Response {
+    if cluster.is_draining() {
+        // Another node placed it from a node list older than the drain.
+        return draining(cluster.name());
+    }
+    let mut resp = next.run(req).await;
+    if let Ok(v) = cluster.name().parse() {
+        resp.headers_mut().insert(NODE_HEADER, v);
+    }
+    resp
+}
+
 /// Places a create: the node named by the body's `node` (or the
 /// `x-runcell-node` header), else the live, non-draining node with the most
 /// free slots that carries the labels of the body's `node_selector` and has
 /// the template and the isolation asked for (this node on a tie); see
-/// [`choose`].
+/// [`choose`]. The sandbox's fields are the body's at the JSON pointer
+/// `spec_at` (`""`: the whole body).
 async fn place(
     state: &Arc<AppState>,
     cluster: &Arc<Cluster>,
     ws: &Workspace,
     uri: Uri,
+    spec_at: &str,
     req: Request,
     next: Next,
 ) -> Response {
@@ -294,10 +314,18 @@ async fn place(
             .into_response()
         }
     };
-    let spec: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    let (wanted, selector) = match placement_fields(&spec) {
+    let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let spec = body.pointer(spec_at).unwrap_or(&Value::Null);
+    let (wanted, selector) = match placement_fields(spec) {
         Ok(f) => f,
-        Err(msg) => return ApiError::bad_request(msg).into_response(),
+        Err(msg) => {
+            let err = ApiError::bad_request(msg);
+            return match spec_at.strip_prefix('/') {
+                Some(scope) => err.within(scope, crate::http::run::SANDBOX_FIELDS),
+                None => err,
+            }
+            .into_response();
+        }
     };
     let wanted = wanted.or_else(|| {
         parts
@@ -356,8 +384,10 @@ async fn place(
     };
     cluster.took_slot(&chosen.name);
     let req = Request::from_parts(parts, Body::from(bytes));
-    if chosen.name == cluster.name() {
+    if chosen.name == cluster.name() && spec_at.is_empty() {
         create_here(state, cluster, ws, req, next).await
+    } else if chosen.name == cluster.name() {
+        run_here(cluster, req, next).await
     } else {
         forward(cluster, &chosen, None, uri, req).await
     }

@@ -73,21 +73,34 @@ fn command(req: &ExecReq) -> AppResult<Option<runcell_protocol::Language>> {
     }
 }
 
-fn run_options(state: &AppState, e: &Entry, req: &ExecReq) -> AppResult<RunOptions> {
+/// The options an exec request runs with in the sandbox `e`.
+pub(super) fn run_options(state: &AppState, e: &Entry, req: &ExecReq) -> AppResult<RunOptions> {
+    let env = e
+        .record
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .env
+        .clone();
+    checked_options(state, req, env, e.sandbox.limits().timeout)
+}
+
+/// Checks an exec request that runs with the sandbox environment `env`
+/// and, unless it gives its own, the timeout `timeout`; answers the options
+/// it runs with.
+pub(super) fn checked_options(
+    state: &AppState,
+    req: &ExecReq,
+    mut env: BTreeMap<String, String>,
+    timeout: Duration,
+) -> AppResult<RunOptions> {
     let code = command(req)?.is_some();
     if !code && req.cmd.trim().is_empty() {
         return Err(ApiError::bad_request("cmd required"));
     }
     let timeout = match req.timeout_seconds {
         Some(t) => validate::bounds(&state.config).timeout("timeout_seconds", t)?,
-        None => e.sandbox.limits().timeout,
+        None => timeout,
     };
-    let mut env = e
-        .record
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .env
-        .clone();
     env.extend(req.env.clone());
     if code {
         validate::code_run(&req.cmd, &req.args, &req.env, &env, req.cwd.as_deref())?;
@@ -212,14 +225,33 @@ pub(crate) async fn exec_stream(
 ) -> AppResult<impl IntoResponse> {
     let opts = run_options(&state, &e, &req)?;
     state.touch(&e).await;
-    let (tx, response) = super::stream::sse_channel();
+    let delete = req.delete_after.then_some(DELETED_AFTER_EXEC);
+    Ok(stream_answer(state, e, req, opts, None, delete).await)
+}
+
+/// Starts a checked exec in `e` and answers its SSE stream, `first` its
+/// first event; with `delete` the sandbox is then deleted for that reason
+/// (when the stream ends, however it ended), else touched.
+pub(super) async fn stream_answer(
+    state: std::sync::Arc<AppState>,
+    e: std::sync::Arc<Entry>,
+    req: ExecReq,
+    opts: RunOptions,
+    first: Option<SseEvent>,
+    delete: Option<&'static str>,
+) -> Response {
+    let (mut tx, response) = super::stream::sse_channel();
+    if let Some(event) = first {
+        // The stream's buffer is empty: this takes no wait.
+        let _ = tx.send(event).await;
+    }
     let (begun, begun_rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         let id = e.sandbox.id().to_string();
         let result = stream_exec(&e, &req, &opts, tx, begun).await;
-        if req.delete_after {
+        if let Some(reason) = delete {
             drop(e);
-            state.remove(&id, DELETED_AFTER_EXEC).await;
+            state.remove(&id, reason).await;
         } else {
             state.touch(&e).await;
         }
@@ -232,7 +264,7 @@ pub(crate) async fn exec_stream(
     // than after the answer's headers are written, which took a wake-up
     // of its own before the sandbox's agent heard of the exec.
     let _ = begun_rx.await;
-    Ok(response)
+    response.into_response()
 }
 
 /// Why an exec stream ended early.

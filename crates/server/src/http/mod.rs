@@ -14,6 +14,7 @@ mod openapi;
 mod panics;
 mod rejection;
 mod repl;
+pub(crate) mod run;
 pub(crate) mod sandboxes;
 mod snapshots;
 mod stream;
@@ -49,6 +50,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/sandboxes/{id}/exec", post(exec::exec))
         .route("/sandboxes/{id}/exec/stream", post(exec::exec_stream))
+        .route("/run", post(run::run))
         .route(
             "/sandboxes/{id}/fs",
             get(files::fs_read).put(files::fs_write),

@@ -7,7 +7,7 @@ use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::openapi::OpenApi;
 use utoipa::Modify;
 
-use super::{exec, files, network, repl, sandboxes, snapshots, system, templates, volumes};
+use super::{exec, files, network, repl, run, sandboxes, snapshots, system, templates, volumes};
 use crate::views::*;
 
 /// The OpenAPI document, generated from the handlers and their types.
@@ -46,6 +46,7 @@ Every error is `{\"error\": \"...\"}` with `application/json`."
         sandboxes::delete,
         exec::exec,
         exec::exec_stream,
+        run::run,
         files::fs_read,
         files::fs_write,
         files::fs_dir,

@@ -13,11 +13,11 @@ use super::kit::{Addressed, AppResult, JsonBody, Sandboxed, St, Workspace};
 use super::network::network_view;
 use crate::limits::LimitsReq;
 use crate::registry::Record;
-use crate::service::{CreateSpec, LifecycleChange, Service};
+use crate::service::{CreateSpec, Created, LifecycleChange, Service};
 use crate::state::{now_ms, AppState, Entry};
 use crate::views::{ErrorView, LifecycleView, NetworkPolicyReq, SandboxView};
 
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 pub(crate) struct CreateReq {
     template: Option<String>,
     #[schema(value_type = Option<i64>)]
@@ -29,7 +29,7 @@ pub(crate) struct CreateReq {
     #[serde(default)]
     limits: Option<LimitsReq>,
     #[serde(default)]
-    env: BTreeMap<String, String>,
+    pub(super) env: BTreeMap<String, String>,
     /// Network egress policy: `"none"`, `"open"`, or
     /// `{"mode": "allowlist", "allow": ["pypi.org", "*.example.com:443"], "presets": ["package-index"]}`.
     /// Default: the template's, else `none`.
@@ -70,6 +70,17 @@ pub(crate) struct CreateReq {
     /// checks its syntax and ignores it.
     #[serde(default)]
     node_selector: Option<BTreeMap<String, String>>,
+}
+
+impl CreateReq {
+    /// Checks the syntax of `node_selector` (a single node ignores it).
+    pub(crate) fn check_selector(&self) -> AppResult<()> {
+        match &self.node_selector {
+            Some(selector) => crate::cluster::labels::check_selector(selector)
+                .map_err(|e| crate::error::ApiError::bad_request(format!("node_selector: {e}"))),
+            None => Ok(()),
+        }
+    }
 }
 
 impl From<CreateReq> for CreateSpec {
@@ -193,23 +204,22 @@ pub(crate) async fn create(
     Extension(ws): Extension<Workspace>,
     JsonBody(req): JsonBody<CreateReq>,
 ) -> AppResult<(StatusCode, Json<CreatedView>)> {
-    if let Some(selector) = &req.node_selector {
-        crate::cluster::labels::check_selector(selector)
-            .map_err(|e| crate::error::ApiError::bad_request(format!("node_selector: {e}")))?;
-    }
+    req.check_selector()?;
     let created = Service(&state).create_sandbox(&ws.0, req.into()).await?;
-    let mut sandbox = sandbox_view(&state, &created.entry);
+    Ok((StatusCode::CREATED, Json(created_view(&state, created))))
+}
+
+/// The answer to a create.
+pub(crate) fn created_view(state: &Arc<AppState>, created: Created) -> CreatedView {
+    let mut sandbox = sandbox_view(state, &created.entry);
     sandbox.boot_ms = Some(runcell_protocol::units::millis(created.boot));
     // Served from the alias's target (while the template is being built,
     // or because no template of that name is installed).
-    Ok((
-        StatusCode::CREATED,
-        Json(CreatedView {
-            sandbox,
-            alias_of: created.alias_of,
-            building: created.building_instead.then_some(true),
-        }),
-    ))
+    CreatedView {
+        sandbox,
+        alias_of: created.alias_of,
+        building: created.building_instead.then_some(true),
+    }
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", operation_id = "listSandboxes", params(("metadata.KEY" = Option<String>, Query, description = "Only sandboxes whose metadata KEY equals the value; several are ANDed")),
