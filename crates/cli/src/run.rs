@@ -263,6 +263,9 @@ pub enum NoDaemon {
     /// The daemon did not answer or refused the sandbox.
     #[error("the daemon did not make the sandbox: {0}")]
     Create(#[source] runcell_client::ClientError),
+    /// The daemon has no `POST /v1/run` (it is older than this client).
+    #[error("the daemon is older than this runcell (it has no POST /v1/run); upgrade it")]
+    TooOld,
 }
 
 fn whole_mib(field: &'static str, bytes: u64) -> Result<u64, NoDaemon> {
@@ -311,61 +314,68 @@ async fn through_daemon(
     {
         request["network"] = serde_json::to_value(n).expect("a network policy serializes");
     }
-    // A create the daemon is slow to answer (no standby ready, a template
-    // being built) is given up on an interrupt: a sandbox it still makes
-    // is reaped after its short idle TTL.
-    let sandbox = tokio::select! {
-        biased;
-        _ = interrupts.recv() => {
-            eprintln!("runcell: interrupted.");
-            return Ok(130);
-        }
-        made = client.create_sandbox(&request) => made.map_err(NoDaemon::Create)?,
-    };
-    // The daemon deletes the sandbox once the program has run: no DELETE
-    // (and no round trip) after a run that streamed to its end.
     let opts = runcell_client::ExecOptions {
         env: args.env.iter().cloned().collect(),
-        delete_after: true,
         ..Default::default()
     };
+    // One request: the daemon makes the sandbox, runs the program and
+    // deletes the sandbox once it has run (`POST /v1/run`).
+    let mut made: Option<String> = None;
+    let mut refused = None;
     let mut streamed = false;
     let status = wait_for_run(
         async {
             let end = client
-                .run_code_stream(
-                    &sandbox.id,
+                .run_code_once(
+                    &request,
                     language.name(),
                     code,
                     &args.args,
                     &opts,
-                    |stream, bytes| {
-                        echo(stream == runcell_client::Stream::Stderr, bytes);
-                    },
+                    |id| made = Some(id.to_string()),
+                    |stream, bytes| echo(stream == runcell_client::Stream::Stderr, bytes),
                 )
                 .await;
-            streamed = end.is_ok();
-            end.map(|end| match end.error {
-                Some(error) => Ended::Failed(error),
-                None => Ended::Exited {
-                    status: end.exit_code,
-                    messages: end.messages,
-                },
-            })
+            match end {
+                // Nothing was made: the caller may run it itself.
+                Err(e) if made.is_none() && e.did_nothing() => {
+                    refused = Some(e);
+                    Ok(Ended::Refused)
+                }
+                Err(e) => Err(e),
+                Ok(end) => {
+                    streamed = true;
+                    Ok(match end.error {
+                        Some(error) => Ended::Failed(error),
+                        None => Ended::Exited {
+                            status: end.exit_code,
+                            messages: end.messages,
+                        },
+                    })
+                }
+            }
         },
         interrupts,
     )
     .await;
-    // Interrupted, or the stream failed: the daemon deletes it too once
-    // it sees the stream closed; this makes sure, at once (a sandbox the
+    if let Some(e) = refused {
+        return Err(match e.status() {
+            Some(404) if e.to_string().contains("no such route") => NoDaemon::TooOld,
+            _ => NoDaemon::Create(e),
+        });
+    }
+    // Interrupted, or the stream failed: the daemon deletes the sandbox too
+    // once it sees the stream closed; this makes sure, at once (one the
     // daemon has deleted meanwhile is no longer there to find).
     if !streamed {
-        match client.delete_sandbox(&sandbox.id).await {
-            Err(e) if e.status() != Some(404) => {
-                report(&e);
-                return Ok(125);
+        if let Some(id) = made {
+            match client.delete_sandbox(&id).await {
+                Err(e) if e.status() != Some(404) => {
+                    report(&e);
+                    return Ok(125);
+                }
+                _ => {}
             }
-            _ => {}
         }
     }
     Ok(status)
@@ -374,8 +384,14 @@ async fn through_daemon(
 /// How a run that was not interrupted ended: the program's exit status
 /// and the notes on the limits it hit, or why it could not run.
 enum Ended {
-    Exited { status: i32, messages: Vec<String> },
+    Exited {
+        status: i32,
+        messages: Vec<String>,
+    },
     Failed(String),
+    /// The daemon refused the run before anything was made (the caller
+    /// says why).
+    Refused,
 }
 
 /// Waits for `run` unless the user interrupts it first, and gives the
@@ -406,6 +422,7 @@ async fn wait_for_run<E: std::error::Error>(
             eprintln!("runcell: {error}");
             125
         }
+        Some(Ok(Ended::Refused)) => 125,
         Some(Ok(Ended::Exited { status, messages })) => {
             for m in &messages {
                 eprintln!("runcell: {m}");

@@ -76,6 +76,17 @@ impl ClientError {
             _ => None,
         }
     }
+
+    /// Whether the request certainly did nothing: the daemon could not be
+    /// connected to, or answered it with an error status. (A connection
+    /// that broke once the request was sent may have done anything.)
+    pub fn did_nothing(&self) -> bool {
+        match self {
+            ClientError::Connect { source, .. } => source.is_connect(),
+            ClientError::Api { .. } | ClientError::Unauthorized { .. } => true,
+            _ => false,
+        }
+    }
 }
 
 /// A sandbox as the daemon describes it.
@@ -967,9 +978,8 @@ impl Client {
         code: &str,
         args: &[String],
         opts: &ExecOptions,
-        mut on_output: impl FnMut(Stream, &[u8]),
+        on_output: impl FnMut(Stream, &[u8]),
     ) -> Result<CodeEnd, ClientError> {
-        use base64::Engine as _;
         let body = opts.onto(serde_json::json!({
             "cmd": code,
             "language": language,
@@ -977,60 +987,36 @@ impl Client {
             "exact_output": true,
         }));
         let mut resp = self.exec_stream_open(id, &body).await?;
-        let mut end: Option<CodeEnd> = None;
-        read_sse(&mut resp, |event, data| {
-            let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
-            let flag = |k: &str| v.get(k).and_then(Value::as_bool).unwrap_or(false);
-            match event {
-                "stdout" | "stderr" => {
-                    let bytes = v
-                        .get("data")
-                        .and_then(Value::as_str)
-                        .and_then(|d| base64::engine::general_purpose::STANDARD.decode(d).ok());
-                    if let Some(bytes) = bytes {
-                        on_output(stream_of(event), &bytes);
-                    }
-                }
-                "exit" => {
-                    end = Some(CodeEnd {
-                        exit_code: exit_code_of(&v),
-                        timed_out: flag("timed_out"),
-                        oom_killed: flag("oom_killed"),
-                        pids_limit: flag("pids_limit"),
-                        messages: v
-                            .get("messages")
-                            .and_then(Value::as_array)
-                            .map(|m| {
-                                m.iter()
-                                    .filter_map(Value::as_str)
-                                    .map(str::to_string)
-                                    .collect()
-                            })
-                            .unwrap_or_default(),
-                        error: None,
-                    });
-                }
-                "error" => {
-                    end = Some(CodeEnd {
-                        exit_code: 1,
-                        error: Some(
-                            v.get("error")
-                                .and_then(Value::as_str)
-                                .unwrap_or("the exec failed")
-                                .to_string(),
-                        ),
-                        ..CodeEnd::default()
-                    });
-                }
-                _ => {}
-            }
-        })
-        .await?;
-        Ok(end.unwrap_or(CodeEnd {
-            exit_code: 1,
-            error: Some("the daemon ended the stream before the program finished".into()),
-            ..CodeEnd::default()
-        }))
+        code_events(&mut resp, |_| {}, on_output).await
+    }
+
+    /// Makes a sandbox (`sandbox`: a create request, as
+    /// [`Client::create_sandbox`] takes it), runs source code in it as
+    /// [`Client::run_code_stream`] does, and has the daemon delete it once
+    /// the program has run, however it ended: one request (`POST /v1/run`,
+    /// runcell extension) where a create, an exec and a delete take three.
+    /// `on_sandbox` gets the sandbox's id as soon as it is made. A request
+    /// refused before the program runs (a 4xx) makes nothing.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn run_code_once(
+        &self,
+        sandbox: &Value,
+        language: &str,
+        code: &str,
+        args: &[String],
+        opts: &ExecOptions,
+        on_sandbox: impl FnMut(&str),
+        on_output: impl FnMut(Stream, &[u8]),
+    ) -> Result<CodeEnd, ClientError> {
+        let exec = opts.onto(serde_json::json!({
+            "cmd": code,
+            "language": language,
+            "args": args,
+            "exact_output": true,
+        }));
+        let body = serde_json::json!({"sandbox": sandbox, "exec": exec});
+        let mut resp = self.stream_open("/v1/run", &body).await?;
+        code_events(&mut resp, on_sandbox, on_output).await
     }
 
     /// Describes a path in a sandbox; `None` when it does not exist.
@@ -1242,7 +1228,17 @@ impl Client {
         id: &str,
         body: &Value,
     ) -> Result<reqwest::Response, ClientError> {
-        let url = format!("{}/v1/sandboxes/{}/exec/stream", self.url, seg(id));
+        self.stream_open(&format!("/v1/sandboxes/{}/exec/stream", seg(id)), body)
+            .await
+    }
+
+    /// Opens the SSE stream a `POST` of `body` to `path` answers.
+    async fn stream_open(
+        &self,
+        path: &str,
+        body: &Value,
+    ) -> Result<reqwest::Response, ClientError> {
+        let url = format!("{}{path}", self.url);
         let resp = self
             .http
             .post(url)
@@ -1278,6 +1274,75 @@ impl Client {
             e => e,
         }
     }
+}
+
+/// Reads a code run's SSE stream to its end: `on_sandbox` gets the id of a
+/// `sandbox` event (`POST /v1/run`), `on_output` each chunk of output.
+async fn code_events(
+    resp: &mut reqwest::Response,
+    mut on_sandbox: impl FnMut(&str),
+    mut on_output: impl FnMut(Stream, &[u8]),
+) -> Result<CodeEnd, ClientError> {
+    use base64::Engine as _;
+    let mut end: Option<CodeEnd> = None;
+    read_sse(resp, |event, data| {
+        let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
+        let flag = |k: &str| v.get(k).and_then(Value::as_bool).unwrap_or(false);
+        match event {
+            "sandbox" => {
+                if let Some(id) = v.get("id").and_then(Value::as_str) {
+                    on_sandbox(id);
+                }
+            }
+            "stdout" | "stderr" => {
+                let bytes = v
+                    .get("data")
+                    .and_then(Value::as_str)
+                    .and_then(|d| base64::engine::general_purpose::STANDARD.decode(d).ok());
+                if let Some(bytes) = bytes {
+                    on_output(stream_of(event), &bytes);
+                }
+            }
+            "exit" => {
+                end = Some(CodeEnd {
+                    exit_code: exit_code_of(&v),
+                    timed_out: flag("timed_out"),
+                    oom_killed: flag("oom_killed"),
+                    pids_limit: flag("pids_limit"),
+                    messages: v
+                        .get("messages")
+                        .and_then(Value::as_array)
+                        .map(|m| {
+                            m.iter()
+                                .filter_map(Value::as_str)
+                                .map(str::to_string)
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                    error: None,
+                });
+            }
+            "error" => {
+                end = Some(CodeEnd {
+                    exit_code: 1,
+                    error: Some(
+                        v.get("error")
+                            .and_then(Value::as_str)
+                            .unwrap_or("the exec failed")
+                            .to_string(),
+                    ),
+                    ..CodeEnd::default()
+                });
+            }
+            _ => {}
+        }
+    })
+    .await?;
+    Ok(end.unwrap_or(CodeEnd {
+        exit_code: 1,
+        error: Some("the daemon ended the stream before the program finished".into()),
+        ..CodeEnd::default()
+    }))
 }
 
 /// Reads a `text/event-stream` body, calling `on_event(name, data)` for each
