@@ -5,7 +5,8 @@
 //! then where one sandbox's time goes through the API, phase by phase, as
 //! `runcell run` uses it (create, the program `pass` through
 //! `exec/stream`, a second run in the same sandbox, delete), beside bare
-//! `/usr/bin/python3 -c pass` in the same loop.
+//! `/usr/bin/python3 -c pass` in the same loop, and the same create, run
+//! and delete as one request (`POST /v1/run`, what `runcell run` sends).
 //!
 //! Run with `sudo ./scripts/bench.sh --api`.
 
@@ -113,6 +114,27 @@ impl Api {
         Ok(t.elapsed())
     }
 
+    /// `pass` as a Python program in a sandbox made for it and deleted
+    /// after it, in one request (`POST /v1/run`, as `runcell run` sends
+    /// it); the time to the stream's end.
+    async fn run_once(&self) -> Result<Duration, String> {
+        let t = Instant::now();
+        let r = self
+            .req(Method::POST, "/v1/run")
+            .json(&json!({
+                "sandbox": {"template": "host"},
+                "exec": {"cmd": "pass", "language": "python", "exact_output": true},
+            }))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let body = r.text().await.map_err(|e| e.to_string())?;
+        if !body.starts_with("event: sandbox") || !body.contains("\"exit_code\":0") {
+            return Err(format!("run: {body}"));
+        }
+        Ok(t.elapsed())
+    }
+
     /// One sandbox phase by phase: create, first run, second run, delete.
     async fn phases(&self) -> Result<[Duration; 4], String> {
         let t = Instant::now();
@@ -202,6 +224,7 @@ async fn main() {
     let (mut seq_api, mut seq_direct, mut cli) = (Vec::new(), Vec::new(), Vec::new());
     let mut phases: [Vec<Duration>; 4] = Default::default();
     let mut bare = Vec::new();
+    let (mut three, mut once) = (Vec::new(), Vec::new());
     let mut errors = 0;
     for _ in 0..args.iterations {
         // Between requests, as a daemon is, the pools have refilled.
@@ -245,10 +268,19 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(150)).await;
         match api.phases().await {
             Ok(p) => {
+                three.push(p[0] + p[1] + p[3]);
                 for (v, d) in phases.iter_mut().zip(p) {
                     v.push(d);
                 }
             }
+            Err(e) => {
+                eprintln!("error: {e}");
+                errors += 1
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        match api.run_once().await {
+            Ok(d) => once.push(d),
             Err(e) => {
                 eprintln!("error: {e}");
                 errors += 1
@@ -263,9 +295,16 @@ async fn main() {
         assert!(ok);
         bare.push(t.elapsed());
     }
-    for v in [&mut seq_api, &mut seq_direct, &mut cli, &mut bare]
-        .into_iter()
-        .chain(phases.iter_mut())
+    for v in [
+        &mut seq_api,
+        &mut seq_direct,
+        &mut cli,
+        &mut bare,
+        &mut three,
+        &mut once,
+    ]
+    .into_iter()
+    .chain(phases.iter_mut())
     {
         v.sort();
     }
@@ -317,6 +356,16 @@ async fn main() {
         "| bare `/usr/bin/python3 -c pass`, same loop | {:.2} | {:.2} |",
         pct(&bare, 0.5),
         pct(&bare, 0.95)
+    );
+    println!(
+        "| create + first run + delete, three requests (sum of the rows above) | {:.2} | {:.2} |",
+        pct(&three, 0.5),
+        pct(&three, 0.95)
+    );
+    println!(
+        "| the same in one request (`POST /v1/run`, as `runcell run` sends it) | {:.2} | {:.2} |",
+        pct(&once, 0.5),
+        pct(&once, 0.95)
     );
     let _ = std::fs::remove_dir_all(&data);
 }
