@@ -310,10 +310,11 @@ async fn main() {
     }
     let (c16, e16, w16) = concurrent(&api, 16, args.per_client).await;
     let (c64, e64, w64) = concurrent(&api, 64, args.per_client).await;
-    // Every client task has finished: this is the last reference.
-    if let Ok(mut api) = Arc::try_unwrap(api) {
-        api.daemon.kill9();
-    }
+    // Every client task has finished: this is the last reference. Dropping
+    // it stops the daemon gracefully (it destroys its standbys) and unmounts
+    // its layer store and the sandboxes' tmpfs; a SIGKILL here left both
+    // mounted, and a loop device attached, after every run.
+    drop(api);
 
     println!(
         "create + exec `python3 -c pass` + delete; iterations {}; {} ops per concurrent client\n",
