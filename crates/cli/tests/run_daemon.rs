@@ -415,6 +415,17 @@ async fn post_run_makes_runs_and_deletes_a_sandbox_in_one_request() {
         ),
         (json!({"sandbox": {}}), "exec"),
         (json!({"exec": {"cmd": "true"}, "then": "x"}), "then"),
+        // NUL bytes, and a command longer than one argument may be.
+        (json!({"exec": {"cmd": "echo a\u{0}b"}}), "exec.cmd"),
+        (
+            json!({"exec": {"cmd": "true", "env": {"A": "x\u{0}"}}}),
+            "exec.env",
+        ),
+        (
+            json!({"sandbox": {"env": {"A\u{0}": "1"}}, "exec": {"cmd": "true"}}),
+            "env",
+        ),
+        (json!({"exec": {"cmd": "x".repeat(200 << 10)}}), "exec.cmd"),
     ] {
         let (status, text) = run(body.clone()).await;
         assert!((400..500).contains(&status), "{body}: {status} {text}");

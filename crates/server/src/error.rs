@@ -47,12 +47,15 @@ impl ApiError {
 
     /// This error as the answer to a request whose fields sit in the
     /// object `scope` of the body (`POST /v1/run`'s `sandbox` and `exec`),
-    /// `fields` their names: a 400's message that starts with one of them
-    /// then names the field from the body's top (`exec.timeout_seconds must
-    /// be ...`); another says which part it is about (`sandbox: unknown
-    /// template ...`).
+    /// `fields` their names: a 400's or 413's message that starts with one
+    /// of them then names the field from the body's top
+    /// (`exec.timeout_seconds must be ...`); another says which part it is
+    /// about (`sandbox: unknown template ...`).
     pub(crate) fn within(mut self, scope: &str, fields: &[&str]) -> Self {
-        if self.status == StatusCode::BAD_REQUEST {
+        if matches!(
+            self.status,
+            StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE
+        ) {
             let m = &self.message;
             let names_field = fields.iter().any(|f| {
                 m.strip_prefix(f)
