@@ -190,12 +190,18 @@ async fn output_limit_is_capped_by_the_operator() {
 /// Opens an SSE exec stream on a raw socket, so the test decides when (and
 /// whether) to read.
 fn open_stream(d: &Daemon, id: &str, cmd: &str) -> std::net::TcpStream {
-    let body = json!({"cmd": cmd, "timeout_seconds": 300}).to_string();
+    let body = json!({"cmd": cmd, "timeout_seconds": 300});
+    open_sse(d, &format!("/v1/sandboxes/{id}/exec/stream"), &body).0
+}
+
+/// POSTs `body` to an SSE route on a raw socket and reads the answer's
+/// head: the socket, and what the first read gave (head and maybe events).
+fn open_sse(d: &Daemon, path: &str, body: &Value) -> (std::net::TcpStream, String) {
+    let body = body.to_string();
     let mut s = std::net::TcpStream::connect(("127.0.0.1", d.port)).unwrap();
-    // A small receive buffer, so the kernel does not absorb the flood.
     write!(
         s,
-        "POST /v1/sandboxes/{id}/exec/stream HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
+        "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         d.key,
         body.len()
@@ -203,8 +209,34 @@ fn open_stream(d: &Daemon, id: &str, cmd: &str) -> std::net::TcpStream {
     .unwrap();
     let mut head = [0u8; 4096];
     let n = s.read(&mut head).unwrap();
-    assert!(String::from_utf8_lossy(&head[..n]).starts_with("HTTP/1.1 200"));
-    s
+    let first = String::from_utf8_lossy(&head[..n]).into_owned();
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    (s, first)
+}
+
+/// Reads a stalled SSE stream to its end: the bytes read and the last 8 KiB.
+fn read_to_end_of_stream(s: &mut std::net::TcpStream) -> (usize, String) {
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut tail = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut total = 0usize;
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                total += n;
+                tail.extend_from_slice(&buf[..n]);
+                if tail.len() > 8192 {
+                    tail.drain(..tail.len() - 8192);
+                }
+                if String::from_utf8_lossy(&tail).contains("\r\n0\r\n\r\n") {
+                    break;
+                }
+            }
+            Err(e) => panic!("the stream did not end ({total} bytes read): {e}"),
+        }
+    }
+    (total, String::from_utf8_lossy(&tail).into_owned())
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -242,27 +274,7 @@ async fn a_stream_reader_that_stops_does_not_bloat_the_daemon() {
         "another exec took {other:?}"
     );
     // Reading again: what was buffered, then an error, never an exit.
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut tail = Vec::new();
-    let mut buf = vec![0u8; 1 << 16];
-    let mut total = 0usize;
-    loop {
-        match s.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                total += n;
-                tail.extend_from_slice(&buf[..n]);
-                if tail.len() > 8192 {
-                    tail.drain(..tail.len() - 8192);
-                }
-                if String::from_utf8_lossy(&tail).contains("\r\n0\r\n\r\n") {
-                    break;
-                }
-            }
-            Err(e) => panic!("the stream did not end ({total} bytes read): {e}"),
-        }
-    }
-    let tail = String::from_utf8_lossy(&tail);
+    let (total, tail) = read_to_end_of_stream(&mut s);
     assert!(tail.contains("event: error"), "{tail}");
     assert!(tail.contains("stopped reading"), "{tail}");
     assert!(!tail.contains("event: exit"), "{tail}");
@@ -273,6 +285,116 @@ async fn a_stream_reader_that_stops_does_not_bloat_the_daemon() {
     // The exec was killed.
     let v = exec_json(&d, &id, "pgrep -x yes | wc -l").await;
     assert_eq!(v["stdout"], "0\n");
+    d.delete_all().await;
+}
+
+/// The same stall on a one-shot run (`POST /v1/run`), whose sandbox exists
+/// only for its stream: the daemon stays bounded, other tenants are served,
+/// the stream ends with the error, and the sandbox is gone with its program.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_one_shot_run_reader_that_stops_does_not_bloat_the_daemon_or_keep_its_sandbox() {
+    let d = Daemon::start(
+        &data_dir("hostile-run-stall"),
+        free_port(),
+        &["--max-output-bytes", "1G"],
+    );
+    let pid = d.child.id();
+    let other = d.create(json!({})).await;
+    exec_json(&d, &other, "true").await;
+    let base = status_kib(pid, "VmRSS");
+    let body = json!({
+        "sandbox": {"limits": {"output_bytes": 512 * MB}},
+        "exec": {"cmd": "yes | head -c 536870912", "timeout_seconds": 300},
+    });
+    let (mut s, first) = open_sse(&d, "/v1/run", &body);
+    // The first event names the sandbox the run made.
+    let mut seen = first;
+    while !seen.contains("event: sandbox\ndata: ") || !seen.contains("\n\n") {
+        let mut buf = [0u8; 4096];
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended before its sandbox event: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    let data = seen
+        .split("event: sandbox\ndata: ")
+        .nth(1)
+        .and_then(|rest| rest.split('\n').next())
+        .unwrap_or_else(|| panic!("no sandbox event in {seen}"));
+    let made: Value = serde_json::from_str(data).unwrap();
+    let id = made["id"].as_str().expect("the sandbox's id").to_string();
+    let until = Instant::now() + Duration::from_secs(20);
+    let mut peak = 0;
+    let mut slowest = Duration::ZERO;
+    while Instant::now() < until {
+        peak = peak.max(status_kib(pid, "VmRSS").saturating_sub(base) / 1024);
+        let t = Instant::now();
+        let v = exec_json(&d, &other, "echo hi").await;
+        slowest = slowest.max(t.elapsed());
+        assert_eq!(v["stdout"], "hi\n");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!(
+        "stalled one-shot run: daemon RSS +{peak} MB, another sandbox's exec at most {slowest:?}"
+    );
+    assert!(
+        peak < 100,
+        "a stalled one-shot run grew the daemon by {peak} MB"
+    );
+    assert!(
+        slowest < Duration::from_secs(3),
+        "another sandbox's exec took {slowest:?}"
+    );
+    let (total, tail) = read_to_end_of_stream(&mut s);
+    assert!(tail.contains("event: error"), "{tail}");
+    assert!(tail.contains("stopped reading"), "{tail}");
+    assert!(!tail.contains("event: exit"), "{tail}");
+    assert!(
+        total < 300 << 20,
+        "{total} bytes were buffered for the reader"
+    );
+    // The run's sandbox is gone, and says why; only the other one is live.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = d
+            .req(Method::GET, &format!("/v1/sandboxes/{id}"))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let v: Value = r.json().await.unwrap();
+        if status == 404 {
+            assert!(
+                v["error"].as_str().unwrap_or("").contains("POST /v1/run"),
+                "{v}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the run's sandbox is still there: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let listed: Value = d.get("/v1/sandboxes").await;
+    let ids: Vec<&str> = listed
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|s| s["id"].as_str())
+        .collect();
+    assert_eq!(ids, [other.as_str()], "{listed}");
+    // No process is left in the run's cgroups.
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter(|e| std::fs::read_to_string(e.path().join("cgroup")).is_ok_and(|c| c.contains(&id)))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "processes of the run's sandbox are left: {left:?}"
+    );
     d.delete_all().await;
 }
 
