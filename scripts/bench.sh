@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sandbox start-up benchmark: runcell beside bare python3, bwrap and gVisor in
-# one run. Needs root. Usage: sudo ./scripts/bench.sh [--iterations N]
+# one run. Needs root. Usage: sudo ./scripts/bench.sh [--iterations N] [--pause-ms MS]
 # The HTTP API benchmark (and one sandbox phase by phase beside bare python3):
 #   sudo ./scripts/bench.sh --api [--iterations N]
 # Code-interpreter first result (needs the code-interpreter template):

@@ -15,7 +15,9 @@
 //!
 //! Every command runs the same interpreter, Debian's `/usr/bin/python3`
 //! (the `host` template exposes the host's /usr, so runcell runs it too).
-//! Runs are interleaved round-robin so drift affects every row alike.
+//! Runs are interleaved round-robin so drift affects every row alike, and
+//! every sample follows the same idle pause (`--pause-ms`, 150 ms), so none
+//! is measured from a warmer or colder machine than another.
 //!
 //! Run with `sudo ./scripts/bench.sh` (builds in release mode first).
 
@@ -40,6 +42,14 @@ struct Args {
     /// Iterations for the gVisor row (it is slow).
     #[arg(long, default_value_t = 20)]
     gvisor_iterations: usize,
+    /// Idle time before every sample of every row, in milliseconds. Row (i)
+    /// needs one (the daemon refills its standby pool 100 ms after a
+    /// claim), and a pause costs the next command a cold start on this
+    /// VM (about 1-3 ms more for bare python3), so every row gets the same
+    /// pause: each is measured from the same idle state. 0 runs rows back to
+    /// back and row (i) then after the pause only, as before 4 December 2026.
+    #[arg(long, default_value_t = 150, value_parser = clap::value_parser!(u64).range(0..=5000))]
+    pause_ms: u64,
 }
 
 #[derive(Debug)]
@@ -71,6 +81,13 @@ async fn create_run_destroy(rt: &Runtime, opts: &SandboxOptions) -> Duration {
     assert_eq!(r.outcome.status(), 0);
     sb.destroy().await.expect("destroy");
     t.elapsed()
+}
+
+/// Waits `d` without using a CPU (nothing when `d` is zero).
+async fn idle(d: Duration) {
+    if !d.is_zero() {
+        tokio::time::sleep(d).await;
+    }
 }
 
 /// As `time_command`, with `env` added to the command's environment.
@@ -189,6 +206,11 @@ async fn main() {
     .collect();
 
     let total = args.warmup + args.iterations;
+    // The same idle time before every sample (see `--pause-ms`); at least
+    // 150 ms before row (i), whose daemon refills its pool 100 ms after a
+    // claim, as between a person's runs.
+    let pause = Duration::from_millis(args.pause_ms);
+    let before_daemon = pause.max(Duration::from_millis(150));
     for i in 0..total {
         let keep = i >= args.warmup;
         let mut record = |row: usize, d: Duration| {
@@ -196,26 +218,32 @@ async fn main() {
                 rows[row].samples.push(d);
             }
         };
+        idle(pause).await;
         record(0, time_command(&bare));
         if has_bwrap {
+            idle(pause).await;
             record(1, time_command(&bwrap));
         }
         if has_runsc && i < args.warmup + args.gvisor_iterations {
+            idle(pause).await;
             record(2, time_command(&runsc));
         }
+        idle(pause).await;
         record(3, time_command(&runcell_cli));
 
+        idle(pause).await;
         record(4, create_destroy(&rt, &opts).await);
+        idle(pause).await;
         record(5, create_run_destroy(&rt, &opts).await);
         // The pool refills in the background; make sure a standby is there
         // (not measured), as it is in a daemon between requests.
         pooled.warm_up().await;
+        idle(pause).await;
         record(6, create_destroy(&pooled, &opts).await);
         pooled.warm_up().await;
+        idle(pause).await;
         record(7, create_run_destroy(&pooled, &opts).await);
-        // The daemon refills its pool 100 ms after a claim, as between a
-        // person's runs.
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        idle(before_daemon).await;
         record(8, time_with_env(&runcell_daemon, &daemon_env));
     }
     daemon.stop();
@@ -227,9 +255,10 @@ async fn main() {
         percentile(&s, 0.5)
     };
     println!(
-        "python: {PYTHON}; iterations: {} (gVisor {}); machine: {} cores",
+        "python: {PYTHON}; iterations: {} (gVisor {}); idle before every sample: {} ms; machine: {} cores",
         args.iterations,
         args.gvisor_iterations,
+        args.pause_ms,
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(0)

@@ -22,6 +22,11 @@ use runcell_protocol::Command as Cmd;
 use runcell_testkit::{free_port, Daemon};
 use serde_json::{json, Value};
 
+/// The idle time before every measured row: the daemon refills its pools
+/// 100 ms after a claim, as between a person's runs, and every other row
+/// gets the same pause so that none starts from a warmer machine.
+const PAUSE: Duration = Duration::from_millis(150);
+
 #[derive(Debug, Parser)]
 #[command(about = "HTTP API benchmark (runs the direct path beside it)")]
 struct Args {
@@ -228,7 +233,7 @@ async fn main() {
     let mut errors = 0;
     for _ in 0..args.iterations {
         // Between requests, as a daemon is, the pools have refilled.
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        tokio::time::sleep(PAUSE).await;
         match api.cycle().await {
             Ok(d) => seq_api.push(d),
             Err(e) => {
@@ -237,6 +242,10 @@ async fn main() {
             }
         }
         direct.warm_up().await;
+        // Every row after the same idle pause: a pause costs the next
+        // command a cold start here (1-3 ms for bare python3), so a row
+        // measured without one would look faster than it is.
+        tokio::time::sleep(PAUSE).await;
         let t = Instant::now();
         let sb = direct
             .create(SandboxOptions {
@@ -256,6 +265,7 @@ async fn main() {
         assert_eq!(r.outcome.status(), 0);
         sb.destroy().await.expect("destroy");
         seq_direct.push(t.elapsed());
+        tokio::time::sleep(PAUSE).await;
         let t = Instant::now();
         let ok = Command::new(&runcell)
             .args(["run", "python", "-c", "pass"])
@@ -265,7 +275,7 @@ async fn main() {
             .success();
         assert!(ok);
         cli.push(t.elapsed());
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        tokio::time::sleep(PAUSE).await;
         match api.phases().await {
             Ok(p) => {
                 three.push(p[0] + p[1] + p[3]);
@@ -278,7 +288,7 @@ async fn main() {
                 errors += 1
             }
         }
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        tokio::time::sleep(PAUSE).await;
         match api.run_once().await {
             Ok(d) => once.push(d),
             Err(e) => {
@@ -286,6 +296,7 @@ async fn main() {
                 errors += 1
             }
         }
+        tokio::time::sleep(PAUSE).await;
         let t = Instant::now();
         let ok = Command::new("/usr/bin/python3")
             .args(["-c", "pass"])
