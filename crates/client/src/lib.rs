@@ -980,12 +980,7 @@ impl Client {
         opts: &ExecOptions,
         on_output: impl FnMut(Stream, &[u8]),
     ) -> Result<CodeEnd, ClientError> {
-        let body = opts.onto(serde_json::json!({
-            "cmd": code,
-            "language": language,
-            "args": args,
-            "exact_output": true,
-        }));
+        let body = code_exec(language, code, args, opts);
         let mut resp = self.exec_stream_open(id, &body).await?;
         code_events(&mut resp, |_| {}, on_output).await
     }
@@ -1008,12 +1003,7 @@ impl Client {
         on_sandbox: impl FnMut(&str),
         on_output: impl FnMut(Stream, &[u8]),
     ) -> Result<CodeEnd, ClientError> {
-        let exec = opts.onto(serde_json::json!({
-            "cmd": code,
-            "language": language,
-            "args": args,
-            "exact_output": true,
-        }));
+        let exec = code_exec(language, code, args, opts);
         let body = serde_json::json!({"sandbox": sandbox, "exec": exec});
         let mut resp = self.stream_open("/v1/run", &body).await?;
         code_events(&mut resp, on_sandbox, on_output).await
@@ -1274,6 +1264,17 @@ impl Client {
             e => e,
         }
     }
+}
+
+/// The exec body that runs source code in `language` with `args`, its
+/// output exact: what `exec/stream` and `POST /v1/run`'s `exec` take.
+fn code_exec(language: &str, code: &str, args: &[String], opts: &ExecOptions) -> Value {
+    opts.onto(serde_json::json!({
+        "cmd": code,
+        "language": language,
+        "args": args,
+        "exact_output": true,
+    }))
 }
 
 /// Reads a code run's SSE stream to its end: `on_sandbox` gets the id of a
