@@ -203,23 +203,10 @@ async fn a_fork_bomb_that_times_out_is_gone_too() {
 /// A sandbox whose limit ended it (a gVisor sandbox is one host process)
 /// is removed, and asking for it says why it ended: `cause`.
 async fn assert_ended_by(d: &Daemon, id: &str, cause: &str) {
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = d
-            .req(Method::GET, &format!("/v1/sandboxes/{id}"))
-            .send()
-            .await
-            .unwrap();
-        if r.status() == 404 {
-            let v: Value = r.json().await.unwrap();
-            let reason = v["end_reason"].as_str().unwrap_or_default();
-            assert!(reason.contains(cause), "{v}");
-            assert!(v["error"].to_string().contains(cause), "{v}");
-            return;
-        }
-        assert!(Instant::now() < until, "the ended sandbox is still listed");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let v = ended_answer(d, id, Duration::from_secs(10)).await;
+    let reason = v["end_reason"].as_str().unwrap_or_default();
+    assert!(reason.contains(cause), "{v}");
+    assert!(v["error"].to_string().contains(cause), "{v}");
 }
 
 #[tokio::test]

@@ -239,6 +239,44 @@ fn read_to_end_of_stream(s: &mut std::net::TcpStream) -> (usize, String) {
     (total, String::from_utf8_lossy(&tail).into_owned())
 }
 
+/// Stops reading a stream for 20 s (longer than the daemon's stall limit)
+/// while its program keeps writing: the daemon's RSS stays within 100 MB of
+/// `base` (KiB) and `echo hi` in sandbox `other` answers within 3 s
+/// throughout. `what` names the stream in the messages.
+async fn stall_and_check(d: &Daemon, other: &str, base: u64, what: &str) {
+    let pid = d.child.id();
+    let until = Instant::now() + Duration::from_secs(20);
+    let mut peak = 0;
+    let mut slowest = Duration::ZERO;
+    while Instant::now() < until {
+        peak = peak.max(status_kib(pid, "VmRSS").saturating_sub(base) / 1024);
+        let t = Instant::now();
+        let v = exec_json(d, other, "echo hi").await;
+        slowest = slowest.max(t.elapsed());
+        assert_eq!(v["stdout"], "hi\n");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!("{what}: daemon RSS +{peak} MB, another exec at most {slowest:?}");
+    assert!(peak < 100, "{what} grew the daemon by {peak} MB");
+    assert!(
+        slowest < Duration::from_secs(3),
+        "another exec took {slowest:?} beside {what}"
+    );
+}
+
+/// Reading a stalled stream again gives what was buffered (under 300 MiB),
+/// then the stall's error, never an exit.
+fn assert_stall_ended(s: &mut std::net::TcpStream) {
+    let (total, tail) = read_to_end_of_stream(s);
+    assert!(tail.contains("event: error"), "{tail}");
+    assert!(tail.contains("stopped reading"), "{tail}");
+    assert!(!tail.contains("event: exit"), "{tail}");
+    assert!(
+        total < 300 << 20,
+        "{total} bytes were buffered for the reader"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stream_reader_that_stops_does_not_bloat_the_daemon() {
     let d = Daemon::start(
@@ -253,35 +291,9 @@ async fn a_stream_reader_that_stops_does_not_bloat_the_daemon() {
     exec_json(&d, &id, "true").await;
     let base = status_kib(pid, "VmRSS");
     let mut s = open_stream(&d, &id, "yes | head -c 536870912");
-    // Stop reading for 20 s (longer than the daemon's stall limit) while the
-    // program keeps writing.
-    let until = Instant::now() + Duration::from_secs(20);
-    let mut peak = 0;
-    let mut other = Duration::ZERO;
-    while Instant::now() < until {
-        peak = peak.max(status_kib(pid, "VmRSS").saturating_sub(base) / 1024);
-        // The same sandbox keeps answering other requests.
-        let t = Instant::now();
-        let v = exec_json(&d, &id, "echo hi").await;
-        other = other.max(t.elapsed());
-        assert_eq!(v["stdout"], "hi\n");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    eprintln!("stalled reader: daemon RSS +{peak} MB, other exec at most {other:?}");
-    assert!(peak < 100, "a stalled stream grew the daemon by {peak} MB");
-    assert!(
-        other < Duration::from_secs(3),
-        "another exec took {other:?}"
-    );
-    // Reading again: what was buffered, then an error, never an exit.
-    let (total, tail) = read_to_end_of_stream(&mut s);
-    assert!(tail.contains("event: error"), "{tail}");
-    assert!(tail.contains("stopped reading"), "{tail}");
-    assert!(!tail.contains("event: exit"), "{tail}");
-    assert!(
-        total < 300 << 20,
-        "{total} bytes were buffered for the reader"
-    );
+    // The same sandbox keeps answering other requests meanwhile.
+    stall_and_check(&d, &id, base, "a stalled stream").await;
+    assert_stall_ended(&mut s);
     // The exec was killed.
     let v = exec_json(&d, &id, "pgrep -x yes | wc -l").await;
     assert_eq!(v["stdout"], "0\n");
@@ -309,7 +321,12 @@ async fn a_one_shot_run_reader_that_stops_does_not_bloat_the_daemon_or_keep_its_
     let (mut s, first) = open_sse(&d, "/v1/run", &body);
     // The first event names the sandbox the run made.
     let mut seen = first;
-    while !seen.contains("event: sandbox\ndata: ") || !seen.contains("\n\n") {
+    let whole = |seen: &str| {
+        seen.split("event: sandbox\ndata: ")
+            .nth(1)
+            .is_some_and(|rest| rest.contains('\n'))
+    };
+    while !whole(&seen) {
         let mut buf = [0u8; 4096];
         let n = s.read(&mut buf).unwrap();
         assert!(n > 0, "the stream ended before its sandbox event: {seen}");
@@ -322,59 +339,14 @@ async fn a_one_shot_run_reader_that_stops_does_not_bloat_the_daemon_or_keep_its_
         .unwrap_or_else(|| panic!("no sandbox event in {seen}"));
     let made: Value = serde_json::from_str(data).unwrap();
     let id = made["id"].as_str().expect("the sandbox's id").to_string();
-    let until = Instant::now() + Duration::from_secs(20);
-    let mut peak = 0;
-    let mut slowest = Duration::ZERO;
-    while Instant::now() < until {
-        peak = peak.max(status_kib(pid, "VmRSS").saturating_sub(base) / 1024);
-        let t = Instant::now();
-        let v = exec_json(&d, &other, "echo hi").await;
-        slowest = slowest.max(t.elapsed());
-        assert_eq!(v["stdout"], "hi\n");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    eprintln!(
-        "stalled one-shot run: daemon RSS +{peak} MB, another sandbox's exec at most {slowest:?}"
-    );
-    assert!(
-        peak < 100,
-        "a stalled one-shot run grew the daemon by {peak} MB"
-    );
-    assert!(
-        slowest < Duration::from_secs(3),
-        "another sandbox's exec took {slowest:?}"
-    );
-    let (total, tail) = read_to_end_of_stream(&mut s);
-    assert!(tail.contains("event: error"), "{tail}");
-    assert!(tail.contains("stopped reading"), "{tail}");
-    assert!(!tail.contains("event: exit"), "{tail}");
-    assert!(
-        total < 300 << 20,
-        "{total} bytes were buffered for the reader"
-    );
+    stall_and_check(&d, &other, base, "a stalled one-shot run").await;
+    assert_stall_ended(&mut s);
     // The run's sandbox is gone, and says why; only the other one is live.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = d
-            .req(Method::GET, &format!("/v1/sandboxes/{id}"))
-            .send()
-            .await
-            .unwrap();
-        let status = r.status().as_u16();
-        let v: Value = r.json().await.unwrap();
-        if status == 404 {
-            assert!(
-                v["error"].as_str().unwrap_or("").contains("POST /v1/run"),
-                "{v}"
-            );
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the run's sandbox is still there: {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let why = ended_answer(&d, &id, Duration::from_secs(10)).await;
+    assert!(
+        why["error"].as_str().unwrap_or("").contains("POST /v1/run"),
+        "{why}"
+    );
     let listed: Value = d.get("/v1/sandboxes").await;
     let ids: Vec<&str> = listed
         .as_array()

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
@@ -133,19 +133,7 @@ async fn an_ended_sandbox_says_why_and_when_to_its_owner_only() {
     let id = d
         .create(json!({"ttl_seconds": 1, "env": {"API_TOKEN": "tok-5ecret-77"}}))
         .await;
-    let until = Instant::now() + Duration::from_secs(5);
-    let body = loop {
-        let r = d
-            .req(reqwest::Method::GET, &format!("/v1/sandboxes/{id}"))
-            .send()
-            .await
-            .unwrap();
-        if r.status() == 404 {
-            break r.json::<Value>().await.unwrap();
-        }
-        assert!(Instant::now() < until, "not reaped");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let body = ended_answer(&d, &id, Duration::from_secs(5)).await;
     let msg = body["error"].as_str().unwrap();
     assert!(
         msg.starts_with(&format!("sandbox {id} expired after 1 s idle at 20")),

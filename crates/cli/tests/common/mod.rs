@@ -284,3 +284,24 @@ pub fn host_processes() -> Vec<HostProcess> {
     }
     out
 }
+
+/// Waits (up to `within`) until asking for sandbox `id` answers 404, and
+/// gives that answer: an ended sandbox says why it ended.
+pub async fn ended_answer(d: &Daemon, id: &str, within: std::time::Duration) -> serde_json::Value {
+    let until = std::time::Instant::now() + within;
+    loop {
+        let r = d
+            .req(reqwest::Method::GET, &format!("/v1/sandboxes/{id}"))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 404 {
+            return r.json().await.unwrap();
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "sandbox {id} is still there after {within:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
