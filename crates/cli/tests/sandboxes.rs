@@ -17,22 +17,8 @@ async fn idle_ttl_is_enforced_within_two_seconds_and_persistent_is_exempt() {
     let pinned = d
         .create(json!({"ttl_seconds": 1, "persistent": true}))
         .await;
-    let started = Instant::now();
-    loop {
-        let r = d
-            .req(reqwest::Method::GET, &format!("/v1/sandboxes/{short}"))
-            .send()
-            .await
-            .unwrap();
-        if r.status() == 404 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(4),
-            "the idle TTL was not enforced"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // The idle TTL is enforced: gone within 4 s.
+    ended_answer(&d, &short, Duration::from_secs(4)).await;
     let (s, body) = d.exec(&pinned, "true").await;
     assert_eq!(
         s, 200,
