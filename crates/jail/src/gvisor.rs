@@ -29,8 +29,8 @@ use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::unistd::{chown, Gid, Uid};
 
 use crate::inside::{
-    bind, inode_limit, inside, mkdir, mkdir_if_missing, overlay_template, read_spec, report_error,
-    step, synthesize_etc, Bootstrap, SetupError,
+    bind, inode_limit, inside, mkdir, mkdir_if_missing, overlay_options, overlay_template,
+    read_spec, report_error, step, synthesize_etc, Bootstrap, SetupError, Upper,
 };
 use crate::spec::{InitSpec, RootfsSpec};
 
@@ -485,6 +485,7 @@ fn overlay_layers_absolute(
     target: &Path,
     upper: &Path,
     work: &Path,
+    kind: Upper,
 ) -> Result<(), SetupError> {
     let bad = |what: String| SetupError::Step {
         step: "overlaying the template's layers".into(),
@@ -502,12 +503,7 @@ fn overlay_layers_absolute(
         }
     }
     let lowerdir: Vec<String> = lowers.iter().map(|l| l.display().to_string()).collect();
-    let opts = format!(
-        "lowerdir={},upperdir={},workdir={},userxattr",
-        lowerdir.join(":"),
-        upper.display(),
-        work.display()
-    );
+    let opts = overlay_options(&lowerdir.join(":"), upper, work, kind);
     // The mount options must fit in one page.
     if opts.len() >= 4000 {
         return Err(bad(format!(
