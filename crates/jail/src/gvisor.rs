@@ -340,7 +340,14 @@ pub fn compose_rootfs(spec: &InitSpec, stage: &Path) -> Result<PathBuf, SetupErr
     for d in ["root", "upper", "work"] {
         mkdir(&stage.join(d), 0o755)?;
     }
-    overlay_template(spec, stage, &root, overlay_layers_absolute, false)?;
+    overlay_template(
+        spec,
+        stage,
+        &root,
+        overlay_layers_absolute,
+        false,
+        Upper::Volatile,
+    )?;
     if !spec.state_layers.is_empty() {
         refuse_planted_symlinks(&spec.user.home, &root)?;
     }

@@ -352,7 +352,13 @@ fn lay_root(spec: &InitSpec, enter: Enter) -> Result<bool, SetupError> {
     fs::set_permissions(stage.join("shm"), fs::Permissions::from_mode(0o1777))
         .map_err(step("preparing /dev/shm"))?;
 
-    overlay_template(spec, stage, &root, overlay_layers, true)?;
+    // A microVM's stage is its own disk, whose copies mount this layer's
+    // work directory again: not volatile there (see `Upper`).
+    let own = match enter {
+        Enter::Pivot => Upper::Volatile,
+        Enter::MoveAndChroot => Upper::Synced,
+    };
+    overlay_template(spec, stage, &root, overlay_layers, true, own)?;
 
     let t_root = t0.elapsed();
     if !spec.state_layers.is_empty() {
@@ -454,6 +460,7 @@ pub(crate) fn overlay_template(
     root: &Path,
     layered: OverlayLayers,
     bind_root: bool,
+    own: Upper,
 ) -> Result<(), SetupError> {
     // A snapshot's (or a hibernated sandbox's) files lie between the
     // template and the writable layer.
@@ -462,16 +469,16 @@ pub(crate) fn overlay_template(
     let work = stage.join("work").join(STATE_ROOT);
     match &spec.rootfs {
         RootfsSpec::Directory { path } if state_roots.is_empty() => {
-            overlay(path, root, &upper, &work, Upper::Private)
+            overlay(path, root, &upper, &work, own)
         }
         RootfsSpec::Directory { path } => {
             let lowers: Vec<PathBuf> = state_roots.into_iter().chain([path.clone()]).collect();
-            layered(&lowers, root, &upper, &work, Upper::Private)
+            layered(&lowers, root, &upper, &work, own)
         }
         RootfsSpec::Layers { lowers, persist } => {
             let (upper, work, kind) = match persist {
-                Some(dir) => (dir.join("diff"), dir.join("work"), Upper::Kept),
-                None => (upper, work, Upper::Private),
+                Some(dir) => (dir.join("diff"), dir.join("work"), Upper::Synced),
+                None => (upper, work, own),
             };
             let lowers: Vec<PathBuf> = state_roots.into_iter().chain(lowers.clone()).collect();
             layered(&lowers, root, &upper, &work, kind)
@@ -480,12 +487,12 @@ pub(crate) fn overlay_template(
             if !state_roots.is_empty() {
                 // The root directory itself becomes an overlay of the
                 // saved root over nothing, a mount point `pivot_root` accepts.
-                layered(&state_roots, root, &upper, &work, Upper::Private)?;
+                layered(&state_roots, root, &upper, &work, own)?;
             } else if bind_root {
                 bind(root, root, false)?;
             }
             for p in paths {
-                host_path(p, root, stage, &spec.state_layers)?;
+                host_path(p, root, stage, &spec.state_layers, own)?;
             }
             mkdir(&root.join("etc"), 0o755)?;
             for name in etc {
@@ -506,28 +513,32 @@ pub(crate) fn mkdir_if_missing(path: &Path, mode: u32) -> Result<bool, SetupErro
     mkdir(path, mode).map(|()| true)
 }
 
-/// What becomes of an overlay's writable layer.
+/// Whether an overlay syncs its writable layer's file system.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Upper {
-    /// The sandbox's own, gone with it or saved by a snapshot of the stage
-    /// (which flushes what it holds first): mounted `volatile`, so the
-    /// overlay never syncs the file system under it. Without it every
-    /// overlay's unmount at a sandbox's end synced its upper file system:
-    /// with the btrfs layer store, a transaction commit of the whole store
-    /// (and its write-out through the loop device) per sandbox, about 3 ms
-    /// of CPU; and a sandbox's `fsync` or `syncfs` there reached the store
-    /// every sandbox shares.
-    Private,
-    /// A template build's layer, which outlives the sandbox: synced as
-    /// usual.
-    Kept,
+    /// Mounted `volatile`: the overlay never syncs the file system under
+    /// it. For a sandbox's writable layer in a stage on the host (jail,
+    /// gVisor), which is thrown away or saved by a snapshot of the stage
+    /// (a btrfs snapshot flushes what the subvolume holds first, a tmpfs
+    /// stage is copied). Without it every overlay's unmount at a sandbox's
+    /// end synced its upper file system: with the btrfs layer store, a
+    /// transaction commit of the whole store (and its write-out through the
+    /// loop device) per sandbox, about 3 ms of CPU; and a sandbox's `fsync`
+    /// or `syncfs` there reached the store every sandbox shares.
+    Volatile,
+    /// Synced as usual: a template build's layer, which outlives the
+    /// sandbox, and a microVM's writable layer, on a disk of its own whose
+    /// copies (a snapshot, a fork) mount the same work directory again,
+    /// which overlayfs refuses after a volatile mount (its
+    /// `work/incompat/volatile` marker).
+    Synced,
 }
 
 /// The mount options of an overlay of `lowerdir` (already joined).
 pub(crate) fn overlay_options(lowerdir: &str, upper: &Path, work: &Path, kind: Upper) -> String {
     let volatile = match kind {
-        Upper::Private => ",volatile",
-        Upper::Kept => "",
+        Upper::Volatile => ",volatile",
+        Upper::Synced => "",
     };
     format!(
         "lowerdir={lowerdir},upperdir={},workdir={},userxattr{volatile}",
@@ -655,6 +666,7 @@ pub(crate) fn host_path(
     root: &Path,
     stage: &Path,
     state_layers: &[PathBuf],
+    own: Upper,
 ) -> Result<(), SetupError> {
     let meta = match fs::symlink_metadata(p) {
         Ok(m) => m,
@@ -688,10 +700,10 @@ pub(crate) fn host_path(
         .filter(|d| d.is_dir())
         .collect();
     if saved.is_empty() {
-        overlay(p, &target, &upper, &work, Upper::Private)
+        overlay(p, &target, &upper, &work, own)
     } else {
         let lowers: Vec<PathBuf> = saved.into_iter().chain([p.to_path_buf()]).collect();
-        overlay_layers(&lowers, &target, &upper, &work, Upper::Private)
+        overlay_layers(&lowers, &target, &upper, &work, own)
     }
 }
 
