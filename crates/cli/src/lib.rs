@@ -73,6 +73,23 @@ enum Front {
     Remote(Remote),
 }
 
+/// `runcell run`'s command line alone: parsing it builds no other
+/// command's arguments (clap builds every subcommand it is given, and a
+/// run is mostly start-up).
+#[derive(Debug, Parser)]
+#[command(name = "runcell")]
+struct RunCli {
+    #[command(flatten)]
+    globals: Globals,
+    #[command(subcommand)]
+    command: RunOnly,
+}
+
+#[derive(Debug, Subcommand)]
+enum RunOnly {
+    Run(run::RunArgs),
+}
+
 /// The first words of the command lines `runcell` runs itself.
 const FRONT_COMMANDS: [&str; 9] = [
     "run", "context", "sandbox", "exec", "code", "snapshot", "volume", "cp", "logs",
@@ -139,6 +156,14 @@ pub fn front_main() -> ExitCode {
         .any(|c| first.as_deref() == Some(OsStr::new(c)))
     {
         return exec_full();
+    }
+    if first.as_deref() == Some(OsStr::new("run")) {
+        let Ok(cli) = RunCli::try_parse() else {
+            return exec_full();
+        };
+        init_front_tracing();
+        let RunOnly::Run(args) = cli.command;
+        return run_command(args, cli.globals);
     }
     let Ok(cli) = FrontCli::try_parse() else {
         return exec_full();
@@ -317,5 +342,75 @@ mod tests {
         let mut listed: Vec<String> = FRONT_COMMANDS.iter().map(|c| c.to_string()).collect();
         listed.sort();
         assert_eq!(parsed, listed);
+    }
+
+    /// `runcell run` is parsed by a parser of its own; it must take and
+    /// refuse exactly what the full command line does.
+    #[test]
+    fn a_run_is_parsed_as_the_full_command_line_parses_it() {
+        // (the command line, whether it parses)
+        let lines: [(&[&str], bool); 6] = [
+            (&["runcell", "run", "python", "-c", "print(1)"], true),
+            (
+                &[
+                    "runcell",
+                    "run",
+                    "--memory",
+                    "256M",
+                    "--timeout",
+                    "5s",
+                    "--env",
+                    "A=1",
+                    "--state-dir",
+                    "/tmp/s",
+                    "bash",
+                    "-c",
+                    "echo hi",
+                ],
+                true,
+            ),
+            (
+                &[
+                    "runcell",
+                    "run",
+                    "--no-daemon",
+                    "--network",
+                    "open",
+                    "--isolation",
+                    "gvisor",
+                    "node",
+                    "-c",
+                    "1",
+                    "--",
+                    "x",
+                ],
+                true,
+            ),
+            (
+                &["runcell", "run", "--memory", "lots", "python", "-c", "1"],
+                false,
+            ),
+            (
+                &["runcell", "run", "--no-such-option", "python", "-c", "1"],
+                false,
+            ),
+            (&["runcell", "run", "python", "-c", "1", "file.py"], false),
+        ];
+        for (line, parses) in lines {
+            let front = RunCli::try_parse_from(line).map(|c| {
+                let RunOnly::Run(args) = c.command;
+                format!("{args:?} {:?}", c.globals)
+            });
+            let full = Cli::try_parse_from(line).map(|c| match c.command {
+                Commands::Run(args) => format!("{args:?} {:?}", c.globals),
+                other => panic!("{line:?} parsed as {other:?}"),
+            });
+            assert_eq!(front.is_ok(), parses, "{line:?}: {front:?}");
+            match (front, full) {
+                (Ok(a), Ok(b)) => assert_eq!(a, b, "{line:?}"),
+                (Err(a), Err(b)) => assert_eq!(a.kind(), b.kind(), "{line:?}"),
+                (a, b) => panic!("{line:?}: runcell {a:?}, runcell-full {b:?}"),
+            }
+        }
     }
 }
