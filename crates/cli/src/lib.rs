@@ -157,20 +157,20 @@ pub fn front_main() -> ExitCode {
     {
         return exec_full();
     }
-    if first.as_deref() == Some(OsStr::new("run")) {
-        let Ok(cli) = RunCli::try_parse() else {
-            return exec_full();
-        };
-        init_front_tracing();
-        let RunOnly::Run(args) = cli.command;
-        return run_command(args, cli.globals);
-    }
-    let Ok(cli) = FrontCli::try_parse() else {
+    let parsed = if first.as_deref() == Some(OsStr::new("run")) {
+        RunCli::try_parse().map(|cli| {
+            let RunOnly::Run(args) = cli.command;
+            (cli.globals, Front::Run(args))
+        })
+    } else {
+        FrontCli::try_parse().map(|cli| (cli.globals, cli.command))
+    };
+    let Ok((globals, command)) = parsed else {
         return exec_full();
     };
     init_front_tracing();
-    match cli.command {
-        Front::Run(args) => run_command(args, cli.globals),
+    match command {
+        Front::Run(args) => run_command(args, globals),
         Front::Remote(command) => remote_command(command),
     }
 }
