@@ -477,9 +477,11 @@ async fn reconcile(state: &Arc<AppState>) {
                 > i64::try_from(state.config.max_lifetime.as_millis()).unwrap_or(i64::MAX);
         if expired {
             let _ = state.runtime.remove_sandbox(&rec.id).await;
-            let _ = state
-                .registry
-                .end(&rec.id, "deleted", "expired while the daemon was down");
+            let _ = state.registry.end(
+                &rec.id,
+                registry::Ended::Deleted,
+                "expired while the daemon was down",
+            );
             tracing::info!(sandbox = %rec.id, "reaped: expired while the daemon was down");
             continue;
         }
@@ -516,9 +518,11 @@ async fn reconcile(state: &Arc<AppState>) {
             Err(e) => {
                 tracing::warn!(sandbox = %rec.id, "could not re-attach, marking failed: {e}");
                 let _ = state.runtime.remove_sandbox(&rec.id).await;
-                let _ = state
-                    .registry
-                    .end(&rec.id, "failed", "not running after a daemon restart");
+                let _ = state.registry.end(
+                    &rec.id,
+                    registry::Ended::Failed,
+                    "not running after a daemon restart",
+                );
             }
         }
     }

@@ -53,6 +53,40 @@ pub struct Record {
     pub isolation: runcell_core::backend::Isolation,
 }
 
+/// How a sandbox ended: the status its tombstone keeps ([`PRUNE_SQL`] names
+/// every one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Removed: by the API, its TTL or lifetime, or after its run.
+    Deleted,
+    /// Found not running when a restarted daemon looked for it.
+    Failed,
+}
+
+impl Ended {
+    /// The status as stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ended::Deleted => "deleted",
+            Ended::Failed => "failed",
+        }
+    }
+}
+
+/// How many tombstones one statement of [`Registry::prune`] removes: the
+/// registry's connection is free for requests between two of them (with a
+/// million kept, 1000 took 50 ms in one statement).
+const PRUNE_BATCH: usize = 256;
+
+/// One batch of [`Registry::prune`]: the oldest tombstones that ended
+/// before `?1`, at most `?2` of them, found through the
+/// `(status, ended_at_ms)` index, so a prune reads only what it removes
+/// however many tombstones are kept (the retention is a week; a busy
+/// daemon keeps millions).
+pub(crate) const PRUNE_SQL: &str = "DELETE FROM sandboxes WHERE rowid IN
+     (SELECT rowid FROM sandboxes WHERE status IN ('deleted', 'failed') AND ended_at_ms < ?1
+      LIMIT ?2)";
+
 /// What is kept of a sandbox after it ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tombstone {
@@ -109,8 +143,7 @@ impl Registry {
                  last_activity_ms INTEGER NOT NULL,
                  status TEXT NOT NULL,
                  end_reason TEXT
-             );
-             CREATE INDEX IF NOT EXISTS sandboxes_status ON sandboxes(status);",
+             );",
         )?;
         // Added after the first release: when a sandbox ended (tombstones
         // are pruned by it). Rows that ended before it existed age from now.
@@ -143,6 +176,15 @@ impl Registry {
                 "ALTER TABLE sandboxes ADD COLUMN isolation TEXT NOT NULL DEFAULT 'jail';",
             )?;
         }
+        // Lookups by status (live and hibernated sandboxes at start-up and
+        // in the reaper) and the prune's by end time share one index. It
+        // replaces the older index on the status alone, with which a prune
+        // read every tombstone kept. An end rewrites this index's entry
+        // either way: the second column costs no write of its own.
+        conn.execute_batch(
+            "CREATE INDEX IF NOT EXISTS sandboxes_status_ended ON sandboxes(status, ended_at_ms);
+             DROP INDEX IF EXISTS sandboxes_status;",
+        )?;
         // The API keys (the keys module) live in the same database.
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS api_keys (
@@ -211,7 +253,7 @@ impl Registry {
     /// when it ended) until [`Registry::prune`] removes it. Its environment,
     /// which may hold the caller's secrets, is forgotten now (and with
     /// `secure_delete` its old bytes are overwritten, not left in free pages).
-    pub fn end(&self, id: &str, status: &str, reason: &str) -> Result<(), RegistryError> {
+    pub fn end(&self, id: &str, status: Ended, reason: &str) -> Result<(), RegistryError> {
         self.conn
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -219,7 +261,7 @@ impl Registry {
                 "UPDATE sandboxes SET status = ?2, end_reason = ?3, ended_at_ms = ?4, env = '{}'
                  WHERE id = ?1",
             )?
-            .execute(params![id, status, reason, crate::clock::now_ms()])?;
+            .execute(params![id, status.as_str(), reason, crate::clock::now_ms()])?;
         Ok(())
     }
 
@@ -247,16 +289,22 @@ impl Registry {
     }
 
     /// Removes the tombstones of sandboxes that ended before `before_ms`;
-    /// returns how many.
+    /// returns how many. Removed in batches ([`PRUNE_SQL`]), the
+    /// connection's lock let go between them.
     pub fn prune(&self, before_ms: i64) -> Result<usize, RegistryError> {
-        Ok(self
-            .conn
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .execute(
-                "DELETE FROM sandboxes WHERE status != 'running' AND ended_at_ms < ?1",
-                params![before_ms],
-            )?)
+        let mut removed = 0;
+        loop {
+            let n = self
+                .conn
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .prepare_cached(PRUNE_SQL)?
+                .execute(params![before_ms, PRUNE_BATCH])?;
+            removed += n;
+            if n < PRUNE_BATCH {
+                return Ok(removed);
+            }
+        }
     }
 
     /// Rows kept, running or ended.

@@ -1156,7 +1156,7 @@ impl<'a> Service<'a> {
         let state = self.0;
         state
             .registry
-            .end(id, "deleted", reason)
+            .end(id, crate::registry::Ended::Deleted, reason)
             .map_err(|e| ApiError::internal(format!("The deletion could not be recorded: {e}")))?;
         self.collect_layers();
         let _ = std::fs::remove_dir_all(self.memory_image(id));

@@ -300,7 +300,10 @@ impl AppState {
             // (Lock order: this map, then the registry's connection; nothing
             // takes them the other way round. The update is one indexed row.)
             if entry.is_some() {
-                if let Err(e) = self.registry.end(id, "deleted", reason) {
+                if let Err(e) = self
+                    .registry
+                    .end(id, crate::registry::Ended::Deleted, reason)
+                {
                     tracing::warn!(sandbox = %id, "could not record the removal: {e}");
                 }
             }
