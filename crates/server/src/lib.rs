@@ -235,6 +235,7 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
         creating: Default::default(),
         reservations: Default::default(),
         last_prune_ms: Default::default(),
+        heap_activity: Default::default(),
         auto_builds: Default::default(),
         system: report,
         transitions: Default::default(),

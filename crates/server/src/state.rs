@@ -11,6 +11,10 @@ use runcell_core::{Runtime, Sandbox, SandboxLimits, Template};
 pub use crate::clock::now_ms;
 use crate::registry::{Record, Registry};
 
+/// What the reaper compares between ticks to tell a quiet daemon: sandboxes
+/// created so far, and sandboxes live.
+pub type HeapActivity = (u64, usize);
+
 /// Settings of `runcell serve`.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -177,6 +181,9 @@ pub struct AppState {
     pub reservations: crate::quota::Reservations,
     /// When tombstones were last pruned (unix ms).
     pub last_prune_ms: std::sync::atomic::AtomicI64,
+    /// The activity (creations, live sandboxes) the reaper saw at its last
+    /// tick and at its last heap trim ([`AppState::trim_heap_when_quiet`]).
+    pub heap_activity: Mutex<(HeapActivity, HeapActivity)>,
     /// Templates being built in the background (`--auto-build`).
     pub auto_builds: Arc<crate::autobuild::AutoBuilds>,
     /// What this host enforces and which backends it runs, probed at start
@@ -498,6 +505,42 @@ impl AppState {
             self.remove(&id, &reason).await;
         }
         self.prune_tombstones(now);
+        self.trim_heap_when_quiet();
+    }
+
+    /// Gives the allocator's free memory back once activity has stopped:
+    /// when a reaper tick finds no create and no removal since the previous
+    /// one, but some since the last trim. A burst of hundreds of sandboxes
+    /// leaves megabytes free inside glibc's arenas, which it keeps (the
+    /// daemon's RSS stepped up with each round of 500 created and deleted);
+    /// trimming during the burst would only fault the same pages in again.
+    pub fn trim_heap_when_quiet(&self) {
+        let now = (
+            self.metrics
+                .creations
+                .load(std::sync::atomic::Ordering::Relaxed),
+            self.sandboxes
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .len(),
+        );
+        let trim = {
+            let mut seen = self
+                .heap_activity
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let quiet = seen.0 == now;
+            seen.0 = now;
+            let trim = quiet && seen.1 != now;
+            if trim {
+                seen.1 = now;
+            }
+            trim
+        };
+        if trim {
+            let released = runcell_jail::trim_heap();
+            tracing::debug!(released, "gave free heap memory back after a burst of sandboxes");
+        }
     }
 
     /// Removes tombstones older than the retention (at most once a minute).
