@@ -570,3 +570,114 @@ async fn language_names_are_checked_and_never_echoed_whole() {
     assert_eq!((s, out["stdout"].as_str()), (200, Some("alive\n")));
     d.delete_all().await;
 }
+
+/// Metadata is bounded like every other field: it is kept with the sandbox
+/// in the daemon's memory, returned by every list and kept in the
+/// sandbox's tombstone for a week after it ends, and 20 MB of it was
+/// accepted. Too many keys, too long a key or value, or too much in all is
+/// refused on every route that takes metadata (create, `POST /v1/run`, a
+/// fork) naming the field, without echoing a huge key; at the limits a
+/// sandbox is made and forked (a fork tree's own keys are not counted). A
+/// template name is not echoed whole either.
+#[tokio::test(flavor = "multi_thread")]
+async fn metadata_is_bounded_and_never_echoed_whole() {
+    let d = Daemon::start(&data_dir("hostile-metadata"), free_port(), &[]);
+    let keys = |n: usize, len: usize| -> Value {
+        (0..n)
+            .map(|i| (format!("k{i}"), Value::from("m".repeat(len))))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    };
+    let huge_key = "K".repeat(1 << 20);
+    let refusals = [
+        (keys(65, 1), 400, &["metadata", "64", "65"][..]),
+        (json!({"k": "v".repeat(4097)}), 413, &["metadata.k", "4097"]),
+        (
+            json!({ huge_key.clone(): "v" }),
+            413,
+            &["metadata key", "KKK"],
+        ),
+        (keys(6, 3000), 413, &["metadata", "16 KiB", "together"]),
+        (
+            json!({"fork_parent": "p".repeat(1 << 20)}),
+            413,
+            &["metadata.fork_parent"],
+        ),
+    ];
+    let parent = d.create(json!({"metadata": keys(64, 200)})).await;
+    for (metadata, status, words) in refusals {
+        let shown = &metadata.to_string()[..metadata.to_string().len().min(80)];
+        for (path, body) in [
+            ("/v1/sandboxes".to_string(), json!({ "metadata": metadata })),
+            (
+                "/v1/run".to_string(),
+                json!({"sandbox": {"metadata": metadata}, "exec": {"cmd": "true"}}),
+            ),
+            (
+                format!("/v1/sandboxes/{parent}/fork"),
+                json!({ "metadata": metadata }),
+            ),
+        ] {
+            let r = d.req(Method::POST, &path).json(&body).send().await.unwrap();
+            let got = r.status().as_u16();
+            let text = r.text().await.unwrap();
+            assert_eq!(
+                got,
+                status,
+                "{path} {shown} -> {}",
+                &text[..text.len().min(300)]
+            );
+            assert!(
+                text.len() < 2048,
+                "{path} {shown}: {} bytes echoed",
+                text.len()
+            );
+            for w in words {
+                assert!(text.contains(w), "{path} {shown}: {text} does not name {w}");
+            }
+        }
+    }
+    assert_eq!(
+        sandboxes(&d).await.len(),
+        1,
+        "a refused request made a sandbox"
+    );
+    // At the limits: 64 keys (the parent above), 16 KiB in all; a fork tree
+    // adds its two keys to the parent's 64.
+    let full = d
+        .create(json!({"metadata": {"a": "x".repeat(4096), "b": "y".repeat(4096), "c": "z".repeat(4096), "d": "w".repeat(4096 - 4)}}))
+        .await;
+    let (s, tree) = d
+        .post(
+            &format!("/v1/sandboxes/{parent}/fork-tree"),
+            json!({"count": 1}),
+        )
+        .await;
+    assert_eq!(s, 201, "{tree}");
+    let child = tree["children"][0]["id"].as_str().unwrap().to_string();
+    let got: Value = d.get(&format!("/v1/sandboxes/{child}")).await;
+    assert_eq!(got["metadata"]["fork_parent"], parent.as_str(), "{got}");
+    assert_eq!(got["metadata"]["k63"], "m".repeat(200));
+    let (s, out) = d.exec(&full, "echo fine").await;
+    assert_eq!((s, out["stdout"].as_str()), (200, Some("fine\n")), "{out}");
+    // An unknown template's name is cut short in the error.
+    let r = d
+        .req(Method::POST, "/v1/sandboxes")
+        .json(&json!({"template": "t".repeat(1 << 20)}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let text = r.text().await.unwrap();
+    assert!(
+        text.len() < 4096,
+        "the template name was echoed: {} bytes",
+        text.len()
+    );
+    assert!(
+        text.contains("unknown template") && text.contains("bytes in all"),
+        "{text}"
+    );
+    still_serving(&d).await;
+    d.delete_all().await;
+}

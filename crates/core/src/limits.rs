@@ -68,6 +68,17 @@ pub const MAX_CODE_BYTES: usize = runcell_protocol::MAX_BODY;
 /// holds at most [`runcell_protocol::MAX_HEADER`], and the rest of the
 /// message needs a little room.
 pub const MAX_ENCODED_FIELDS: usize = runcell_protocol::MAX_HEADER - (16 << 10);
+/// The most keys a sandbox's metadata may have (the caller's; the server
+/// adds `workspace`).
+pub const MAX_METADATA_KEYS: usize = 64;
+/// The most bytes one metadata key may have.
+pub const MAX_METADATA_KEY_BYTES: usize = 256;
+/// The most bytes one metadata value may have.
+pub const MAX_METADATA_VALUE_BYTES: usize = 4 << 10;
+/// The most bytes a sandbox's metadata may have, keys and values together.
+/// It is kept with the sandbox, returned by every list, and kept in its
+/// tombstone for the retention after it ends.
+pub const MAX_METADATA_BYTES: usize = 16 << 10;
 /// Most processes a sandbox may be given (the kernel's default `pid_max`).
 pub const MAX_PIDS: u64 = 32768;
 /// Fewest processes: a shell and a pipeline need a few.
@@ -427,7 +438,7 @@ pub fn check_env(
 ) -> Result<(), RequestError> {
     let bad = |name: &str, why| RequestError::BadEnv {
         field,
-        name: name.escape_debug().to_string(),
+        name: shown_key(name),
         why,
     };
     let mut total = 0usize;
@@ -447,7 +458,7 @@ pub fn check_env(
         let len = k.len() + 1 + v.len();
         if len > MAX_ENV_VAR_BYTES {
             return Err(RequestError::TooLong {
-                field: format!("{field}.{}", k.escape_debug()),
+                field: format!("{field}.{}", shown_key(k)),
                 got: len,
                 max: MAX_ENV_VAR_BYTES,
                 human: format_size(MAX_ENV_VAR_BYTES as u64 + 1),
@@ -466,6 +477,85 @@ pub fn check_env(
         });
     }
     Ok(())
+}
+
+/// A sandbox's metadata: each key and value within its limit (checked
+/// first, so the error names the one), at most [`MAX_METADATA_KEYS`] keys,
+/// all of them within [`MAX_METADATA_BYTES`]. Keys
+/// in `uncounted` (the server's own) are not counted in the number of keys
+/// or the total, but each is held to the limits of one key and one value.
+/// An error names the key, cut short if it is itself too long.
+pub fn check_metadata(
+    field: &'static str,
+    metadata: &std::collections::BTreeMap<String, String>,
+    uncounted: &[&str],
+) -> Result<(), RequestError> {
+    let counted = |k: &String| !uncounted.contains(&k.as_str());
+    let too_long =
+        |field: String, got: usize, max: usize, why: &'static str| RequestError::TooLong {
+            field,
+            got,
+            max,
+            human: format_size(max as u64),
+            why,
+        };
+    let mut total = 0usize;
+    for (k, v) in metadata {
+        let shown = shown_key(k);
+        if k.len() > MAX_METADATA_KEY_BYTES {
+            return Err(too_long(
+                format!("{field} key \"{shown}\""),
+                k.len(),
+                MAX_METADATA_KEY_BYTES,
+                " for one key",
+            ));
+        }
+        if v.len() > MAX_METADATA_VALUE_BYTES {
+            return Err(too_long(
+                format!("{field}.{shown}"),
+                v.len(),
+                MAX_METADATA_VALUE_BYTES,
+                " for one value",
+            ));
+        }
+        if counted(k) {
+            total = total.saturating_add(k.len() + v.len());
+        }
+    }
+    let keys = metadata.keys().filter(|k| counted(k)).count();
+    if keys > MAX_METADATA_KEYS {
+        return Err(RequestError::OutOfRange {
+            field,
+            kind: "a number of keys",
+            min: "0".into(),
+            max: MAX_METADATA_KEYS.to_string(),
+            unit: "",
+            got: keys.to_string(),
+        });
+    }
+    if total > MAX_METADATA_BYTES {
+        return Err(too_long(
+            field.into(),
+            total,
+            MAX_METADATA_BYTES,
+            " for all keys and values together",
+        ));
+    }
+    Ok(())
+}
+
+/// A key (a variable's name, a metadata key) as an error names it: escaped,
+/// and cut after its first 64 bytes.
+fn shown_key(k: &str) -> String {
+    let mut end = k.len().min(64);
+    while !k.is_char_boundary(end) {
+        end -= 1;
+    }
+    if end < k.len() {
+        format!("{}...", k[..end].escape_debug())
+    } else {
+        k.escape_debug().to_string()
+    }
 }
 
 /// Bytes `s` takes as a JSON string.
@@ -795,5 +885,83 @@ mod properties {
         let e = check_command("cmd", &"x".repeat(10 << 20)).unwrap_err();
         assert!(e.is_too_large());
         assert!(e.to_string().contains("128 KiB"), "{e}");
+    }
+
+    #[test]
+    fn a_long_variable_name_is_not_echoed_whole() {
+        let name = "N".repeat(200 << 10);
+        let env = [(name.clone(), "v".to_string())].into_iter().collect();
+        let e = check_env("env", &env).unwrap_err();
+        assert!(e.to_string().len() < 300, "{e}");
+        assert!(e.to_string().starts_with("env.NNNN"), "{e}");
+        let env = [(format!("{name}="), "v".to_string())]
+            .into_iter()
+            .collect();
+        let e = check_env("env", &env).unwrap_err();
+        assert!(e.to_string().len() < 300, "{e}");
+    }
+
+    #[test]
+    fn metadata_is_held_to_its_limits() {
+        use std::collections::BTreeMap;
+        let map = |pairs: &[(&str, usize)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, n)| (k.to_string(), "v".repeat(*n)))
+                .collect()
+        };
+        let many: BTreeMap<String, String> = (0..=MAX_METADATA_KEYS)
+            .map(|i| (format!("k{i}"), "v".into()))
+            .collect();
+        let e = check_metadata("metadata", &many, &[]).unwrap_err();
+        assert!(!e.is_too_large());
+        assert!(e.to_string().contains("between 0 and 64, not 65"), "{e}");
+        // The server's own keys are not counted...
+        let mut forked = many.clone();
+        forked.remove("k0");
+        forked.insert("fork_parent".into(), "p".into());
+        check_metadata("metadata", &forked, &["fork_parent"]).unwrap();
+        assert!(check_metadata("metadata", &forked, &[]).is_err());
+        // ...but are held to one value's limit.
+        let big = map(&[("fork_parent", MAX_METADATA_VALUE_BYTES + 1)]);
+        let e = check_metadata("metadata", &big, &["fork_parent"]).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("metadata.fork_parent is 4097 bytes"),
+            "{e}"
+        );
+        let e = check_metadata("metadata", &map(&[("", MAX_METADATA_VALUE_BYTES + 1)]), &[])
+            .unwrap_err();
+        assert!(e.is_too_large(), "{e}");
+        // A long key is named by its start only.
+        let key = "K".repeat(1 << 20);
+        let e = check_metadata("metadata", &map(&[(&key, 1)]), &[]).unwrap_err();
+        assert!(e.to_string().len() < 300, "{e}");
+        assert!(e.to_string().contains("metadata key \"KKKK"), "{e}");
+        // All of it together.
+        let e = check_metadata(
+            "metadata",
+            &map(&[
+                ("a", 4000),
+                ("b", 4000),
+                ("c", 4000),
+                ("d", 4000),
+                ("e", 400),
+            ]),
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("16 KiB for all keys and values together"),
+            "{e}"
+        );
+        check_metadata(
+            "metadata",
+            &map(&[("a", 4095), ("b", 4095), ("c", 4095), ("d", 4095)]),
+            &[],
+        )
+        .unwrap();
+        check_metadata("metadata", &BTreeMap::new(), &[]).unwrap();
     }
 }

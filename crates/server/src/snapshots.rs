@@ -725,6 +725,18 @@ impl<'a> Service<'a> {
         count: usize,
         tree: Option<&str>,
     ) -> Result<Vec<Created>, ApiError> {
+        // The children's metadata, checked before anything is saved: the
+        // parent's with the request's over it (and the tree's keys, which
+        // are not counted).
+        let mut metadata = parent
+            .record
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .metadata
+            .clone();
+        metadata.extend(spec.metadata);
+        metadata.remove("workspace");
+        crate::validate::metadata("metadata", &metadata)?;
         // A fork's memory image lives until its children started from it.
         let image = snapshot_image(
             &self.0.config.data_dir,
@@ -739,8 +751,6 @@ impl<'a> Service<'a> {
             .clone();
         let mut chain = vec![key.clone()];
         chain.extend(self.lineage_of(&r.id).state_layers);
-        let mut metadata = r.metadata.clone();
-        metadata.extend(spec.metadata);
         if let Some(tree) = tree {
             metadata.insert("fork_tree_id".into(), tree.to_string());
             metadata.insert("fork_parent".into(), r.id.clone());

@@ -539,7 +539,10 @@ impl AppState {
         };
         if trim {
             let released = runcell_jail::trim_heap();
-            tracing::debug!(released, "gave free heap memory back after a burst of sandboxes");
+            tracing::debug!(
+                released,
+                "gave free heap memory back after a burst of sandboxes"
+            );
         }
     }
 

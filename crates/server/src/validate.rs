@@ -76,6 +76,19 @@ pub(crate) fn env(field: &'static str, env: &BTreeMap<String, String>) -> Result
     Ok(())
 }
 
+/// Metadata keys a fork adds to its parent's (the tree it belongs to):
+/// not counted in the caller's number of keys or total, though each is
+/// held to the limits of one key and value.
+pub(crate) const FORK_METADATA: [&str; 2] = ["fork_tree_id", "fork_parent"];
+
+/// A sandbox's metadata (keys a fork adds aside).
+pub(crate) fn metadata(
+    field: &'static str,
+    metadata: &BTreeMap<String, String>,
+) -> Result<(), ApiError> {
+    Ok(limits::check_metadata(field, metadata, &FORK_METADATA)?)
+}
+
 /// A run's command, its environment (the sandbox's and the request's) and
 /// working directory: each within its limit, and all of them within one
 /// protocol frame.

@@ -23,6 +23,8 @@ pub(crate) struct CreateReq {
     #[schema(value_type = Option<i64>)]
     ttl_seconds: Option<f64>,
     persistent: Option<bool>,
+    /// The caller's string pairs, kept with the sandbox: at most 64 keys,
+    /// a key 256 bytes, a value 4 KiB, 16 KiB in all.
     #[serde(default)]
     metadata: BTreeMap<String, String>,
     from_snapshot: Option<String>,

@@ -169,7 +169,7 @@ pub(crate) async fn delete(
 #[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ForkReq {
-    /// Metadata over the parent's.
+    /// Metadata over the parent's (together held to a create's limits).
     #[serde(default)]
     metadata: BTreeMap<String, String>,
     /// The child's idle TTL; the parent's when absent.

@@ -434,7 +434,8 @@ impl<'a> Service<'a> {
         let mut seen = std::collections::HashSet::new();
         installed.retain(|n| seen.insert(n.clone()));
         ApiError::bad_request(format!(
-            "unknown template \"{requested}\"; installed templates: {}",
+            "unknown template \"{}\"; installed templates: {}",
+            crate::http::kit::clip(requested.to_string()),
             installed.join(", ")
         ))
     }

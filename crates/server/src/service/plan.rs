@@ -67,8 +67,8 @@ pub(crate) struct Admitted {
 const RESERVED_METADATA: [&str; 3] = ["workspace", "kind", "app.id"];
 
 /// Checks a create for `workspace` as far as it can be without its
-/// template: stamps the workspace, refuses snapshots, validates the TTL
-/// (or takes the default) and the environment.
+/// template: stamps the workspace, refuses snapshots, validates the
+/// metadata, the TTL (or takes the default) and the environment.
 pub(crate) fn admit(
     config: &ServeConfig,
     workspace: &str,
@@ -77,6 +77,7 @@ pub(crate) fn admit(
     for reserved in RESERVED_METADATA {
         spec.metadata.remove(reserved);
     }
+    validate::metadata("metadata", &spec.metadata)?;
     spec.metadata
         .insert("workspace".into(), workspace.to_string());
     let ttl_seconds = match spec.ttl_seconds {
