@@ -32,6 +32,22 @@ fn scratch(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
     (dir, path)
 }
 
+/// Makes `path` a registry as an older daemon left it: the first release's
+/// table, `more` (further columns, the closing parenthesis, statements)
+/// after its last column.
+fn older_registry(path: &std::path::Path, more: &str) {
+    Connection::open(path)
+        .unwrap()
+        .execute_batch(&format!(
+            "CREATE TABLE sandboxes (id TEXT PRIMARY KEY, workspace TEXT NOT NULL,
+             template TEXT NOT NULL, metadata TEXT NOT NULL, limits TEXT NOT NULL,
+             env TEXT NOT NULL, ttl_seconds INTEGER NOT NULL, persistent INTEGER NOT NULL,
+             created_at INTEGER NOT NULL, last_activity_ms INTEGER NOT NULL,
+             status TEXT NOT NULL, end_reason TEXT{more}"
+        ))
+        .unwrap();
+}
+
 /// The network policy the tests store: an allowlist of pypi.org.
 fn pypi_only() -> runcell_egress::NetworkPolicy {
     serde_json::from_value(serde_json::json!({"mode": "allowlist", "allow": ["pypi.org"]})).unwrap()
@@ -86,18 +102,8 @@ fn records_survive_reopening() {
 #[test]
 fn network_policy_survives_record_updates_and_reopening() {
     let (dir, path) = scratch("net");
-    {
-        // An older registry: the table without the column.
-        let old = Connection::open(&path).unwrap();
-        old.execute_batch(
-            "CREATE TABLE sandboxes (id TEXT PRIMARY KEY, workspace TEXT NOT NULL,
-             template TEXT NOT NULL, metadata TEXT NOT NULL, limits TEXT NOT NULL,
-             env TEXT NOT NULL, ttl_seconds INTEGER NOT NULL, persistent INTEGER NOT NULL,
-             created_at INTEGER NOT NULL, last_activity_ms INTEGER NOT NULL,
-             status TEXT NOT NULL, end_reason TEXT);",
-        )
-        .unwrap();
-    }
+    // An older registry: the table without the column.
+    older_registry(&path, ");");
     let rec = record();
     let reg = Registry::open(&path).unwrap();
     reg.put(&rec).unwrap();
@@ -267,18 +273,10 @@ fn a_prune_removes_every_old_tombstone_and_nothing_else() {
 #[test]
 fn a_prune_reads_only_what_it_removes() {
     let (dir, path) = scratch("prune-index");
-    {
-        let old = Connection::open(&path).unwrap();
-        old.execute_batch(
-            "CREATE TABLE sandboxes (id TEXT PRIMARY KEY, workspace TEXT NOT NULL,
-             template TEXT NOT NULL, metadata TEXT NOT NULL, limits TEXT NOT NULL,
-             env TEXT NOT NULL, ttl_seconds INTEGER NOT NULL, persistent INTEGER NOT NULL,
-             created_at INTEGER NOT NULL, last_activity_ms INTEGER NOT NULL,
-             status TEXT NOT NULL, end_reason TEXT, ended_at_ms INTEGER);
-             CREATE INDEX sandboxes_status ON sandboxes(status);",
-        )
-        .unwrap();
-    }
+    older_registry(
+        &path,
+        ", ended_at_ms INTEGER); CREATE INDEX sandboxes_status ON sandboxes(status);",
+    );
     let reg = Registry::open(&path).unwrap();
     let indexes: Vec<String> = reg.with_conn(|c| {
         c.prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'sandboxes' AND sql IS NOT NULL ORDER BY name")
