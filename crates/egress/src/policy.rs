@@ -21,9 +21,39 @@ pub enum PolicyError {
     /// Rules given for a mode that does not use them.
     #[error("Host rules and presets only apply to the allowlist mode, not to {0}.")]
     RulesWithoutAllowlist(NetworkMode),
+    /// More host rules or presets than a policy may have.
+    #[error("A network policy may have at most {max} {what}, not {got}.")]
+    TooMany {
+        /// "host rules" or "presets".
+        what: &'static str,
+        /// How many were given.
+        got: usize,
+        /// The most allowed.
+        max: usize,
+    },
     /// The policy was not valid JSON.
     #[error("The network policy is not valid: {0}.")]
     Json(#[source] serde_json::Error),
+}
+
+/// The most host rules (`allow`) one policy may have: each connection is
+/// checked against every one, and the policy is kept with the sandbox.
+pub const MAX_RULES: usize = 256;
+/// The most presets one policy may name.
+pub const MAX_PRESETS: usize = 16;
+
+/// A value as an error quotes it: at most its first 256 bytes, with its
+/// size when cut (a 10 MB rule must not come back whole).
+fn clipped(s: &str) -> String {
+    const QUOTED: usize = 256;
+    if s.len() <= QUOTED {
+        return s.to_string();
+    }
+    let mut end = QUOTED;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes in all)", &s[..end], s.len())
 }
 
 /// How much network a sandbox has.
@@ -56,7 +86,7 @@ impl FromStr for NetworkMode {
             "none" => Ok(NetworkMode::None),
             "allowlist" => Ok(NetworkMode::Allowlist),
             "open" => Ok(NetworkMode::Open),
-            _ => Err(PolicyError::Mode(s.into())),
+            _ => Err(PolicyError::Mode(clipped(s))),
         }
     }
 }
@@ -122,7 +152,7 @@ fn valid_host(h: &str) -> bool {
 impl FromStr for HostRule {
     type Err = PolicyError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || PolicyError::Rule(s.into());
+        let bad = || PolicyError::Rule(clipped(s));
         let t = s.trim();
         // [v6]:ports, v6 alone, or host[:ports].
         let (host, ports) = if let Some(rest) = t.strip_prefix('[') {
@@ -215,7 +245,7 @@ fn preset(name: &str) -> Result<Vec<HostRule>, PolicyError> {
                 .map(|r| r.parse().expect("preset rules parse"))
                 .collect()
         })
-        .ok_or_else(|| PolicyError::Preset(name.into()))
+        .ok_or_else(|| PolicyError::Preset(clipped(name)))
 }
 
 /// A sandbox's network policy.
@@ -266,6 +296,13 @@ impl<'de> Deserialize<'de> for NetworkPolicy {
                     None if !allow.is_empty() || !presets.is_empty() => NetworkMode::Allowlist,
                     None => NetworkMode::None,
                 };
+                if allow.len() > MAX_RULES {
+                    return Err(serde::de::Error::custom(PolicyError::TooMany {
+                        what: "host rules",
+                        got: allow.len(),
+                        max: MAX_RULES,
+                    }));
+                }
                 let rules = allow
                     .iter()
                     .map(|r| r.parse())
@@ -287,6 +324,14 @@ impl NetworkPolicy {
     ) -> Result<Self, PolicyError> {
         if mode != NetworkMode::Allowlist && (!allow.is_empty() || !presets.is_empty()) {
             return Err(PolicyError::RulesWithoutAllowlist(mode));
+        }
+        for (what, got, max) in [
+            ("host rules", allow.len(), MAX_RULES),
+            ("presets", presets.len(), MAX_PRESETS),
+        ] {
+            if got > max {
+                return Err(PolicyError::TooMany { what, got, max });
+            }
         }
         let mut effective = allow.clone();
         for p in &presets {
@@ -471,5 +516,36 @@ mod tests {
         assert!(p.allows("pypi.org", 443));
         assert!(p.allows("example.com", 8443));
         assert!(NetworkPolicy::parse_setting("sometimes").is_err());
+    }
+
+    #[test]
+    fn a_policy_is_bounded_and_quotes_no_value_whole() {
+        let rules: Vec<String> = (0..=MAX_RULES)
+            .map(|i| format!("h{i}.example.com"))
+            .collect();
+        let e = serde_json::from_value::<NetworkPolicy>(serde_json::json!({"allow": rules}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at most 256 host rules, not 257"), "{e}");
+        let ok: Vec<String> = rules[..MAX_RULES].to_vec();
+        serde_json::from_value::<NetworkPolicy>(serde_json::json!({"allow": ok})).unwrap();
+        let presets = vec!["package-index"; MAX_PRESETS + 1];
+        let e = serde_json::from_value::<NetworkPolicy>(serde_json::json!({"presets": presets}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at most 16 presets"), "{e}");
+        let huge = "x".repeat(1 << 20);
+        for body in [
+            serde_json::json!({"allow": [format!("{huge}/")]}),
+            serde_json::json!({"presets": [huge.clone()]}),
+            serde_json::json!({"mode": huge.clone()}),
+            serde_json::json!(huge.clone()),
+        ] {
+            let e = serde_json::from_value::<NetworkPolicy>(body)
+                .unwrap_err()
+                .to_string();
+            assert!(e.len() < 600, "{} bytes: {}", e.len(), &e[..300]);
+            assert!(e.contains("bytes in all"), "{e}");
+        }
     }
 }
