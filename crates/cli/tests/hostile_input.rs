@@ -502,6 +502,22 @@ async fn snapshot_fork_and_volume_fields_are_checked() {
         1,
         "a refused fork made a sandbox"
     );
+    // A tree id is a metadata value: a megabyte of one is refused, not
+    // echoed back.
+    let r = d
+        .req(Method::POST, &format!("/v1/sandboxes/{id}/promote"))
+        .json(&json!({"tree_id": huge.clone()}))
+        .send()
+        .await
+        .unwrap();
+    let got = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    assert_eq!(got, 413, "{}", &text[..text.len().min(300)]);
+    assert!(
+        text.len() < 2048 && text.contains("tree_id"),
+        "{}",
+        &text[..text.len().min(300)]
+    );
     for (body, status, word) in [
         (json!({"name": "ok", "size_mb": 0}), 400, "size_mb"),
         (json!({"name": "ok", "size_mb": 65537}), 400, "size_mb"),

@@ -316,6 +316,16 @@ pub(crate) async fn promote(
     Sandboxed(e, OptionalJson(req)): Sandboxed<OptionalJson<PromoteReq>>,
 ) -> AppResult<Json<PromoteView>> {
     let winner = e.sandbox.id().to_string();
+    // A tree is named by a metadata value (`fork_tree_id`): no longer.
+    if let Some(t) = &req.tree_id {
+        runcell_core::limits::check_len(
+            "tree_id",
+            t,
+            runcell_core::limits::MAX_METADATA_VALUE_BYTES,
+            ", a metadata value's limit",
+        )
+        .map_err(crate::error::ApiError::from)?;
+    }
     let p = Service(&state)
         .promote(&ws.0, &e, req.tree_id, req.cleanup_siblings)
         .await?;
