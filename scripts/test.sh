@@ -14,7 +14,7 @@ cargo build --workspace --all-targets --quiet
 cargo test --workspace -- --test-threads=2
 # The hostile-code suites and code contexts again with gVisor as the
 # isolation (the microVM's smoke tests are in crates/core/tests/microvm.rs).
-RUNCELL_TEST_ISOLATION=gvisor cargo test -p runcell-core --test isolation --test contexts -- --test-threads=2
+RUNCELL_TEST_ISOLATION=gvisor cargo test -p runcell-core --test isolation --test contexts --test shell_lines -- --test-threads=2
 RUNCELL_TEST_ISOLATION=gvisor cargo test -p runcell-cli --test hostile_output --test hostile_fs --test exec_lifetime -- --test-threads=2
 ./scripts/test-api.sh # OpenAPI validation and schemathesis fuzzing, real daemon
 # The published PandaStack clients (npm and PyPI) and the official MCP client

@@ -4,7 +4,8 @@
 //! same standby pool (the direct path) and `runcell run python -c pass`;
 //! then where one sandbox's time goes through the API, phase by phase, as
 //! `runcell run` uses it (create, the program `pass` through
-//! `exec/stream`, a second run in the same sandbox, delete), beside bare
+//! `exec/stream`, a second run in the same sandbox, a shell line that is
+//! one simple command and the same line kept in bash, delete), beside bare
 //! `/usr/bin/python3 -c pass` in the same loop, and the same create, run
 //! and delete as one request (`POST /v1/run`, what `runcell run` sends).
 //!
@@ -140,16 +141,37 @@ impl Api {
         Ok(t.elapsed())
     }
 
-    /// One sandbox phase by phase: create, first run, second run, delete.
-    async fn phases(&self) -> Result<[Duration; 4], String> {
+    /// The shell line `line` through `exec`; the time to its answer.
+    async fn exec_line(&self, id: &str, line: &str) -> Result<Duration, String> {
+        let t = Instant::now();
+        let r = self
+            .req(Method::POST, &format!("/v1/sandboxes/{id}/exec"))
+            .json(&json!({ "cmd": line }))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let body: Value = r.json().await.map_err(|e| e.to_string())?;
+        if body["exit_code"] != 0 {
+            return Err(format!("exec {line:?}: {body}"));
+        }
+        Ok(t.elapsed())
+    }
+
+    /// One sandbox phase by phase: create, first run, second run, a simple
+    /// shell line (its program started without bash), the same line made
+    /// a list (`;` after it: bash starts and then execs the program),
+    /// delete.
+    async fn phases(&self) -> Result<[Duration; 6], String> {
         let t = Instant::now();
         let id = self.create().await?;
         let create = t.elapsed();
         let first = self.run_pass(&id).await?;
         let second = self.run_pass(&id).await?;
+        let simple = self.exec_line(&id, "/usr/bin/true").await?;
+        let shell = self.exec_line(&id, "/usr/bin/true;").await?;
         let t = Instant::now();
         self.delete(&id).await?;
-        Ok([create, first, second, t.elapsed()])
+        Ok([create, first, second, simple, shell, t.elapsed()])
     }
 }
 
@@ -227,7 +249,7 @@ async fn main() {
     }
 
     let (mut seq_api, mut seq_direct, mut cli) = (Vec::new(), Vec::new(), Vec::new());
-    let mut phases: [Vec<Duration>; 4] = Default::default();
+    let mut phases: [Vec<Duration>; 6] = Default::default();
     let mut bare = Vec::new();
     let (mut three, mut once) = (Vec::new(), Vec::new());
     let mut errors = 0;
@@ -278,7 +300,7 @@ async fn main() {
         tokio::time::sleep(PAUSE).await;
         match api.phases().await {
             Ok(p) => {
-                three.push(p[0] + p[1] + p[3]);
+                three.push(p[0] + p[1] + p[5]);
                 for (v, d) in phases.iter_mut().zip(p) {
                     v.push(d);
                 }
@@ -352,13 +374,15 @@ async fn main() {
         "\nAPI cost over the direct path (p50): {:.1} ms",
         pct(&seq_api, 0.5) - pct(&seq_direct, 0.5)
     );
-    println!("\nOne sandbox through the API, phase by phase (the program `pass` through `exec/stream`, as `runcell run` sends it):\n");
+    println!("\nOne sandbox through the API, phase by phase (the program `pass` through `exec/stream`, as `runcell run` sends it; then two shell lines through `exec`):\n");
     println!("| phase | p50 ms | p95 ms |");
     println!("|---|---:|---:|");
     let labels = [
         "create (standby pool)",
         "first run in the sandbox",
         "second run in the same sandbox",
+        "`exec` of the line `/usr/bin/true` (started without bash)",
+        "`exec` of the line `/usr/bin/true;` (bash starts, then execs it)",
         "delete",
     ];
     for (label, v) in labels.iter().zip(&phases) {

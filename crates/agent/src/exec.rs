@@ -75,6 +75,9 @@ pub(crate) fn base_env(agent: &Shared, user: &ExecUser) -> BTreeMap<String, Stri
 
 struct Plan {
     argv: Vec<String>,
+    /// The shell line `argv` runs with bash, for a string command: it may
+    /// run without the shell ([`crate::shell`]).
+    line: Option<String>,
     user: Option<ExecUser>,
     env: BTreeMap<String, String>,
     cwd: Option<String>,
@@ -88,15 +91,16 @@ struct Plan {
 fn plan(agent: &Shared, what: What, body: Vec<u8>) -> Result<Plan, (ErrorKind, String)> {
     match what {
         What::Exec(r) => {
-            let argv = match r.command {
+            let (argv, line) = match r.command {
                 Cmd::Argv(v) if v.is_empty() => {
                     return Err((ErrorKind::InvalidInput, "The command is empty.".into()))
                 }
-                Cmd::Argv(v) => v,
-                Cmd::Shell(s) => vec!["/bin/bash".into(), "-c".into(), s],
+                Cmd::Argv(v) => (v, None),
+                Cmd::Shell(s) => (vec!["/bin/bash".into(), "-c".into(), s.clone()], Some(s)),
             };
             Ok(Plan {
                 argv,
+                line,
                 user: r.user,
                 env: r.env,
                 cwd: r.cwd,
@@ -121,6 +125,7 @@ fn plan(agent: &Shared, what: What, body: Vec<u8>) -> Result<Plan, (ErrorKind, S
             let _ = agent;
             Ok(Plan {
                 argv,
+                line: None,
                 user: None,
                 env: r.env,
                 cwd: r.cwd,
@@ -233,7 +238,17 @@ async fn run(
     let grouped = mark();
     // The command as the supervisor starts it: found on the command's own
     // PATH and laid out now, since the supervisor may not allocate.
-    let image = match ExecImage::new(&plan.argv[0], &plan.argv, &env) {
+    // A shell line that is one simple command starts its program without
+    // the shell, which stays as the fallback.
+    let direct = plan
+        .line
+        .as_deref()
+        .and_then(|line| crate::shell::direct(line, &env, &cwd));
+    let image = ExecImage::new(&plan.argv[0], &plan.argv, &env).and_then(|shell| match direct {
+        Some(d) => Ok(ExecImage::new(&d.path, &d.argv, &d.env)?.or_else(shell)),
+        None => Ok(shell),
+    });
+    let image = match image {
         Ok(i) => i,
         Err(e) => {
             return send_error(

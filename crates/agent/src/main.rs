@@ -25,6 +25,7 @@ mod procs;
 mod reaper;
 mod server;
 mod shared;
+mod shell;
 mod vm;
 
 use std::process::ExitCode;

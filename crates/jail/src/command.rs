@@ -191,4 +191,52 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(err.raw_os_error(), Some(libc::EACCES), "{err}");
     }
+
+    #[test]
+    fn an_image_that_cannot_run_hands_over_to_its_fallback() {
+        let (uid, gid) = me();
+        let dir = std::env::temp_dir().join(format!("runcell-fallback-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("data");
+        std::fs::write(&file, "not a program").unwrap();
+        let path = file.to_str().unwrap().to_string();
+        let fallback = || {
+            let argv = ["sh", "-c", "echo \"fell back $0 $WHICH\"", "zero"].map(String::from);
+            let mut env = env();
+            env.insert("WHICH".into(), "second".into());
+            inside::ExecImage::new("sh", &argv, &env).unwrap()
+        };
+        // The first cannot be run (no execute permission): the fallback
+        // runs, with its own arguments and environment.
+        let first = inside::ExecImage::new(&path, std::slice::from_ref(&path), &env()).unwrap();
+        let out = Command::new("ignored")
+            .stdout(Stdio::piped())
+            .supervise_as(uid, gid, false, None, first.or_else(fallback()))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "fell back zero second\n"
+        );
+        // One that runs leaves its fallback alone.
+        let argv = ["sh", "-c", "echo first"].map(String::from);
+        let first = inside::ExecImage::new("sh", &argv, &env()).unwrap();
+        let out = Command::new("ignored")
+            .stdout(Stdio::piped())
+            .supervise_as(uid, gid, false, None, first.or_else(fallback()))
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "first\n");
+        // Neither can: the spawn says why the fallback could not.
+        let gone = dir.join("gone").to_str().unwrap().to_string();
+        let first = inside::ExecImage::new(&path, std::slice::from_ref(&path), &env()).unwrap();
+        let second = inside::ExecImage::new(&gone, std::slice::from_ref(&gone), &env()).unwrap();
+        let err = Command::new("ignored")
+            .supervise_as(uid, gid, false, None, first.or_else(second))
+            .spawn()
+            .unwrap_err();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOENT), "{err}");
+    }
 }

@@ -1478,17 +1478,25 @@ extern "C" fn start_command(arg: *mut libc::c_void) -> libc::c_int {
     let error = match drop_privileges(start.uid, start.gid) {
         Err(e) => e.raw_os_error().unwrap_or(libc::EPERM),
         Ok(()) => {
-            let image = start.image;
-            // SAFETY: the path and both arrays are NUL-terminated and live
-            // in the ExecImage the agent holds until spawn returns.
-            unsafe {
-                libc::execve(
-                    image.path.as_ptr(),
-                    image.argv.as_ptr(),
-                    image.envp.as_ptr(),
-                );
-                *libc::__errno_location()
+            // The image, else (if it could not be run) its fallback: an
+            // execve that fails changes nothing, so the fallback starts
+            // from where the first would have.
+            let mut next = Some(start.image);
+            let mut error = 0;
+            while let Some(image) = next {
+                // SAFETY: the path and both arrays are NUL-terminated and
+                // live in the ExecImage the agent holds until spawn returns.
+                error = unsafe {
+                    libc::execve(
+                        image.path.as_ptr(),
+                        image.argv.as_ptr(),
+                        image.envp.as_ptr(),
+                    );
+                    *libc::__errno_location()
+                };
+                next = image.fallback.as_deref();
             }
+            error
         }
     };
     start.error = if error == 0 { libc::ENOEXEC } else { error };
@@ -1506,6 +1514,8 @@ pub struct ExecImage {
     _strings: Vec<std::ffi::CString>,
     argv: Vec<*const libc::c_char>,
     envp: Vec<*const libc::c_char>,
+    /// What runs instead if this image cannot be ([`ExecImage::or_else`]).
+    fallback: Option<Box<ExecImage>>,
 }
 
 // SAFETY: the raw pointers point into `_strings`, which the image owns and
@@ -1567,7 +1577,24 @@ impl ExecImage {
             _strings: strings,
             argv,
             envp,
+            fallback: None,
         }
+    }
+
+    /// This image, and `fallback` to run instead if `execve` refuses it
+    /// (any error: the program cannot be run by the exec's user, is not an
+    /// executable format, is gone). A failed `execve` has no effect, so
+    /// the fallback starts exactly as it would have without the attempt.
+    /// Its own fallback, if any, is dropped: one attempt more at most.
+    pub fn or_else(mut self, mut fallback: ExecImage) -> Self {
+        fallback.fallback = None;
+        self.fallback = Some(Box::new(fallback));
+        self
+    }
+
+    /// The image run if this one cannot be.
+    pub(crate) fn fallback(&self) -> Option<&ExecImage> {
+        self.fallback.as_deref()
     }
 
     /// The program's path, its arguments and its environment.

@@ -371,30 +371,47 @@ pub(crate) fn report_started(fd: RawFd, command: libc::pid_t) {
 }
 
 /// The request's payload: ids, flags, then length-prefixed strings (the
-/// directory, the program, the arguments and the environment).
+/// directory, then the program, the arguments and the environment of the
+/// image and, with [`FALLBACK`] set, of its fallback).
 fn encode(req: &Spawn<'_>) -> Vec<u8> {
-    let (path, args, env) = req.image.parts();
     let mut out = Vec::with_capacity(256);
     let put = |out: &mut Vec<u8>, n: u32| out.extend_from_slice(&n.to_le_bytes());
     put(&mut out, req.uid);
     put(&mut out, req.gid);
+    let fallback = req.image.fallback();
     put(
         &mut out,
-        u32::from(req.keep_background) | (u32::from(req.group.is_some()) << 1),
+        u32::from(req.keep_background)
+            | (u32::from(req.group.is_some()) << 1)
+            | if fallback.is_some() { FALLBACK } else { 0 },
     );
     let string = |out: &mut Vec<u8>, s: &[u8]| {
         out.extend_from_slice(&(s.len() as u32).to_le_bytes());
         out.extend_from_slice(s);
     };
     string(&mut out, req.cwd.as_bytes());
-    string(&mut out, path.to_bytes());
-    for list in [args, env] {
-        out.extend_from_slice(&(list.len() as u32).to_le_bytes());
-        for s in list {
-            string(&mut out, s.to_bytes());
+    for image in std::iter::once(req.image).chain(fallback) {
+        let (path, args, env) = image.parts();
+        string(&mut out, path.to_bytes());
+        for list in [args, env] {
+            out.extend_from_slice(&(list.len() as u32).to_le_bytes());
+            for s in list {
+                string(&mut out, s.to_bytes());
+            }
         }
     }
     out
+}
+
+/// The request's flag saying a fallback image follows the image.
+const FALLBACK: u32 = 4;
+
+/// An image as [`encode`] wrote it, at `at` of `buf`.
+fn take_image(buf: &[u8], at: &mut usize) -> io::Result<ExecImage> {
+    let path = take_cstring(buf, at)?;
+    let args = take_list(buf, at)?;
+    let env = take_list(buf, at)?;
+    Ok(ExecImage::from_parts(path, args, env))
 }
 
 /// A decoded request, in the fork server.
@@ -481,9 +498,10 @@ fn receive(sock: &mut UnixStream) -> io::Result<Option<Message>> {
     let gid = take_u32(&payload, at)?;
     let flags = take_u32(&payload, at)?;
     let cwd = take_cstring(&payload, at)?;
-    let path = take_cstring(&payload, at)?;
-    let args = take_list(&payload, at)?;
-    let env = take_list(&payload, at)?;
+    let mut image = take_image(&payload, at)?;
+    if flags & FALLBACK != 0 {
+        image = image.or_else(take_image(&payload, at)?);
+    }
     let grouped = flags & 2 != 0;
     if fds.len() != if grouped { 6 } else { 4 } {
         return Err(bad("an exec request with the wrong descriptors"));
@@ -504,7 +522,7 @@ fn receive(sock: &mut UnixStream) -> io::Result<Option<Message>> {
         gid,
         keep_background: flags & 1 != 0,
         cwd,
-        image: ExecImage::from_parts(path, args, env),
+        image,
         stdio: [stdin, stdout, stderr],
         report,
         group,
