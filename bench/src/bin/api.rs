@@ -89,16 +89,7 @@ impl Api {
     async fn cycle(&self) -> Result<Duration, String> {
         let t = Instant::now();
         let id = self.create().await?;
-        let r = self
-            .req(Method::POST, &format!("/v1/sandboxes/{id}/exec"))
-            .json(&json!({"cmd": "/usr/bin/python3 -c pass"}))
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        let body: Value = r.json().await.map_err(|e| e.to_string())?;
-        if body["exit_code"] != 0 {
-            return Err(format!("exec: {body}"));
-        }
+        self.exec_line(&id, "/usr/bin/python3 -c pass").await?;
         self.delete(&id).await?;
         Ok(t.elapsed())
     }
