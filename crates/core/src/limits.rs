@@ -545,17 +545,11 @@ pub fn check_metadata(
 }
 
 /// A key (a variable's name, a metadata key) as an error names it: escaped,
-/// and cut after its first 64 bytes.
+/// and cut after its first 64 bytes (with its size).
 fn shown_key(k: &str) -> String {
-    let mut end = k.len().min(64);
-    while !k.is_char_boundary(end) {
-        end -= 1;
-    }
-    if end < k.len() {
-        format!("{}...", k[..end].escape_debug())
-    } else {
-        k.escape_debug().to_string()
-    }
+    runcell_protocol::text::clip(k, 64)
+        .escape_debug()
+        .to_string()
 }
 
 /// Bytes `s` takes as a JSON string.

@@ -42,18 +42,12 @@ pub const MAX_RULES: usize = 256;
 /// The most presets one policy may name.
 pub const MAX_PRESETS: usize = 16;
 
-/// A value as an error quotes it: at most its first 256 bytes, with its
-/// size when cut (a 10 MB rule must not come back whole).
+/// How many bytes of a caller's mode, preset or rule an error quotes.
+const QUOTED: usize = 256;
+
+/// `s` as an error quotes it.
 fn clipped(s: &str) -> String {
-    const QUOTED: usize = 256;
-    if s.len() <= QUOTED {
-        return s.to_string();
-    }
-    let mut end = QUOTED;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}... ({} bytes in all)", &s[..end], s.len())
+    runcell_protocol::text::clip(s, QUOTED).into_owned()
 }
 
 /// How much network a sandbox has.

@@ -68,21 +68,14 @@ impl FromStr for Language {
             "python" | "python3" | "py" => Ok(Language::Python),
             "javascript" | "js" | "node" | "nodejs" => Ok(Language::Javascript),
             "bash" | "sh" | "shell" => Ok(Language::Bash),
-            _ => Err(UnknownLanguage(clip(s))),
+            _ => Err(UnknownLanguage(
+                crate::text::clip(s, NAME_ECHO).into_owned(),
+            )),
         }
     }
 }
 
-/// At most [`NAME_ECHO`] characters of a name a request gave, for an error
-/// that names it (a megabyte of name is not sent back).
-fn clip(s: &str) -> String {
-    match s.char_indices().nth(NAME_ECHO) {
-        Some((end, _)) => format!("{}…", &s[..end]),
-        None => s.to_string(),
-    }
-}
-
-/// How much of an unknown language's name its error repeats.
+/// How many bytes of an unknown language's name its error repeats.
 const NAME_ECHO: usize = 64;
 
 #[cfg(test)]
@@ -94,7 +87,7 @@ mod tests {
         let long = "é".repeat(100_000);
         let e = long.parse::<Language>().unwrap_err().to_string();
         assert!(e.len() < 400, "{} bytes", e.len());
-        assert!(e.contains("é…\""), "{e}");
+        assert!(e.contains("é... (200000 bytes in all)"), "{e}");
         let e = "cobol".parse::<Language>().unwrap_err().to_string();
         assert!(e.contains("\"cobol\""), "{e}");
     }

@@ -29,6 +29,7 @@ mod codec;
 mod language;
 mod messages;
 pub mod mux;
+pub mod text;
 pub mod units;
 
 pub use codec::{read_frame, write_frame, CodecError, Frame, MAX_BODY, MAX_HEADER};

@@ -108,14 +108,10 @@ const ECHO_LIMIT: usize = 256;
 /// `s`, cut at [`ECHO_LIMIT`] bytes (on a character boundary) with the size
 /// said.
 pub(crate) fn clip(s: String) -> String {
-    if s.len() <= ECHO_LIMIT {
-        return s;
+    match runcell_protocol::text::clip(&s, ECHO_LIMIT) {
+        std::borrow::Cow::Borrowed(_) => s,
+        clipped => clipped.into_owned(),
     }
-    let mut end = ECHO_LIMIT;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}... ({} bytes in all)", &s[..end], s.len())
 }
 
 /// Raw body bytes, limited to the configured size.
