@@ -41,7 +41,7 @@ mod spec;
 mod sys;
 pub mod zygote;
 
-pub use sys::{finit_module, trim_heap};
+pub use sys::{finit_module, thread_count, trim_heap};
 
 /// How long a host-side wait on a sandbox's processes sleeps between looks
 /// (runsc starting a container, an agent connecting, a killed cgroup's

@@ -367,8 +367,78 @@ pub fn trim_heap() -> bool {
     false
 }
 
+/// Threads of this process now (`/proc/self/stat`'s 20th field), or `None`
+/// where procfs cannot be read. A thread that ends leaves its allocator
+/// cache and stack behind for the next trim ([`trim_heap`]).
+pub fn thread_count() -> Option<usize> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The name (field 2) is in parentheses and may hold spaces or `)`:
+    // the fields after it start after the last `)`, with field 3.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(17)?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
+    /// Runs the test `name` of this module again in a process of its own
+    /// (this test binary, only that test) and returns `false` there, where
+    /// the caller then runs its body; `true` here, once it has passed.
+    /// For tests that read process-wide state (its heap, its threads),
+    /// which the other tests running beside them would change.
+    fn passed_in_own_process(name: &str) -> bool {
+        const CHILD: &str = "RUNCELL_SYS_TEST_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            return false;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                &format!("sys::tests::{name}"),
+                "--test-threads=1",
+                "--nocapture",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("1 passed"), "{text}");
+        true
+    }
+
+    /// A thread that starts is counted, and no longer once it has ended.
+    #[test]
+    fn threads_are_counted_as_they_start_and_end() {
+        if passed_in_own_process("threads_are_counted_as_they_start_and_end") {
+            return;
+        }
+        let before = super::thread_count().expect("a thread count");
+        let (started, end) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+        let during = std::thread::scope(|s| {
+            s.spawn(|| {
+                started.wait();
+                end.wait();
+            });
+            started.wait();
+            let during = super::thread_count();
+            end.wait();
+            during
+        });
+        assert_eq!(during, Some(before + 1));
+        // The scope has joined the thread; the kernel may count it a moment
+        // longer, until its exit is complete.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while super::thread_count() != Some(before) {
+            assert!(
+                std::time::Instant::now() < until,
+                "an ended thread is still counted: {:?} against {before}",
+                super::thread_count()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     /// Resident pages of this process (`/proc/self/statm`).
     fn resident_pages() -> u64 {
         let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
@@ -377,27 +447,12 @@ mod tests {
 
     /// Memory freed below a live allocation stays resident until trimmed:
     /// `trim_heap` gives it back. The allocations run in a process of their
-    /// own (this test binary again, running only this test): in this one,
-    /// the other tests' frees decide where glibc puts the blocks.
+    /// own: in this one, the other tests' frees decide where glibc puts the
+    /// blocks.
     #[cfg(target_env = "gnu")]
     #[test]
     fn trimming_gives_freed_heap_memory_back() {
-        const CHILD: &str = "RUNCELL_TRIM_TEST_CHILD";
-        if std::env::var_os(CHILD).is_none() {
-            let out = std::process::Command::new(std::env::current_exe().unwrap())
-                .args([
-                    "--exact",
-                    "sys::tests::trimming_gives_freed_heap_memory_back",
-                    "--test-threads=1",
-                    "--nocapture",
-                ])
-                .env(CHILD, "1")
-                .output()
-                .unwrap();
-            let text = String::from_utf8_lossy(&out.stdout).to_string()
-                + &String::from_utf8_lossy(&out.stderr);
-            assert!(out.status.success(), "{text}");
-            assert!(text.contains("1 passed"), "{text}");
+        if passed_in_own_process("trimming_gives_freed_heap_memory_back") {
             return;
         }
         // 32 MiB in chunks below glibc's mmap threshold (so on the heap),

@@ -11,10 +11,20 @@ use runcell_core::{Runtime, Sandbox, SandboxLimits, Template};
 pub use crate::clock::now_ms;
 use crate::registry::{Record, Registry};
 
-/// What the reaper compares between ticks to tell a quiet daemon: sandboxes
-/// created so far, sandboxes live, and teardowns of deleted sandboxes still
-/// running (they free what the sandbox held after its removal counted).
-pub type HeapActivity = (u64, usize, usize);
+/// What the reaper compares between ticks to tell a quiet daemon.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HeapActivity {
+    /// Sandboxes created so far.
+    pub creations: u64,
+    /// Sandboxes live.
+    pub live: usize,
+    /// Teardowns of deleted sandboxes still running: they free what the
+    /// sandbox held after its removal counted.
+    pub teardowns: usize,
+    /// The daemon's threads: the runtime's blocking threads end 10 s after
+    /// their last task, and each leaves its allocator cache behind.
+    pub threads: usize,
+}
 
 /// Settings of `runcell serve`.
 #[derive(Debug, Clone)]
@@ -182,8 +192,8 @@ pub struct AppState {
     pub reservations: crate::quota::Reservations,
     /// When tombstones were last pruned (unix ms).
     pub last_prune_ms: std::sync::atomic::AtomicI64,
-    /// The activity (creations, live sandboxes) the reaper saw at its last
-    /// tick and at its last heap trim ([`AppState::trim_heap_when_quiet`]).
+    /// The activity the reaper saw at its last tick and at its last heap
+    /// trim ([`AppState::trim_heap_when_quiet`]).
     pub heap_activity: Mutex<(HeapActivity, HeapActivity)>,
     /// Templates being built in the background (`--auto-build`).
     pub auto_builds: Arc<crate::autobuild::AutoBuilds>,
@@ -517,17 +527,22 @@ impl AppState {
     /// leaves megabytes free inside glibc's arenas, which it keeps (the
     /// daemon's RSS stepped up with each round of 500 created and deleted);
     /// trimming during the burst would only fault the same pages in again.
+    /// The registry's SQLite page cache goes first: it fills to its 2 MB
+    /// as tombstones accumulate and would otherwise stay full.
     pub fn trim_heap_when_quiet(&self) {
-        let now = (
-            self.metrics
+        let now = HeapActivity {
+            creations: self
+                .metrics
                 .creations
                 .load(std::sync::atomic::Ordering::Relaxed),
-            self.sandboxes
+            live: self
+                .sandboxes
                 .read()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .len(),
-            self.teardowns.load(std::sync::atomic::Ordering::Acquire),
-        );
+            teardowns: self.teardowns.load(std::sync::atomic::Ordering::Acquire),
+            threads: runcell_jail::thread_count().unwrap_or(0),
+        };
         let trim = time_to_trim(
             &mut self
                 .heap_activity
@@ -536,6 +551,10 @@ impl AppState {
             now,
         );
         if trim {
+            // SQLite's page cache first, so what it frees is trimmed too.
+            if let Err(e) = self.registry.release_memory() {
+                tracing::debug!("the registry kept its cache: {e}");
+            }
             let released = runcell_jail::trim_heap();
             tracing::debug!(
                 released,
@@ -641,7 +660,7 @@ fn deadline(
 /// longer than a tick look still), but something moved since the last
 /// trim. Records `now` in `seen`.
 fn time_to_trim(seen: &mut (HeapActivity, HeapActivity), now: HeapActivity) -> bool {
-    let quiet = seen.0 == now && now.2 == 0;
+    let quiet = seen.0 == now && now.teardowns == 0;
     seen.0 = now;
     let trim = quiet && seen.1 != now;
     if trim {
@@ -656,20 +675,34 @@ mod tests {
 
     /// A burst of creates and deletes trims once, on the first quiet tick
     /// after its last teardown has ended, not while teardowns still free
-    /// memory; an idle daemon never trims again.
+    /// memory; again once the burst's blocking threads have ended (each
+    /// leaves its allocator cache); an idle daemon never trims again.
+    /// (Once at start-up too, when its threads have started.)
     #[test]
-    fn the_heap_is_trimmed_once_after_the_last_teardown() {
+    fn the_heap_is_trimmed_after_the_last_teardown_and_the_last_thread() {
+        let at = |creations, live, teardowns, threads| HeapActivity {
+            creations,
+            live,
+            teardowns,
+            threads,
+        };
         let mut seen = Default::default();
-        let ticks: [(HeapActivity, bool); 9] = [
-            ((0, 0, 0), false),
-            ((0, 0, 0), false),
-            ((200, 200, 0), false),
-            ((500, 0, 8), false),
-            ((500, 0, 8), false),
-            ((500, 0, 3), false),
-            ((500, 0, 0), false),
-            ((500, 0, 0), true),
-            ((500, 0, 0), false),
+        let ticks = [
+            // Start-up: its threads started since the (empty) last trim.
+            (at(0, 0, 0, 4), false),
+            (at(0, 0, 0, 4), true),
+            (at(0, 0, 0, 4), false),
+            (at(200, 200, 0, 12), false),
+            (at(500, 0, 8, 17), false),
+            (at(500, 0, 8, 17), false),
+            (at(500, 0, 3, 17), false),
+            (at(500, 0, 0, 17), false),
+            (at(500, 0, 0, 17), true),
+            (at(500, 0, 0, 17), false),
+            (at(500, 0, 0, 3), false),
+            (at(500, 0, 0, 3), true),
+            (at(500, 0, 0, 3), false),
+            (at(500, 0, 0, 3), false),
         ];
         for (i, (now, want)) in ticks.into_iter().enumerate() {
             assert_eq!(time_to_trim(&mut seen, now), want, "tick {i}: {now:?}");
