@@ -121,6 +121,57 @@ async fn delete(daemon: &Daemon, http: &reqwest::Client, id: &str) {
     assert_eq!(r.status(), 204, "delete {id}");
 }
 
+/// Waits until the daemon is at rest after a wave of deletes: no teardown
+/// in flight (`runcell_sandbox_teardowns` on `/metrics`), its thread count
+/// unchanged for 11 s (the runtime's blocking threads end 10 s after their
+/// last task), then 1.5 s more, in which its reaper (every 500 ms) sees it
+/// quiet and gives free memory back. Reading RSS sooner reads the burst.
+async fn settle(daemon: &Daemon, http: &reqwest::Client) {
+    let until = Instant::now() + Duration::from_secs(120);
+    loop {
+        let text = http
+            .get(format!("{}/metrics", daemon.url))
+            .send()
+            .await
+            .expect("metrics request")
+            .text()
+            .await
+            .expect("metrics body");
+        let busy = text
+            .lines()
+            .find_map(|l| l.strip_prefix("runcell_sandbox_teardowns "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .expect("runcell_sandbox_teardowns on /metrics");
+        if busy == 0.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "teardowns still running after 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stat = PathBuf::from(format!("/proc/{}/stat", daemon.child.id()));
+    let threads = || {
+        let text = std::fs::read_to_string(&stat).expect("the daemon's stat");
+        let (_, rest) = text.rsplit_once(')').expect("a stat line");
+        rest.split_whitespace().nth(17).map(str::to_string)
+    };
+    let (mut last, mut since) = (threads(), Instant::now());
+    while since.elapsed() < Duration::from_secs(11) {
+        assert!(
+            Instant::now() < until,
+            "the daemon's threads did not settle"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = threads();
+        if now != last {
+            (last, since) = (now, Instant::now());
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+}
+
 /// Create latencies (create alone, then a delete off the clock), the pool
 /// refilled before each.
 async fn create_latency(daemon: &Daemon, http: &reqwest::Client, n: usize) -> Vec<Duration> {
@@ -207,7 +258,7 @@ async fn main() {
     for id in &ids {
         delete(&daemon, &http, id).await;
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    settle(&daemon, &http).await;
     let rss_after = kib(&status, "VmRSS").unwrap_or(0);
     let anon_after = kib(&status, "RssAnon").unwrap_or(0);
     // Again beside 1: drift on a shared host shows as a gap between the two.
@@ -224,7 +275,7 @@ async fn main() {
         for id in &ids {
             delete(&daemon, &http, id).await;
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        settle(&daemon, &http).await;
         rounds.push((
             kib(&status, "VmRSS").unwrap_or(0),
             kib(&status, "RssAnon").unwrap_or(0),
