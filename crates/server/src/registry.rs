@@ -126,8 +126,16 @@ impl Registry {
     pub fn open(path: &Path) -> Result<Self, RegistryError> {
         private_file(path)?;
         let conn = Connection::open(path)?;
+        // journal_size_limit=0: once a checkpoint has emptied the WAL, the
+        // next commit truncates it, so WAL frames are written past the end
+        // of the file. Without it SQLite writes new frames over the old
+        // ones, and a frame (a 24-byte header and a 4096-byte page) covers
+        // parts of two file blocks: once the host has evicted those blocks
+        // from its page cache, every such write first read them from disk
+        // (`ext4_block_write_begin`), on the path of every create and end.
         conn.execute_batch(
             "PRAGMA journal_mode=WAL;
+             PRAGMA journal_size_limit=0;
              PRAGMA synchronous=NORMAL;
              PRAGMA secure_delete=ON;
              CREATE TABLE IF NOT EXISTS sandboxes (

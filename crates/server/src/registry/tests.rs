@@ -307,3 +307,37 @@ fn a_prune_reads_only_what_it_removes() {
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Once a checkpoint has emptied the WAL, the next commit starts it again
+/// from an empty file: its frames are written past the end of the file, not
+/// over old frames (which, with the old blocks gone from the page cache,
+/// made each write read from disk first).
+#[test]
+fn the_wal_starts_again_from_an_empty_file_after_a_checkpoint() {
+    let (dir, path) = scratch("wal-reset");
+    let wal = dir.join("registry.db-wal");
+    let reg = Registry::open(&path).unwrap();
+    for i in 0..200 {
+        reg.put(&Record {
+            id: format!("s{i}"),
+            ..record()
+        })
+        .unwrap();
+    }
+    let grown = std::fs::metadata(&wal).unwrap().len();
+    assert!(grown > 256 * 1024, "the WAL holds only {grown} bytes");
+    let (busy, _, _): (i64, i64, i64) = reg.with_conn(|c| {
+        c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .unwrap()
+    });
+    assert_eq!(busy, 0);
+    reg.end("s1", Ended::Deleted, "gone").unwrap();
+    let after = std::fs::metadata(&wal).unwrap().len();
+    assert!(
+        after < 64 * 1024,
+        "the WAL was written over in place: {after} bytes after the commit, {grown} before"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
