@@ -20,6 +20,9 @@
 # CPU per run (process tree + kernel threads + system-wide; bare, bwrap,
 # runcell run with and without a daemon):
 #   sudo ./scripts/bench.sh --cpu [RUNS_PER_BLOCK] [ROUNDS]
+# Phases of a run (before, program, after; bare, bwrap, runcell run through
+# a daemon), from the kernel's exec and exit events:
+#   sudo ./scripts/bench.sh --phases [RUNS] [IDLE_SECONDS]
 # Cluster mode's forwarding hop (1, 2, 3 nodes on one etcd member):
 #   sudo ./scripts/bench.sh --cluster [--creates N] [--execs N]
 set -euo pipefail
@@ -52,6 +55,10 @@ fi
 if [ "${1:-}" = "--cpu" ]; then
   shift
   exec ./scripts/bench-cpu.sh "$@"
+fi
+if [ "${1:-}" = "--phases" ]; then
+  shift
+  exec ./scripts/bench-phases.sh "$@"
 fi
 if [ "${1:-}" = "--density" ]; then
   shift
