@@ -21,20 +21,12 @@ n=${1:-40}
 rounds=${2:-4}
 runcell=target/release/runcell
 py=/usr/bin/python3
-bwrap="bwrap --unshare-all --die-with-parent --ro-bind /usr /usr --symlink usr/bin /bin --symlink usr/lib /lib --symlink usr/lib64 /lib64 --proc /proc --dev /dev --tmpfs /tmp $py -c pass"
 data=$(mktemp /tmp/runcell-bench-cpu.XXXXXX)
-ddir=/run/runcell-bench/cpu-daemon-$$
-port=$((20000 + $$ % 20000))
-rm -rf "$ddir"
-mkdir -p "$ddir"
-"$runcell" serve --listen "127.0.0.1:$port" --data-dir "$ddir" --standby 2 \
-  --auto-build=false --cgroup-parent runcell-bench-cpu >/dev/null 2>"$ddir.log" &
-dpid=$!
-trap 'kill -TERM $dpid 2>/dev/null; wait $dpid 2>/dev/null; rm -rf "$data" "$ddir" "$ddir.log"' EXIT
-bench_daemon_wait "$ddir" "$port"
+trap 'bench_daemon_stop; rm -f "$data"' EXIT
+bench_daemon_start "$runcell" cpu
 tck=$(getconf CLK_TCK)
 # The daemon's CPU so far, in clock ticks (threads, and reaped children).
-dticks() { proc_cpu_ticks "$dpid" | awk '{print $1 + $2}'; }
+dticks() { proc_cpu_ticks "$BENCH_PID" | awk '{print $1 + $2}'; }
 # Every CPU's busy ticks so far.
 busy() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
 declare -A tree kthreads sys
@@ -43,9 +35,9 @@ for round in $(seq "$rounds"); do
   for mode in $modes; do
     case $mode in
       bare) cmd="$py -c pass" ;;
-      bwrap) cmd="$bwrap" ;;
+      bwrap) cmd="$BENCH_BWRAP" ;;
       runcell) cmd="$runcell run --no-daemon python -c pass" ;;
-      daemon) cmd="RUNCELL_URL=http://127.0.0.1:$port RUNCELL_DATA_DIR=$ddir $runcell run --daemon always python -c pass" ;;
+      daemon) cmd="RUNCELL_URL=http://127.0.0.1:$BENCH_PORT RUNCELL_DATA_DIR=$BENCH_DIR $runcell run --daemon always python -c pass" ;;
     esac
     loop="for i in \$(seq $n); do $cmd >/dev/null; done"
     # Let the daemon's pool refill from the previous block.

@@ -13,17 +13,10 @@ n=${1:-60}
 rounds=${2:-3}
 runcell=${3:-target/release/runcell}
 for round in $(seq "$rounds"); do
-  d=/run/runcell-bench/daemon-cpu-$$
-  rm -rf "$d"
-  mkdir -p "$d"
-  port=$((20000 + ($$ + round) % 20000))
-  "$runcell" serve --listen "127.0.0.1:$port" --data-dir "$d" --standby 2 \
-    --auto-build=false --cgroup-parent runcell-bench-daemon-cpu >/dev/null 2>"$d.log" &
-  dpid=$!
-  trap 'kill -TERM $dpid 2>/dev/null; wait $dpid 2>/dev/null; rm -rf "$d" "$d.log"' EXIT
-  bench_daemon_wait "$d" "$port"
+  trap bench_daemon_stop EXIT
+  bench_daemon_start "$runcell" daemon-cpu "$round"
   printf 'round %d: ' "$round"
-  python3 - "$port" "$d/api-key" "$dpid" "$n" <<'PY'
+  python3 - "$BENCH_PORT" "$BENCH_DIR/api-key" "$BENCH_PID" "$n" <<'PY'
 import http.client, json, subprocess, sys, time
 port, keyfile, pid, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 h = {"Authorization": "Bearer " + open(keyfile).read().strip(), "Content-Type": "application/json"}
@@ -65,8 +58,6 @@ print(f"{n} runs: daemon CPU {(own1 - own0) * 1000 / tck / n:.2f} ms/run "
       f"(sandboxes it reaped {(ch1 - ch0) * 1000 / tck / n:.2f}), "
       f"latency p50 {lat[n // 2]:.1f} ms p95 {lat[int(n * 0.95)]:.1f} ms")
 PY
-  kill -TERM $dpid 2>/dev/null
-  wait $dpid 2>/dev/null || true
-  rm -rf "$d" "$d.log"
+  bench_daemon_stop
   trap - EXIT
 done

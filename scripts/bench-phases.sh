@@ -17,21 +17,13 @@ n=${1:-40}
 idle=${2:-0.1}
 runcell=$PWD/target/release/runcell
 py=/usr/bin/python3
-bwrap="bwrap --unshare-all --die-with-parent --ro-bind /usr /usr --symlink usr/bin /bin --symlink usr/lib /lib --symlink usr/lib64 /lib64 --proc /proc --dev /dev --tmpfs /tmp $py -c pass"
 data=$(mktemp /tmp/runcell-bench-phases.XXXXXX)
-ddir=/run/runcell-bench/phases-daemon-$$
-port=$((20000 + $$ % 20000))
-rm -rf "$ddir"
-mkdir -p "$ddir"
-"$runcell" serve --listen "127.0.0.1:$port" --data-dir "$ddir" --standby 2 \
-  --auto-build=false --cgroup-parent runcell-bench-phases >/dev/null 2>"$ddir.log" &
-dpid=$!
-trap 'kill -TERM $dpid 2>/dev/null; wait $dpid 2>/dev/null; rm -rf "$data" "$ddir" "$ddir.log"' EXIT
-bench_daemon_wait "$ddir" "$port"
-export RUNCELL_URL=http://127.0.0.1:$port RUNCELL_DATA_DIR=$ddir
+trap 'bench_daemon_stop; rm -f "$data"' EXIT
+bench_daemon_start "$runcell" phases
+export RUNCELL_URL=http://127.0.0.1:$BENCH_PORT RUNCELL_DATA_DIR=$BENCH_DIR
 loop="for i in \$(seq $n); do
   $py -c pass; sleep $idle
-  $bwrap; sleep $idle
+  $BENCH_BWRAP; sleep $idle
   $runcell run --daemon always python -c pass; sleep $idle
 done"
 perf record -q -a -o "$data" -e sched:sched_process_exec,sched:sched_process_exit \
