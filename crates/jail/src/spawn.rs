@@ -631,6 +631,27 @@ impl Standby {
             egress.as_ref().is_some_and(|(_, on)| *on),
         );
         send_spec(&mut self.host_end, &spec)?;
+        let state = StateFile {
+            id: self.id.clone(),
+            pid,
+            start_time: start_time(pid).unwrap_or(0),
+            cgroup_parent: self.cgroup_parent.clone(),
+            stage: self.stage.clone(),
+        };
+        // Written while the agent finishes its root, off the create's path
+        // (nothing in it depends on the answer, and a start that fails
+        // removes the directory with it). Whole or not at all (a temporary
+        // file renamed over): other
+        // processes sweeping the same state directory read it to tell a
+        // live sandbox from a dead one, and a half-written file looked dead.
+        let state_path = dir.join("jail.json");
+        let tmp_path = dir.join("jail.json.tmp");
+        fs::write(
+            &tmp_path,
+            serde_json::to_vec(&state).expect("state serializes"),
+        )
+        .map_err(io_err(&tmp_path))?;
+        fs::rename(&tmp_path, &state_path).map_err(io_err(&state_path))?;
         let host_end = &mut self.host_end;
         host_end
             .set_read_timeout(Some(cfg.ready_timeout))
@@ -647,25 +668,6 @@ impl Standby {
             setup_us = crate::sys::micros(t0.elapsed()),
             "sandbox started"
         );
-
-        let state = StateFile {
-            id: self.id.clone(),
-            pid,
-            start_time: start_time(pid).unwrap_or(0),
-            cgroup_parent: self.cgroup_parent.clone(),
-            stage: self.stage.clone(),
-        };
-        // Written whole or not at all (a temporary file renamed over): other
-        // processes sweeping the same state directory read it to tell a
-        // live sandbox from a dead one, and a half-written file looked dead.
-        let state_path = dir.join("jail.json");
-        let tmp_path = dir.join("jail.json.tmp");
-        fs::write(
-            &tmp_path,
-            serde_json::to_vec(&state).expect("state serializes"),
-        )
-        .map_err(io_err(&tmp_path))?;
-        fs::rename(&tmp_path, &state_path).map_err(io_err(&state_path))?;
 
         let cgroup = self.cleanup.cgroup.take().expect("created in prepare");
         self.cleanup.armed = false;
