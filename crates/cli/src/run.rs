@@ -207,6 +207,9 @@ pub async fn run(config: RuntimeConfig, args: RunArgs) -> u8 {
             .clone()
             .filter(runcell_egress::NetworkPolicy::has_egress),
         isolation: Some(args.isolation),
+        // The program follows at once, on a connection that checks the
+        // agent's hello itself.
+        one_shot: true,
         ..SandboxOptions::default()
     };
     let sandbox = match runtime.create(opts).await {

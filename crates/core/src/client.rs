@@ -10,7 +10,7 @@ use runcell_protocol::{
     read_frame, write_frame, ClientMessage, CodecError, ErrorKind, Event, Frame, Request,
     ServerMessage, PROTOCOL_VERSION,
 };
-use tokio::io::BufReader;
+use tokio::io::{AsyncWriteExt as _, BufReader};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
@@ -149,6 +149,39 @@ impl AgentClient {
         })
     }
 
+    /// Connects without waiting for the agent's hello, for a sandbox made
+    /// for one request that follows at once (`POST /v1/run`): requests go
+    /// out at once and wait in the socket until the agent serves, instead of
+    /// after a round trip to it. The hello is still read and checked first,
+    /// by the connection's reader; a bad one ends the connection and every
+    /// request on it. `sandbox_id` is the id the agent was started with.
+    pub async fn connect_unchecked(path: &Path, sandbox_id: &str) -> Result<Self, ClientError> {
+        let (rd, wr) = dial(path, &[])?.0.into_split();
+        let pending: Pending = Arc::default();
+        let p = pending.clone();
+        let reader = tokio::spawn(async move {
+            let mut rd = BufReader::new(rd);
+            match read_hello(&mut rd).await {
+                Ok(_) => read_replies(rd, p).await,
+                Err(e) => {
+                    tracing::warn!("agent connection: {e}");
+                    p.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .clear();
+                }
+            }
+        });
+        Ok(Self {
+            writer: tokio::sync::Mutex::new(wr),
+            pending,
+            next_id: AtomicU64::new(1),
+            reader: Mutex::new(reader),
+            sandbox_id: sandbox_id.to_string(),
+            path: path.to_path_buf(),
+            work: Arc::default(),
+        })
+    }
+
     /// Connects again (the agent closed its connections, as a gVisor
     /// agent does for a checkpoint): requests from here on go over the new
     /// connection; those that waited on the old one have ended.
@@ -266,19 +299,73 @@ async fn open(
     path: &Path,
     first: Option<&Frame<ClientMessage>>,
 ) -> Result<(Reader, OwnedWriteHalf, String), ClientError> {
-    // However deep the sandbox's directory is (sun_path holds 107 bytes).
-    let short = runcell_jail::socket::SocketPath::new(path).map_err(ClientError::Connect)?;
-    let stream = UnixStream::connect(short.path())
-        .await
-        .map_err(ClientError::Connect)?;
-    drop(short);
-    let (rd, mut wr) = stream.into_split();
+    let mut bytes = Vec::new();
     if let Some(frame) = first {
-        write_frame(&mut wr, frame).await?;
+        // Encoded in memory (a `Vec` takes the write at once).
+        write_frame(&mut bytes, frame).await?;
+    }
+    let (stream, sent) = dial(path, &bytes)?;
+    let (rd, mut wr) = stream.into_split();
+    if sent < bytes.len() {
+        wr.write_all(&bytes[sent..])
+            .await
+            .map_err(CodecError::from)?;
     }
     let mut rd = BufReader::new(rd);
-    let hello: Frame<ServerMessage> = read_frame(&mut rd).await?.ok_or(ClientError::Closed)?;
-    let sandbox_id = match hello.header.event {
+    let sandbox_id = read_hello(&mut rd).await?;
+    Ok((rd, wr, sandbox_id))
+}
+
+/// Connects to the agent's socket at `path` and writes what of `first` the
+/// socket takes at once: the stream, and how many bytes of `first` went.
+///
+/// A unix socket's connect completes at once (or fails, `EAGAIN` when the
+/// agent's backlog is full, as the runtime's own connect does), and bytes
+/// written before the stream is handed to the runtime go out now: the
+/// runtime treats a new socket as not yet writable until its reactor has
+/// polled it, a turn that on a multi-threaded runtime was often a wake-up
+/// of another thread (0.1-0.3 ms here) before the agent heard of the
+/// request.
+fn dial(path: &Path, first: &[u8]) -> Result<(UnixStream, usize), ClientError> {
+    use std::io::Write as _;
+    // However deep the sandbox's directory is (sun_path holds 107 bytes).
+    let short = runcell_jail::socket::SocketPath::new(path).map_err(ClientError::Connect)?;
+    let std_stream =
+        connect_now(short.path()).map_err(|e| ClientError::Connect(std::io::Error::from(e)))?;
+    drop(short);
+    let mut sent = 0;
+    while sent < first.len() {
+        match (&std_stream).write(&first[sent..]) {
+            Ok(0) => break,
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(CodecError::from(e).into()),
+        }
+    }
+    let stream = UnixStream::from_std(std_stream).map_err(ClientError::Connect)?;
+    Ok((stream, sent))
+}
+
+/// A non-blocking connect to the unix socket at `path`.
+fn connect_now(path: &Path) -> Result<std::os::unix::net::UnixStream, nix::errno::Errno> {
+    use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+    use std::os::fd::AsRawFd as _;
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    connect(fd.as_raw_fd(), &UnixAddr::new(path)?)?;
+    Ok(std::os::unix::net::UnixStream::from(fd))
+}
+
+/// Reads and checks the agent's hello, the first frame of every
+/// connection: the sandbox id it reports.
+async fn read_hello(rd: &mut Reader) -> Result<String, ClientError> {
+    let hello: Frame<ServerMessage> = read_frame(rd).await?.ok_or(ClientError::Closed)?;
+    match hello.header.event {
         Event::Hello {
             version,
             sandbox_id,
@@ -290,48 +377,50 @@ async fn open(
                     ours: PROTOCOL_VERSION,
                 });
             }
-            sandbox_id
+            Ok(sandbox_id)
         }
-        other => return Err(ClientError::Unexpected(Box::new(other))),
-    };
-    Ok((rd, wr, sandbox_id))
+        other => Err(ClientError::Unexpected(Box::new(other))),
+    }
 }
 
 /// Reads the agent's replies on `rd` and hands them to their requests in
 /// `p`; when the connection ends, every request still waiting ends too.
-fn spawn_reader(mut rd: Reader, p: Pending) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        loop {
-            let frame: Frame<ServerMessage> = match read_frame(&mut rd).await {
-                Ok(Some(f)) => f,
-                Ok(None) => break,
-                Err(e) => {
-                    tracing::warn!("agent connection: {e}");
-                    break;
-                }
-            };
-            let ServerMessage { id, event } = frame.header;
-            let last = event.is_final();
-            let tx = {
-                let mut map = p.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                if last {
-                    map.remove(&id)
-                } else {
-                    map.get(&id).cloned()
-                }
-            };
-            if let Some(tx) = tx {
-                // Awaiting here applies backpressure all the way to the
-                // process, and stalls every request of this connection:
-                // a request whose reader may be slow (exec output) gets
-                // a connection of its own (`request_own`).
-                let _ = tx.send((event, frame.body)).await;
+fn spawn_reader(rd: Reader, p: Pending) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(read_replies(rd, p))
+}
+
+/// The loop of [`spawn_reader`].
+async fn read_replies(mut rd: Reader, p: Pending) {
+    loop {
+        let frame: Frame<ServerMessage> = match read_frame(&mut rd).await {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(e) => {
+                tracing::warn!("agent connection: {e}");
+                break;
             }
+        };
+        let ServerMessage { id, event } = frame.header;
+        let last = event.is_final();
+        let tx = {
+            let mut map = p.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if last {
+                map.remove(&id)
+            } else {
+                map.get(&id).cloned()
+            }
+        };
+        if let Some(tx) = tx {
+            // Awaiting here applies backpressure all the way to the
+            // process, and stalls every request of this connection:
+            // a request whose reader may be slow (exec output) gets
+            // a connection of its own (`request_own`).
+            let _ = tx.send((event, frame.body)).await;
         }
-        p.lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clear();
-    })
+    }
+    p.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clear();
 }
 
 impl Drop for AgentClient {
@@ -340,5 +429,112 @@ impl Drop for AgentClient {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::net::UnixListener;
+
+    /// An agent's side of one connection: accepted on `listener` once the
+    /// test lets it, greeting with protocol `version`.
+    async fn agent_side(listener: &UnixListener, version: u32) -> (Reader, OwnedWriteHalf) {
+        let (stream, _) = listener.accept().await.expect("accept");
+        let (rd, mut wr) = stream.into_split();
+        let hello = Frame::new(ServerMessage {
+            id: 0,
+            event: Event::Hello {
+                version,
+                agent_version: "test".into(),
+                sandbox_id: "sb".into(),
+            },
+        });
+        write_frame(&mut wr, &hello).await.expect("hello");
+        (BufReader::new(rd), wr)
+    }
+
+    #[tokio::test]
+    async fn a_request_sent_before_the_agent_greets_is_answered_after_its_hello() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("agent.sock");
+        let listener = UnixListener::bind(&path).expect("bind");
+        // Connected and asked before the agent has accepted anything.
+        let client = AgentClient::connect_unchecked(&path, "sb")
+            .await
+            .expect("connect");
+        let mut replies = client
+            .request(Request::Ping, Vec::new())
+            .await
+            .expect("sent");
+        let (mut rd, mut wr) = agent_side(&listener, PROTOCOL_VERSION).await;
+        let asked: Frame<ClientMessage> = read_frame(&mut rd).await.expect("read").expect("frame");
+        assert_eq!(asked.header.request, Request::Ping);
+        let done = Frame::new(ServerMessage {
+            id: asked.header.id,
+            event: Event::Done,
+        });
+        write_frame(&mut wr, &done).await.expect("answer");
+        let (event, _) = tokio::time::timeout(Duration::from_secs(5), replies.next())
+            .await
+            .expect("answered in time")
+            .expect("answered");
+        assert_eq!(event, Event::Done);
+        assert_eq!(client.sandbox_id(), "sb");
+    }
+
+    #[tokio::test]
+    async fn an_agent_of_another_protocol_ends_the_requests_sent_before_its_hello() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("agent.sock");
+        let listener = UnixListener::bind(&path).expect("bind");
+        let client = AgentClient::connect_unchecked(&path, "sb")
+            .await
+            .expect("connect");
+        let mut replies = client
+            .request(Request::Ping, Vec::new())
+            .await
+            .expect("sent");
+        // The wrong hello; the connection is kept open, so only the check
+        // can end the request.
+        let _agent = agent_side(&listener, PROTOCOL_VERSION + 1).await;
+        let ended = tokio::time::timeout(Duration::from_secs(5), replies.next())
+            .await
+            .expect("ended in time, not left waiting");
+        assert!(matches!(ended, Err(ClientError::Closed)), "{ended:?}");
+    }
+
+    #[tokio::test]
+    async fn a_first_request_larger_than_the_socket_takes_at_once_arrives_whole() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("agent.sock");
+        let listener = UnixListener::bind(&path).expect("bind");
+        // Several times what a unix socket buffers: the rest of it goes out
+        // through the runtime once the agent reads.
+        let body = vec![7u8; 4 << 20];
+        let frame = Frame::with_body(
+            ClientMessage {
+                id: 1,
+                request: Request::Ping,
+            },
+            body.clone(),
+        );
+        let agent = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let (mut rd, wr) = agent_side(&listener, PROTOCOL_VERSION).await;
+            let got: Frame<ClientMessage> =
+                read_frame(&mut rd).await.expect("read").expect("frame");
+            (got, wr)
+        });
+        let (_rd, _wr, id) =
+            tokio::time::timeout(Duration::from_secs(10), open(&path, Some(&frame)))
+                .await
+                .expect("opened in time")
+                .expect("opened");
+        assert_eq!(id, "sb");
+        let (got, _wr) = agent.await.expect("agent");
+        assert_eq!(got.header.id, 1);
+        assert_eq!(got.body, body);
     }
 }

@@ -93,6 +93,11 @@ pub struct SandboxOptions {
     /// A memory image to restore ([`Sandbox::checkpoint`]; gVisor only),
     /// with `state_layers` the files it had then and `id` its id.
     pub memory_image: Option<PathBuf>,
+    /// Made for one request that follows at once (`POST /v1/run`): the
+    /// create does not wait for the agent's hello (the request's own
+    /// connection reads and checks it), so an agent that dies after it
+    /// reported ready fails that request rather than the create.
+    pub one_shot: bool,
 }
 
 impl Default for SandboxOptions {
@@ -108,6 +113,7 @@ impl Default for SandboxOptions {
             state_layers: Vec::new(),
             mounts: Vec::new(),
             memory_image: None,
+            one_shot: false,
         }
     }
 }
@@ -504,7 +510,13 @@ impl Runtime {
         self.refill();
         let mut jail = started?;
         let id = jail.id().to_string();
-        let agent = match connect(jail.as_ref()).await {
+        let connected = match jail.agent_channel() {
+            AgentChannel::Unix(path) if opts.one_shot => {
+                AgentClient::connect_unchecked(&path, &id).await
+            }
+            AgentChannel::Unix(path) => AgentClient::connect(&path).await,
+        };
+        let agent = match connected {
             Ok(a) => a,
             Err(e) => {
                 let _ = tokio::task::spawn_blocking(move || jail.destroy()).await;

@@ -1062,6 +1062,7 @@ impl<'a> Service<'a> {
             state_layers: self.layers().paths(&lineage.state_layers),
             mounts: self.volume_binds(workspace, &lineage.volumes)?,
             memory_image: None,
+            one_shot: false,
         };
         let (sandbox, restored) = self.start_woken(id, &lineage, opts).await?;
         record.status = "running".into();

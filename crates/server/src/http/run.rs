@@ -13,7 +13,7 @@ use serde::Deserialize;
 use super::exec::ExecReq;
 use super::kit::{json_event, AppResult, JsonBody, St, Workspace};
 use super::sandboxes::{created_view, CreateReq};
-use crate::service::Service;
+use crate::service::{CreateSpec, Service};
 use crate::views::ErrorView;
 
 /// The fields of a create request (`sandbox`), which its errors name.
@@ -77,8 +77,12 @@ pub(crate) async fn run(
     sandbox
         .check_selector()
         .map_err(|e| e.within("sandbox", SANDBOX_FIELDS))?;
+    let spec = CreateSpec {
+        one_shot: true,
+        ..sandbox.into()
+    };
     let created = Service(&state)
-        .create_sandbox(&ws.0, sandbox.into())
+        .create_sandbox(&ws.0, spec)
         .await
         .map_err(|e| e.within("sandbox", SANDBOX_FIELDS))?;
     let e = created.entry.clone();

@@ -48,6 +48,8 @@ struct Origin<'x> {
     memory_image: Option<&'x std::path::Path>,
     /// The deadline (unix ms) the agent is started with.
     deadline_unix_ms: u64,
+    /// Made for one program that follows at once ([`CreateSpec::one_shot`]).
+    one_shot: bool,
 }
 
 /// Counts a create in flight against the capacity until dropped.
@@ -79,6 +81,7 @@ impl<'a> Service<'a> {
         let mounts = self.volume_mounts(workspace, &spec.volumes)?;
         lineage.volumes = std::mem::take(&mut spec.volumes);
         let memory_image = spec.memory_image.take();
+        let one_shot = spec.one_shot;
         let asked = plan::admit(&state.config, workspace, spec)?;
         let resolved = self.resolve_alias(&asked.template);
         let served_from_alias = resolved != asked.template;
@@ -176,6 +179,7 @@ impl<'a> Service<'a> {
                                     state_layers: &lineage.state_layers,
                                     memory_image: Some(image),
                                     deadline_unix_ms: first_deadline,
+                                    one_shot: false,
                                 },
                                 mounts.clone(),
                             )
@@ -212,6 +216,7 @@ impl<'a> Service<'a> {
                                     state_layers: &lineage.state_layers,
                                     memory_image: None,
                                     deadline_unix_ms: first_deadline,
+                                    one_shot,
                                 },
                                 mounts,
                             )
@@ -469,6 +474,7 @@ impl<'a> Service<'a> {
                 state_layers,
                 mounts,
                 memory_image: origin.memory_image.map(std::path::Path::to_path_buf),
+                one_shot: origin.one_shot,
                 ..SandboxOptions::default()
             })
             .await

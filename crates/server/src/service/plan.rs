@@ -46,6 +46,10 @@ pub(crate) struct CreateSpec {
     /// A gVisor memory image to restore (a snapshot's or a fork parent's),
     /// which is kept; its files are `state_layers`. Never from a request.
     pub(crate) memory_image: Option<std::path::PathBuf>,
+    /// Made for one program that follows at once (`POST /v1/run`): a
+    /// fresh sandbox's create does not wait for its agent's hello
+    /// ([`runcell_core::SandboxOptions::one_shot`]). Never from a request.
+    pub(crate) one_shot: bool,
 }
 
 /// A create that passed the checks that need no template.
