@@ -39,7 +39,8 @@ pub use limits::{
 };
 pub use runtime::{find_agent, Runtime, RuntimeConfig, SandboxOptions};
 pub use sandbox::{
-    truncation_marker, ExecOutcome, ExecResult, ExecRun, Output, RunEvent, RunOptions, Sandbox,
+    truncation_marker, ExecOutcome, ExecResult, ExecRun, FirstProgram, FirstRun, Output, RunEvent,
+    RunOptions, Sandbox, StartedRun,
 };
 pub use template::{
     layer_path, Manifest, Template, TemplateDefaults, TemplateError, DEFAULT_TEMPLATE, LAYERS_DIR,

@@ -98,6 +98,11 @@ pub struct SandboxOptions {
     /// connection reads and checks it), so an agent that dies after it
     /// reported ready fails that request rather than the create.
     pub one_shot: bool,
+    /// A program to start as soon as the sandbox is up, before the create
+    /// returns: its answer is [`Sandbox::take_first_run`]. Saves a caller
+    /// that runs one program at once the work between its create and its
+    /// request (`POST /v1/run`: the daemon's record of the sandbox).
+    pub first_run: Option<crate::FirstRun>,
 }
 
 impl Default for SandboxOptions {
@@ -114,6 +119,7 @@ impl Default for SandboxOptions {
             mounts: Vec::new(),
             memory_image: None,
             one_shot: false,
+            first_run: None,
         }
     }
 }
@@ -538,6 +544,16 @@ impl Runtime {
         tracing::debug!(sandbox = %id, "sandbox ready");
         let mut sandbox = Sandbox::new(jail, agent, template, opts.limits, isolation);
         sandbox.egress = egress;
+        if let Some(first) = &opts.first_run {
+            // A failure here may be retried with another sandbox (see
+            // `is_transient`): an agent greets a connection before it reads
+            // a request on it, so a request whose greeting never came never
+            // ran.
+            if let Err(e) = sandbox.start_first(first).await {
+                let _ = sandbox.destroy().await;
+                return Err(e);
+            }
+        }
         Ok(sandbox)
     }
 

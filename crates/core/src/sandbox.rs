@@ -38,6 +38,42 @@ pub struct RunOptions {
     pub background: bool,
 }
 
+/// A program a sandbox starts as soon as it is up
+/// ([`crate::SandboxOptions::first_run`]): what [`Sandbox::run_code_start`]
+/// or [`Sandbox::exec_start`] take.
+#[derive(Debug, Clone)]
+pub struct FirstRun {
+    /// What runs.
+    pub program: FirstProgram,
+    /// How it runs (its timeout, when absent, the sandbox's).
+    pub opts: RunOptions,
+}
+
+/// The program of a [`FirstRun`].
+#[derive(Debug, Clone)]
+pub enum FirstProgram {
+    /// Source code in a language.
+    Code {
+        /// Its language.
+        language: Language,
+        /// The source.
+        code: String,
+    },
+    /// A command.
+    Command(Command),
+}
+
+/// A run started with its sandbox, before anyone asked for its events
+/// ([`Sandbox::take_first_run`]); [`Sandbox::resume_run`] reads it. Dropped
+/// unread, it closes its connection and the agent kills its processes, as
+/// for any client that goes away.
+#[derive(Debug)]
+pub struct StartedRun {
+    replies: Replies,
+    timeout: Duration,
+    before: Kills,
+}
+
 /// How a run ended, with the limits it hit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecOutcome {
@@ -159,6 +195,8 @@ pub struct Sandbox {
     /// sandbox that ended may have lost its cgroup (and their values) to the
     /// reaper before an exec asks why it ended.
     seen: std::sync::Mutex<Kills>,
+    /// The run of [`crate::SandboxOptions::first_run`], until taken.
+    first: std::sync::Mutex<Option<StartedRun>>,
 }
 
 /// A sandbox's egress state and the proxy task serving its socket (stopped
@@ -191,6 +229,54 @@ impl Sandbox {
             isolation,
             egress: None,
             seen: std::sync::Mutex::new(Kills::default()),
+            first: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Starts `first` (as the sandbox comes up) and keeps it for
+    /// [`Sandbox::take_first_run`].
+    pub(crate) async fn start_first(&self, first: &FirstRun) -> Result<(), Error> {
+        let run = match &first.program {
+            FirstProgram::Code { language, code } => {
+                self.run_code_start(*language, code, &first.opts).await?
+            }
+            FirstProgram::Command(command) => self.exec_start(command.clone(), &first.opts).await?,
+        };
+        let ExecRun {
+            replies,
+            timeout,
+            before,
+            ..
+        } = run;
+        *self
+            .first
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(StartedRun {
+            replies,
+            timeout,
+            before,
+        });
+        Ok(())
+    }
+
+    /// The run of [`crate::SandboxOptions::first_run`], started when the
+    /// sandbox came up: `None` once taken, or when it had none.
+    pub fn take_first_run(&self) -> Option<StartedRun> {
+        self.first
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+
+    /// Reads a run [`Sandbox::take_first_run`] gave, as the run
+    /// [`Sandbox::run_code_start`] or [`Sandbox::exec_start`] would have
+    /// started.
+    pub fn resume_run(&self, run: StartedRun) -> ExecRun<'_> {
+        ExecRun {
+            sandbox: self,
+            replies: run.replies,
+            timeout: run.timeout,
+            before: run.before,
         }
     }
 

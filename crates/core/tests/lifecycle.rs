@@ -243,3 +243,74 @@ async fn standbys_outlive_the_thread_that_prepared_them() {
     started.destroy().await.unwrap();
     next.destroy().await.unwrap();
 }
+
+/// A program given with the create (`first_run`) is started as the sandbox
+/// comes up, before the create returns: read, it answers as a run started
+/// after the create would (the environment, the output, the status); left
+/// unread and dropped, its processes are killed as for a client that went
+/// away, and the sandbox goes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_first_run_starts_with_its_sandbox_and_ends_with_its_answer() {
+    use runcell_core::{FirstProgram, FirstRun, RunOptions};
+    use runcell_protocol::{Command, Language};
+    require_root();
+    let rt = Runtime::new(config("first-run", 1)).expect("runtime");
+    rt.warm_up().await;
+    let with_first = |program| SandboxOptions {
+        limits: limits(),
+        one_shot: true,
+        first_run: Some(FirstRun {
+            program,
+            opts: RunOptions {
+                env: [("M".to_string(), "7".to_string())].into(),
+                ..RunOptions::default()
+            },
+        }),
+        ..SandboxOptions::default()
+    };
+    let sb = rt
+        .create(with_first(FirstProgram::Code {
+            language: Language::Python,
+            code: "import os, sys; print(os.environ['M']); sys.exit(3)".into(),
+        }))
+        .await
+        .expect("create");
+    let run = sb.take_first_run().expect("the first run was started");
+    assert!(sb.take_first_run().is_none(), "taken once");
+    let mut out = Vec::new();
+    let outcome = sb
+        .resume_run(run)
+        .drive(&mut |_, b: &[u8]| out.extend_from_slice(b))
+        .await
+        .expect("the first run's answer");
+    assert_eq!(text(&out), "7\n");
+    assert_eq!(outcome.status(), 3);
+    sb.destroy().await.expect("destroy");
+
+    // A sleep no other process on the host has: found by its arguments.
+    let secs = format!("37.{}", std::process::id());
+    let sb = rt
+        .create(with_first(FirstProgram::Command(Command::Argv(vec![
+            "/bin/sleep".into(),
+            secs.clone(),
+        ]))))
+        .await
+        .expect("create");
+    let run = sb.take_first_run().expect("the first run was started");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while host_processes_with(&secs).is_empty() {
+        assert!(Instant::now() < deadline, "the first run never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(run);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !host_processes_with(&secs).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the dropped run's process is still there"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(text(&sh(&sb, "echo alive").await.stdout), "alive\n");
+    sb.destroy().await.expect("destroy");
+}

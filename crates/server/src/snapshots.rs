@@ -1063,6 +1063,7 @@ impl<'a> Service<'a> {
             mounts: self.volume_binds(workspace, &lineage.volumes)?,
             memory_image: None,
             one_shot: false,
+            first_run: None,
         };
         let (sandbox, restored) = self.start_woken(id, &lineage, opts).await?;
         record.status = "running".into();

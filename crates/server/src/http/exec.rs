@@ -84,6 +84,29 @@ pub(super) fn run_options(state: &AppState, e: &Entry, req: &ExecReq) -> AppResu
     checked_options(state, req, env, e.sandbox.limits().timeout)
 }
 
+/// An exec request as the program a sandbox is made for and starts as soon
+/// as it is up (`POST /v1/run`), checked as [`checked_options`] checks it
+/// with the sandbox's environment `env`; its timeout, unless it gives one,
+/// is the sandbox's.
+pub(super) fn first_run(
+    state: &AppState,
+    req: &ExecReq,
+    env: BTreeMap<String, String>,
+) -> AppResult<runcell_core::FirstRun> {
+    let mut opts = checked_options(state, req, env, Duration::ZERO)?;
+    if req.timeout_seconds.is_none() {
+        opts.timeout = None;
+    }
+    let program = match command(req)? {
+        Some(language) => runcell_core::FirstProgram::Code {
+            language,
+            code: req.cmd.clone(),
+        },
+        None => runcell_core::FirstProgram::Command(Command::Shell(req.cmd.clone())),
+    };
+    Ok(runcell_core::FirstRun { program, opts })
+}
+
 /// Checks an exec request that runs with the sandbox environment `env`
 /// and, unless it gives its own, the timeout `timeout`; answers the options
 /// it runs with.
@@ -226,12 +249,14 @@ pub(crate) async fn exec_stream(
     let opts = run_options(&state, &e, &req)?;
     state.touch(&e).await;
     let delete = req.delete_after.then_some(DELETED_AFTER_EXEC);
-    Ok(stream_answer(state, e, req, opts, None, delete).await)
+    Ok(stream_answer(state, e, req, opts, None, delete, None).await)
 }
 
 /// Starts a checked exec in `e` and answers its SSE stream, `first` its
 /// first event; with `delete` the sandbox is then deleted for that reason
-/// (when the stream ends, however it ended), else touched.
+/// (when the stream ends, however it ended), else touched. `started`: the
+/// exec's program, started with the sandbox (`POST /v1/run`), whose events
+/// the stream then reads instead of starting it.
 pub(super) async fn stream_answer(
     state: std::sync::Arc<AppState>,
     e: std::sync::Arc<Entry>,
@@ -239,6 +264,7 @@ pub(super) async fn stream_answer(
     opts: RunOptions,
     first: Option<SseEvent>,
     delete: Option<&'static str>,
+    started: Option<runcell_core::StartedRun>,
 ) -> Response {
     let (mut tx, response) = super::stream::sse_channel();
     if let Some(event) = first {
@@ -248,7 +274,7 @@ pub(super) async fn stream_answer(
     let (begun, begun_rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         let id = e.sandbox.id().to_string();
-        let result = stream_exec(&e, &req, &opts, tx, begun).await;
+        let result = stream_exec(&e, &req, &opts, tx, begun, started).await;
         if let Some(reason) = delete {
             drop(e);
             state.remove(&id, reason).await;
@@ -292,13 +318,15 @@ async fn stream_exec(
     opts: &RunOptions,
     mut tx: super::stream::SseSender,
     begun: tokio::sync::oneshot::Sender<()>,
+    started: Option<runcell_core::StartedRun>,
 ) -> Result<(), StreamError> {
     use super::stream::{error_event, SendError, Utf8Carry};
     use runcell_core::RunEvent;
-    let started = match command(req) {
-        Ok(Some(language)) => e.sandbox.run_code_start(language, &req.cmd, opts).await,
+    let started = match (started, command(req)) {
+        (Some(run), _) => Ok(e.sandbox.resume_run(run)),
+        (None, Ok(Some(language))) => e.sandbox.run_code_start(language, &req.cmd, opts).await,
         // Checked before the stream began.
-        Ok(None) | Err(_) => {
+        (None, Ok(None) | Err(_)) => {
             e.sandbox
                 .exec_start(Command::Shell(req.cmd.clone()), opts)
                 .await

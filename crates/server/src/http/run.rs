@@ -70,21 +70,22 @@ pub(crate) async fn run(
 ) -> AppResult<Response> {
     let RunReq { sandbox, exec } = req;
     // The program is checked before anything is made: a bad one leaves
-    // nothing behind. The sandbox's own default timeout is checked with it
-    // once it is known.
-    super::exec::checked_options(&state, &exec, sandbox.env.clone(), Default::default())
+    // nothing behind. A fresh sandbox starts it as soon as it is up, before
+    // the daemon records it.
+    let first_run = super::exec::first_run(&state, &exec, sandbox.env.clone())
         .map_err(|e| e.within("exec", EXEC_FIELDS))?;
     sandbox
         .check_selector()
         .map_err(|e| e.within("sandbox", SANDBOX_FIELDS))?;
     let spec = CreateSpec {
-        one_shot: true,
+        first_run: Some(first_run),
         ..sandbox.into()
     };
-    let created = Service(&state)
+    let mut created = Service(&state)
         .create_sandbox(&ws.0, spec)
         .await
         .map_err(|e| e.within("sandbox", SANDBOX_FIELDS))?;
+    let started = created.first.take();
     let e = created.entry.clone();
     let first = json_event("sandbox", &created_view(&state, created));
     let opts = match super::exec::run_options(&state, &e, &exec) {
@@ -94,8 +95,14 @@ pub(crate) async fn run(
             return Err(err.within("exec", EXEC_FIELDS));
         }
     };
-    Ok(
-        super::exec::stream_answer(state, e, exec, opts, Some(first), Some(DELETED_AFTER_RUN))
-            .await,
+    Ok(super::exec::stream_answer(
+        state,
+        e,
+        exec,
+        opts,
+        Some(first),
+        Some(DELETED_AFTER_RUN),
+        started,
     )
+    .await)
 }

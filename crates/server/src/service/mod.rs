@@ -34,6 +34,10 @@ pub(crate) struct Created {
     pub(crate) building_instead: bool,
     /// Its processes and memory were restored from `memory_image`.
     pub(crate) memory: bool,
+    /// The run of [`CreateSpec::first_run`], started with the sandbox (none
+    /// for a sandbox from a warm pool or restored from memory: the caller
+    /// starts the program then).
+    pub(crate) first: Option<runcell_core::StartedRun>,
 }
 
 /// The operations, over the daemon's state.
@@ -48,8 +52,8 @@ struct Origin<'x> {
     memory_image: Option<&'x std::path::Path>,
     /// The deadline (unix ms) the agent is started with.
     deadline_unix_ms: u64,
-    /// Made for one program that follows at once ([`CreateSpec::one_shot`]).
-    one_shot: bool,
+    /// The one program it is made for ([`CreateSpec::first_run`]).
+    first_run: Option<runcell_core::FirstRun>,
 }
 
 /// Counts a create in flight against the capacity until dropped.
@@ -81,7 +85,7 @@ impl<'a> Service<'a> {
         let mounts = self.volume_mounts(workspace, &spec.volumes)?;
         lineage.volumes = std::mem::take(&mut spec.volumes);
         let memory_image = spec.memory_image.take();
-        let one_shot = spec.one_shot;
+        let first_run = spec.first_run.take();
         let asked = plan::admit(&state.config, workspace, spec)?;
         let resolved = self.resolve_alias(&asked.template);
         let served_from_alias = resolved != asked.template;
@@ -179,7 +183,7 @@ impl<'a> Service<'a> {
                                     state_layers: &lineage.state_layers,
                                     memory_image: Some(image),
                                     deadline_unix_ms: first_deadline,
-                                    one_shot: false,
+                                    first_run: None,
                                 },
                                 mounts.clone(),
                             )
@@ -216,7 +220,7 @@ impl<'a> Service<'a> {
                                     state_layers: &lineage.state_layers,
                                     memory_image: None,
                                     deadline_unix_ms: first_deadline,
-                                    one_shot,
+                                    first_run,
                                 },
                                 mounts,
                             )
@@ -230,6 +234,9 @@ impl<'a> Service<'a> {
                 (sandbox, None)
             }
         };
+        // Taken now: should this create be given up on from here, the
+        // run goes with it (its connection closes and the agent kills it).
+        let first = sandbox.take_first_run();
         let now = now_ms();
         let record = Record {
             id: sandbox.id().to_string(),
@@ -288,6 +295,7 @@ impl<'a> Service<'a> {
             boot,
             building_instead,
             memory,
+            first,
         })
     }
 
@@ -474,7 +482,8 @@ impl<'a> Service<'a> {
                 state_layers,
                 mounts,
                 memory_image: origin.memory_image.map(std::path::Path::to_path_buf),
-                one_shot: origin.one_shot,
+                one_shot: origin.first_run.is_some(),
+                first_run: origin.first_run,
                 ..SandboxOptions::default()
             })
             .await

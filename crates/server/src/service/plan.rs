@@ -46,10 +46,12 @@ pub(crate) struct CreateSpec {
     /// A gVisor memory image to restore (a snapshot's or a fork parent's),
     /// which is kept; its files are `state_layers`. Never from a request.
     pub(crate) memory_image: Option<std::path::PathBuf>,
-    /// Made for one program that follows at once (`POST /v1/run`): a
-    /// fresh sandbox's create does not wait for its agent's hello
-    /// ([`runcell_core::SandboxOptions::one_shot`]). Never from a request.
-    pub(crate) one_shot: bool,
+    /// The one program it is made for (`POST /v1/run`): a fresh sandbox
+    /// starts it as soon as it is up, before it is recorded, and its create
+    /// does not wait for the agent's hello
+    /// ([`runcell_core::SandboxOptions::first_run`], `one_shot`); the run is
+    /// [`super::Created::first`]. Never from a request.
+    pub(crate) first_run: Option<runcell_core::FirstRun>,
 }
 
 /// A create that passed the checks that need no template.
