@@ -455,19 +455,25 @@ mod tests {
         (BufReader::new(rd), wr)
     }
 
-    #[tokio::test]
-    async fn a_request_sent_before_the_agent_greets_is_answered_after_its_hello() {
+    /// An agent's socket nobody has accepted on yet, a client connected to
+    /// it unchecked, and a request that client sent at once.
+    async fn asked_before_hello() -> (tempfile::TempDir, UnixListener, AgentClient, Replies) {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("agent.sock");
         let listener = UnixListener::bind(&path).expect("bind");
-        // Connected and asked before the agent has accepted anything.
         let client = AgentClient::connect_unchecked(&path, "sb")
             .await
             .expect("connect");
-        let mut replies = client
+        let replies = client
             .request(Request::Ping, Vec::new())
             .await
             .expect("sent");
+        (dir, listener, client, replies)
+    }
+
+    #[tokio::test]
+    async fn a_request_sent_before_the_agent_greets_is_answered_after_its_hello() {
+        let (_dir, listener, client, mut replies) = asked_before_hello().await;
         let (mut rd, mut wr) = agent_side(&listener, PROTOCOL_VERSION).await;
         let asked: Frame<ClientMessage> = read_frame(&mut rd).await.expect("read").expect("frame");
         assert_eq!(asked.header.request, Request::Ping);
@@ -486,16 +492,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_agent_of_another_protocol_ends_the_requests_sent_before_its_hello() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("agent.sock");
-        let listener = UnixListener::bind(&path).expect("bind");
-        let client = AgentClient::connect_unchecked(&path, "sb")
-            .await
-            .expect("connect");
-        let mut replies = client
-            .request(Request::Ping, Vec::new())
-            .await
-            .expect("sent");
+        let (_dir, listener, _client, mut replies) = asked_before_hello().await;
         // The wrong hello; the connection is kept open, so only the check
         // can end the request.
         let _agent = agent_side(&listener, PROTOCOL_VERSION + 1).await;
