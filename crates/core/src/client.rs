@@ -293,15 +293,26 @@ impl AgentClient {
     }
 }
 
+/// The largest body of a first request [`open`] writes as the socket
+/// connects (larger ones are written without the copy that takes).
+const SMALL_FIRST_BODY: usize = 64 << 10;
+
 /// Connects to the agent at `path`, sends `first` if given, and reads the
 /// agent's hello: the connection's halves and the sandbox id it reported.
 async fn open(
     path: &Path,
     first: Option<&Frame<ClientMessage>>,
 ) -> Result<(Reader, OwnedWriteHalf, String), ClientError> {
+    // A request (its code or its input at most 64 KiB) is encoded in
+    // memory (a `Vec` takes the write at once) and written as the socket
+    // connects; a larger one is not copied, and goes out through the
+    // runtime.
     let mut bytes = Vec::new();
-    if let Some(frame) = first {
-        // Encoded in memory (a `Vec` takes the write at once).
+    let (small, large) = match first {
+        Some(f) if f.body.len() <= SMALL_FIRST_BODY => (Some(f), None),
+        other => (None, other),
+    };
+    if let Some(frame) = small {
         write_frame(&mut bytes, frame).await?;
     }
     let (stream, sent) = dial(path, &bytes)?;
@@ -310,6 +321,9 @@ async fn open(
         wr.write_all(&bytes[sent..])
             .await
             .map_err(CodecError::from)?;
+    }
+    if let Some(frame) = large {
+        write_frame(&mut wr, frame).await?;
     }
     let mut rd = BufReader::new(rd);
     let sandbox_id = read_hello(&mut rd).await?;
@@ -503,12 +517,12 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_first_request_larger_than_the_socket_takes_at_once_arrives_whole() {
+    async fn a_first_request_larger_than_the_socket_holds_arrives_whole() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("agent.sock");
         let listener = UnixListener::bind(&path).expect("bind");
-        // Several times what a unix socket buffers: the rest of it goes out
-        // through the runtime once the agent reads.
+        // Several times what a unix socket buffers, written through the
+        // runtime once the agent reads.
         let body = vec![7u8; 4 << 20];
         let frame = Frame::with_body(
             ClientMessage {

@@ -516,13 +516,7 @@ impl Runtime {
         self.refill();
         let mut jail = started?;
         let id = jail.id().to_string();
-        let connected = match jail.agent_channel() {
-            AgentChannel::Unix(path) if opts.one_shot => {
-                AgentClient::connect_unchecked(&path, &id).await
-            }
-            AgentChannel::Unix(path) => AgentClient::connect(&path).await,
-        };
-        let agent = match connected {
+        let agent = match connect(jail.as_ref(), opts.one_shot).await {
             Ok(a) => a,
             Err(e) => {
                 let _ = tokio::task::spawn_blocking(move || jail.destroy()).await;
@@ -589,7 +583,7 @@ impl Runtime {
         if paused {
             jail.thaw()?;
         }
-        let agent = match connect(jail.as_ref()).await {
+        let agent = match connect(jail.as_ref(), false).await {
             Ok(a) => a,
             Err(e) => {
                 if paused {
@@ -689,9 +683,16 @@ impl Runtime {
     }
 }
 
-/// Connects to a sandbox's agent.
-async fn connect(instance: &dyn Instance) -> Result<AgentClient, crate::ClientError> {
+/// Connects to a sandbox's agent; `one_shot` without waiting for its
+/// hello ([`SandboxOptions::one_shot`]).
+async fn connect(
+    instance: &dyn Instance,
+    one_shot: bool,
+) -> Result<AgentClient, crate::ClientError> {
     match instance.agent_channel() {
+        AgentChannel::Unix(path) if one_shot => {
+            AgentClient::connect_unchecked(&path, instance.id()).await
+        }
         AgentChannel::Unix(path) => AgentClient::connect(&path).await,
     }
 }
