@@ -236,12 +236,7 @@ impl Sandbox {
     /// Starts `first` (as the sandbox comes up) and keeps it for
     /// [`Sandbox::take_first_run`].
     pub(crate) async fn start_first(&self, first: &FirstRun) -> Result<(), Error> {
-        let run = match &first.program {
-            FirstProgram::Code { language, code } => {
-                self.run_code_start(*language, code, &first.opts).await?
-            }
-            FirstProgram::Command(command) => self.exec_start(command.clone(), &first.opts).await?,
-        };
+        let run = self.start_program(&first.program, &first.opts).await?;
         let ExecRun {
             replies,
             timeout,
@@ -257,6 +252,21 @@ impl Sandbox {
             before,
         });
         Ok(())
+    }
+
+    /// Starts `program`: [`Sandbox::run_code_start`] for code,
+    /// [`Sandbox::exec_start`] for a command.
+    pub async fn start_program(
+        &self,
+        program: &FirstProgram,
+        opts: &RunOptions,
+    ) -> Result<ExecRun<'_>, Error> {
+        match program {
+            FirstProgram::Code { language, code } => {
+                self.run_code_start(*language, code, opts).await
+            }
+            FirstProgram::Command(command) => self.exec_start(command.clone(), opts).await,
+        }
     }
 
     /// The run of [`crate::SandboxOptions::first_run`], started when the

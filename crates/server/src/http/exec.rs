@@ -97,14 +97,23 @@ pub(super) fn first_run(
     if req.timeout_seconds.is_none() {
         opts.timeout = None;
     }
-    let program = match command(req)? {
-        Some(language) => runcell_core::FirstProgram::Code {
+    Ok(runcell_core::FirstRun {
+        program: program(req),
+        opts,
+    })
+}
+
+/// What a checked exec request runs: its code in its language, else its
+/// command line.
+fn program(req: &ExecReq) -> runcell_core::FirstProgram {
+    match command(req) {
+        Ok(Some(language)) => runcell_core::FirstProgram::Code {
             language,
             code: req.cmd.clone(),
         },
-        None => runcell_core::FirstProgram::Command(Command::Shell(req.cmd.clone())),
-    };
-    Ok(runcell_core::FirstRun { program, opts })
+        // Checked before: a language that is not one was refused.
+        Ok(None) | Err(_) => runcell_core::FirstProgram::Command(Command::Shell(req.cmd.clone())),
+    }
 }
 
 /// Checks an exec request that runs with the sandbox environment `env`
@@ -322,15 +331,9 @@ async fn stream_exec(
 ) -> Result<(), StreamError> {
     use super::stream::{error_event, SendError, Utf8Carry};
     use runcell_core::RunEvent;
-    let started = match (started, command(req)) {
-        (Some(run), _) => Ok(e.sandbox.resume_run(run)),
-        (None, Ok(Some(language))) => e.sandbox.run_code_start(language, &req.cmd, opts).await,
-        // Checked before the stream began.
-        (None, Ok(None) | Err(_)) => {
-            e.sandbox
-                .exec_start(Command::Shell(req.cmd.clone()), opts)
-                .await
-        }
+    let started = match started {
+        Some(run) => Ok(e.sandbox.resume_run(run)),
+        None => e.sandbox.start_program(&program(req), opts).await,
     };
     let _ = begun.send(());
     let mut run = match started {
