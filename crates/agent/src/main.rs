@@ -64,6 +64,14 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Everything in a sandbox starts from the usual umask, whatever the
+    // daemon's is: the files the agent writes for the sandbox's user (code
+    // cells, uploads) and the directories of its root, and every program it
+    // starts. A daemon under `UMask=0077` (a hardened service) made the code
+    // file of a run unreadable to the user who runs it ("Permission
+    // denied", exit 126). Set here, before any thread, and inherited by
+    // every agent a fork server forks.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
     // Under gVisor the filter is an argument (the agent's environment is
     // empty there); elsewhere RUST_LOG.
     let filter = match gvisor

@@ -167,6 +167,42 @@ fn memory_limit_reports_oom() {
     );
 }
 
+/// The sandbox's files and programs do not take the caller's umask (a
+/// service started with `UMask=0077`, say): the code file stays readable
+/// to the user who runs it, and its programs start from 022.
+#[test]
+fn a_strict_umask_of_the_caller_changes_nothing_in_the_sandbox() {
+    let r = super::runner();
+    let inner = r.cmd();
+    // `umask 077`, then this runner's `runcell` with its environment.
+    let mut strict = std::process::Command::new("sh");
+    strict
+        .args(["-c", "umask 077 && exec \"$0\" \"$@\""])
+        .arg(inner.get_program());
+    for (k, v) in inner.get_envs() {
+        match v {
+            Some(v) => strict.env(k, v),
+            None => strict.env_remove(k),
+        };
+    }
+    let out = strict
+        .args([
+            "run",
+            "bash",
+            "-c",
+            "umask; stat -c %a /tmp \"$HOME\"; cd; echo hi > f; stat -c %a f; cat f",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        text(&out.stdout),
+        "0022\n1777\n755\n644\nhi\n",
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0));
+}
+
 #[test]
 fn the_callers_environment_never_reaches_the_sandbox() {
     let r = super::runner();
