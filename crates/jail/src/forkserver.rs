@@ -279,6 +279,8 @@ pub fn serve() -> io::Result<bool> {
     if let Err(e) = own_tcp_tables() {
         tracing::warn!("sandboxes share the host's TCP connection table: {e}");
     }
+    // Read once here, so that no forked agent reads it again.
+    crate::inside::warm_up();
     // SAFETY: the host started the fork server with its socket as standard
     // input; nothing else in this process owns descriptor 0.
     let mut sock = UnixStream::from(unsafe { OwnedFd::from_raw_fd(0) });

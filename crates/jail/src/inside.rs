@@ -435,13 +435,59 @@ pub fn inode_limit(disk_bytes: u64) -> u64 {
     (disk_bytes / BYTES_PER_INODE).max(1024)
 }
 
+/// Makes directory `path` (and its missing parents, as `mkdir -p` would)
+/// and gives it `mode`; an existing directory is given `mode` too.
+///
+/// A directory it makes is made with `mode` at once, and the `chmod` after
+/// is skipped when the umask cannot have taken a bit of it: a sandbox's
+/// root has a few dozen such directories, made on every start (one system
+/// call each, not three: no `chmod`, and no `stat` after a refused
+/// `mkdir`). As with `mkdir(1)`, a directory made inside a set-group-ID
+/// directory keeps the bit it inherits.
 pub(crate) fn mkdir(path: &Path, mode: u32) -> Result<(), SetupError> {
-    match fs::create_dir_all(path) {
-        Ok(()) => {}
+    use std::os::unix::fs::DirBuilderExt;
+    let make = || fs::DirBuilder::new().mode(mode).create(path);
+    let made = match make() {
+        Ok(()) => true,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if let Some(parent) = path.parent() {
+                fs::create_dir_all(parent)
+                    .map_err(step(format!("creating {}", parent.display())))?;
+            }
+            match make() {
+                Ok(()) => true,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && path.is_dir() => false,
+                Err(e) => return Err(step(format!("creating {}", path.display()))(e)),
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && path.is_dir() => false,
         Err(e) => return Err(step(format!("creating {}", path.display()))(e)),
+    };
+    if made && umask().is_some_and(|mask| mode & mask == 0) {
+        return Ok(());
     }
     fs::set_permissions(path, fs::Permissions::from_mode(mode))
         .map_err(step(format!("setting the mode of {}", path.display())))
+}
+
+/// Reads what the root's setup caches per process ([`umask`]): a fork
+/// server calls it before it forks any agent.
+pub(crate) fn warm_up() {
+    let _ = umask();
+}
+
+/// This process's umask, read once from `/proc/self/status` (the `umask`
+/// call can only read it by changing it, which would race with any other
+/// thread making a file meanwhile); `None` where the kernel does not say,
+/// and [`mkdir`] then always sets the mode. Nothing in the jail changes the
+/// umask, and a forked agent inherits it with this cache.
+fn umask() -> Option<u32> {
+    static UMASK: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *UMASK.get_or_init(|| {
+        let status = fs::read_to_string("/proc/self/status").ok()?;
+        let field = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+        u32::from_str_radix(field.trim(), 8).ok()
+    })
 }
 
 /// Overlays layers (topmost first) at a target with an upper and a work
@@ -675,7 +721,8 @@ pub(crate) fn host_path(
     };
     let target = inside(root, p);
     if let Some(parent) = target.parent() {
-        mkdir(parent, 0o755)?;
+        // The root itself for a top-level path: made already.
+        mkdir_if_missing(parent, 0o755)?;
     }
     if let Some(parent) = p.parent().filter(|_| !state_layers.is_empty()) {
         refuse_symlinks(root, parent)?;
@@ -1908,4 +1955,53 @@ fn exit_like(status: libc::c_int) -> ! {
     };
     // SAFETY: _exit(2) ends the process without running any Rust code.
     unsafe { libc::_exit(code) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode_of(p: &Path) -> u32 {
+        fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn mkdir_gives_every_directory_its_mode_whatever_the_umask() {
+        // The umask this process runs with is read from /proc.
+        let mask = umask().expect("/proc/self/status says the umask");
+        let dir = tempfile::tempdir().unwrap();
+        // Modes the umask leaves alone, and ones it would cut (sticky and
+        // group-writable bits included): each ends up exactly as asked.
+        for (name, mode) in [
+            ("plain", 0o755),
+            ("private", 0o700),
+            ("proc", 0o555),
+            ("tmp", 0o1777),
+            ("shared", 0o775),
+        ] {
+            let p = dir.path().join(name);
+            mkdir(&p, mode).unwrap();
+            assert_eq!(mode_of(&p), mode, "{name} (umask {mask:o})");
+        }
+        // Missing parents are made (with the umask's default mode, as
+        // `mkdir -p` makes them), the directory itself with its mode.
+        let deep = dir.path().join("var/tmp");
+        mkdir(&deep, 0o1777).unwrap();
+        assert_eq!(mode_of(&deep), 0o1777);
+        assert_eq!(mode_of(&dir.path().join("var")), 0o777 & !mask);
+        // An existing directory is given the mode asked for.
+        let existing = dir.path().join("plain");
+        mkdir(&existing, 0o711).unwrap();
+        assert_eq!(mode_of(&existing), 0o711);
+        // Something else in the way is an error naming the path.
+        let file = dir.path().join("file");
+        fs::write(&file, "x").unwrap();
+        let e = mkdir(&file, 0o755).unwrap_err().to_string();
+        assert!(e.contains("file"), "{e}");
+        // mkdir_if_missing leaves an existing directory's mode alone.
+        assert!(!mkdir_if_missing(&existing, 0o755).unwrap());
+        assert_eq!(mode_of(&existing), 0o711);
+        assert!(mkdir_if_missing(&dir.path().join("new"), 0o750).unwrap());
+        assert_eq!(mode_of(&dir.path().join("new")), 0o750);
+    }
 }
