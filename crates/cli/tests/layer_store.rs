@@ -582,3 +582,61 @@ fn a_sigterm_while_the_daemon_starts_is_a_graceful_stop() {
     }
     std::fs::remove_dir_all(&data).unwrap();
 }
+
+/// A daemon started with a strict umask (a hardened service's
+/// `UMask=0077`) serves as any other: what it makes for sandboxes (a
+/// volume's directories, the store's, a run's code file) stays reachable
+/// by them, and its own secrets stay private. Under umask 077 a sandbox
+/// given a volume failed to start ("bind-mounting ... Permission denied")
+/// and a run's code file was unreadable to its user.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_daemon_started_with_a_strict_umask_serves_as_any_other() {
+    use std::os::unix::fs::PermissionsExt;
+    require_root("the btrfs layer store");
+    let data = data_dir("strict-umask");
+    // `runcell` started under umask 077, as a service manager would.
+    let wrapper = data.with_extension("sh");
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\numask 077\nexec {RUNCELL} \"$@\"\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let d = Daemon::spawn(&wrapper, &data, free_port(), ["--auto-build=false"]);
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&data.join("api-key")), 0o600);
+    assert_eq!(mode(&data.join("registry.db")), 0o600);
+
+    let (s, vol) = d
+        .post("/v1/volumes", json!({"name": "strict", "size_mb": 16}))
+        .await;
+    assert_eq!(s, 201, "{vol}");
+    let id = d
+        .create(json!({"volumes": [{"name": "strict"}], "ttl_seconds": 120}))
+        .await;
+    assert_eq!(
+        ok(
+            &d,
+            &id,
+            "umask; echo vol > /mnt/strict/f; cat /mnt/strict/f"
+        )
+        .await,
+        "0022\nvol\n"
+    );
+    // A snapshot of it, and a sandbox started from the snapshot.
+    assert_eq!(ok(&d, &id, "echo kept > ~/k").await, "");
+    let (s, snap) = d
+        .post(&format!("/v1/sandboxes/{id}/snapshots"), json!({}))
+        .await;
+    assert_eq!(s, 201, "{snap}");
+    let restored = d
+        .create(json!({"from_snapshot": snap["id"], "ttl_seconds": 120}))
+        .await;
+    assert_eq!(ok(&d, &restored, "cat ~/k").await, "kept\n");
+    // A one-shot run: its code is a file the sandbox's user must read.
+    let (code, out, err) = runcell_cli(&d, &["run", "python", "-c", "print(6*7)"]);
+    assert_eq!((code, out.as_str()), (0, "42\n"), "{err}");
+    d.delete(&id).await;
+    d.delete(&restored).await;
+    let _ = std::fs::remove_file(&wrapper);
+}

@@ -140,10 +140,29 @@ fn check_traversable(
     Ok(())
 }
 
+/// Gives the daemon the usual umask, 022, whatever it was started with
+/// (as Docker's daemon does). Sandboxes reach what the daemon makes for
+/// them as another host user (their agent is an unprivileged host uid):
+/// under a service's `UMask=0077` a volume's directories came out 0700, and
+/// every sandbox given a volume failed to start ("bind-mounting ... failed:
+/// Permission denied"). What must stay private says so itself: the API key
+/// and the registry are written 0600, and the data directory is 0711.
+fn set_umask() {
+    use nix::sys::stat::{umask, Mode};
+    let was = umask(Mode::from_bits_truncate(0o022));
+    if was.bits() != 0o022 {
+        tracing::info!(
+            was = format!("{:03o}", was.bits()),
+            "the daemon runs with umask 022 (sandboxes must read what it makes for them)"
+        );
+    }
+}
+
 /// Builds the state, reconciles with what survived a restart, and serves
 /// until SIGINT or SIGTERM. Sandboxes keep running across a restart.
 pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeError> {
     let mut stop = stop_signals();
+    set_umask();
     fs::create_dir_all(&config.data_dir)
         .map_err(|e| ServeError::DataDir(config.data_dir.clone(), e))?;
     // Sandbox agents (an unprivileged host uid) must traverse it to their directories.
