@@ -640,3 +640,38 @@ async fn a_daemon_started_with_a_strict_umask_serves_as_any_other() {
     d.delete(&restored).await;
     let _ = std::fs::remove_file(&wrapper);
 }
+
+/// A daemon started with an empty environment (`env -i`, as some init
+/// systems and cron start services) finds the host programs it runs in
+/// the system's directories: it made no volume ("mkfs.ext4: No such file
+/// or directory") and fell back to the tmpfs store ("mkfs.btrfs is not
+/// installed") when it looked on the C library's default path alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_daemon_started_with_an_empty_environment_finds_its_host_tools() {
+    use std::os::unix::fs::PermissionsExt;
+    require_root("the btrfs layer store");
+    let data = data_dir("empty-env");
+    let wrapper = data.with_extension("sh");
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\nexec /usr/bin/env -i {RUNCELL} \"$@\"\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let d = Daemon::spawn(&wrapper, &data, free_port(), ["--auto-build=false"]);
+    let system: Value = d.get("/v1/system").await;
+    assert_eq!(system["layer_store"]["kind"], "btrfs", "{system}");
+    let (s, vol) = d
+        .post("/v1/volumes", json!({"name": "bare", "size_mb": 16}))
+        .await;
+    assert_eq!(s, 201, "{vol}");
+    let id = d
+        .create(json!({"volumes": [{"name": "bare"}], "ttl_seconds": 120}))
+        .await;
+    assert_eq!(
+        ok(&d, &id, "echo v > /mnt/bare/f && cat /mnt/bare/f").await,
+        "v\n"
+    );
+    d.delete(&id).await;
+    let _ = std::fs::remove_file(&wrapper);
+}

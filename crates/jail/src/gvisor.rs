@@ -457,7 +457,7 @@ fn copy_tree(
     dst: &Path,
     one_file_system: bool,
 ) -> Result<(), crate::layer::LayerError> {
-    let mut cmd = std::process::Command::new("cp");
+    let mut cmd = crate::host_tools::command("cp");
     cmd.arg("-a");
     if one_file_system {
         cmd.arg("--one-file-system");

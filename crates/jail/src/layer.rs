@@ -12,7 +12,6 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use crate::inside::STATE_ROOT;
 use crate::STAGE_FD;
@@ -85,7 +84,7 @@ pub fn export(pid: i32, dest: &Path) -> Result<u64, LayerError> {
 /// `cp -a` (no symlink followed, owners, modes, xattrs, device nodes and
 /// hard links kept) of the directory `src` as `dst`.
 fn copy(src: &Path, dst: &Path, one_file_system: bool) -> Result<(), LayerError> {
-    let mut cmd = Command::new("cp");
+    let mut cmd = crate::host_tools::command("cp");
     cmd.arg("-a");
     if one_file_system {
         cmd.arg("--one-file-system");

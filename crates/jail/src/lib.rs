@@ -30,6 +30,7 @@ mod command;
 pub mod confine;
 pub mod forkserver;
 pub mod gvisor;
+pub mod host_tools;
 pub mod idmap_mount;
 pub mod inside;
 pub mod layer;

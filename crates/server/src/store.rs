@@ -158,7 +158,7 @@ impl LayerStore {
         if !is_mounted(root) {
             return Ok(false);
         }
-        run(Command::new("umount").arg(root))?;
+        run(runcell_jail::host_tools::command("umount").arg(root))?;
         Ok(true)
     }
 }
@@ -175,11 +175,7 @@ pub fn btrfs_possible() -> Result<PathBuf, String> {
 const MKFS_MISSING: &str = "mkfs.btrfs is not installed (apt-get install btrfs-progs)";
 
 fn find_mkfs() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin".into(), "/sbin".into()])
-        .map(|d| d.join("mkfs.btrfs"))
-        .find(|p| p.is_file())
+    runcell_jail::host_tools::find("mkfs.btrfs")
 }
 
 fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> StoreError {
@@ -238,7 +234,7 @@ fn open_btrfs(data_dir: &Path) -> Result<PathBuf, StoreError> {
             }
             make_image(data_dir, &image)?;
         }
-        run(Command::new("mount")
+        run(runcell_jail::host_tools::command("mount")
             .args(["-o", "loop,nosuid,nodev,noatime"])
             .arg(&image)
             .arg(&root))?;
@@ -248,7 +244,7 @@ fn open_btrfs(data_dir: &Path) -> Result<PathBuf, StoreError> {
                 Err(e) => {
                     // Not left half-made: a later start would find the
                     // image and use it without quotas (no disk limit).
-                    let _ = run(Command::new("umount").arg(&root));
+                    let _ = run(runcell_jail::host_tools::command("umount").arg(&root));
                     let _ = std::fs::remove_file(&image);
                     return Err(StoreError::Quota(e));
                 }
@@ -284,7 +280,7 @@ fn make_image(data_dir: &Path, image: &Path) -> Result<(), StoreError> {
     let file = std::fs::File::create(&tmp).map_err(io("creating", &tmp))?;
     file.set_len(size).map_err(io("sizing", &tmp))?;
     drop(file);
-    let made = run(Command::new("mkfs.btrfs")
+    let made = run(runcell_jail::host_tools::command("mkfs.btrfs")
         .args(["-q", "-f", "-m", "single"])
         .arg(&tmp));
     if let Err(e) = made {

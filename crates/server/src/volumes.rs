@@ -209,7 +209,7 @@ impl Store {
         let file = std::fs::File::create(&image).map_err(|e| e.to_string())?;
         file.set_len(size_mb << 20).map_err(|e| e.to_string())?;
         drop(file);
-        run(Command::new("mkfs.ext4")
+        run(runcell_jail::host_tools::command("mkfs.ext4")
             .args(["-q", "-F", "-m", "0", "-E"])
             .arg(format!("root_owner={owner}:{owner}"))
             .arg(&image))?;
@@ -223,7 +223,7 @@ impl Store {
             return Ok(());
         }
         std::fs::create_dir_all(&mnt).map_err(|e| e.to_string())?;
-        run(Command::new("mount")
+        run(runcell_jail::host_tools::command("mount")
             .args(["-o", "loop,nosuid,nodev"])
             .arg(self.image(id))
             .arg(&mnt))
@@ -233,7 +233,7 @@ impl Store {
     fn remove(&self, id: &str) -> Result<(), String> {
         let mnt = self.mount_point(id);
         if crate::store::is_mounted(&mnt) {
-            run(Command::new("umount").arg(&mnt))?;
+            run(runcell_jail::host_tools::command("umount").arg(&mnt))?;
         }
         let _ = std::fs::remove_dir(&mnt);
         match std::fs::remove_file(self.image(id)) {

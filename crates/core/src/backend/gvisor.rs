@@ -235,18 +235,14 @@ pub struct GvisorInfo {
     pub platform: Platform,
 }
 
-/// The runsc binary: `explicit`, or the first `runsc` on `PATH`, or
+/// The runsc binary: `explicit`, or the first `runsc` on `PATH` or in the
+/// system's directories ([`runcell_jail::host_tools`]), or
 /// `/usr/bin/runsc` (reported missing if absent).
 pub fn find_runsc(explicit: Option<&Path>) -> PathBuf {
     if let Some(p) = explicit {
         return p.to_path_buf();
     }
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|d| d.join("runsc"))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| PathBuf::from("/usr/bin/runsc"))
+    runcell_jail::host_tools::find("runsc").unwrap_or_else(|| PathBuf::from("/usr/bin/runsc"))
 }
 
 /// Whether gVisor sandboxes can run here: runsc is installed, this process

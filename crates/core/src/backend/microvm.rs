@@ -467,14 +467,7 @@ fn migrate_test_guest(qemu: &Path, kernel: &Path) -> Result<(), String> {
 
 /// `name` looked up on `PATH` (a path with a slash is itself).
 fn which(name: &Path) -> Option<PathBuf> {
-    if name.components().count() > 1 {
-        return Some(name.to_path_buf());
-    }
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    })
+    runcell_jail::host_tools::find(name)
 }
 
 /// Boots `kernel` under KVM with no initramfs and watches its console for
@@ -1134,7 +1127,7 @@ fn link_or_copy(from: &Path, to: &Path) -> Result<(), MicrovmError> {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
         Err(e) if e.raw_os_error() == Some(nix::libc::EXDEV) => {
-            let ok = std::process::Command::new("cp")
+            let ok = runcell_jail::host_tools::command("cp")
                 .args(["--reflink=auto", "--sparse=always"])
                 .arg(from)
                 .arg(to)

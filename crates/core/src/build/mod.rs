@@ -571,10 +571,8 @@ async fn debootstrap(
     line: usize,
     progress: &mut (dyn FnMut(Progress<'_>) + Send),
 ) -> Result<(), BuildError> {
-    let program = ["/usr/sbin/debootstrap", "/usr/bin/debootstrap"]
-        .into_iter()
-        .find(|p| Path::new(p).is_file())
-        .ok_or(BuildError::DebootstrapMissing)?;
+    let program =
+        runcell_jail::host_tools::find("debootstrap").ok_or(BuildError::DebootstrapMissing)?;
     let pending = store.begin(false)?;
     let diff = pending.diff();
     tracing::info!(suite, target = %diff.display(), "running debootstrap");
@@ -582,6 +580,8 @@ async fn debootstrap(
         .args(["--variant=minbase", suite])
         .arg(&diff)
         .arg(mirror)
+        // A shell script that runs chroot, dpkg and mount by name.
+        .env("PATH", runcell_jail::host_tools::search_path())
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

@@ -195,7 +195,7 @@ impl Assets {
             shell_quote(&tree),
             shell_quote(&tmp),
         );
-        let out = Command::new("unshare")
+        let out = runcell_jail::host_tools::command("unshare")
             .args([
                 "--mount",
                 "--propagation",
@@ -254,7 +254,7 @@ impl Assets {
         // and what it can write, is the limit, as with the jail's tmpfs.
         let journal = (mib / 64).clamp(1, 64);
         let size = mib + journal + mib / 64 + 1;
-        let out = Command::new("mkfs.ext4")
+        let out = runcell_jail::host_tools::command("mkfs.ext4")
             .args(["-q", "-F", "-m", "0", "-i", "16384", "-L", "runcell-rw"])
             .arg("-J")
             .arg(format!("size={journal}"))
@@ -401,7 +401,7 @@ fn image_plan(rootfs: &RootfsSpec) -> Result<(Vec<String>, String), MicrovmError
 
 /// The shared libraries `binary` loads, by absolute path, as `ldd` lists them.
 fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>, MicrovmError> {
-    let out = Command::new("ldd")
+    let out = runcell_jail::host_tools::command("ldd")
         .arg(binary)
         .output()
         .map_err(|e| MicrovmError::Spawn(PathBuf::from("ldd"), e))?;
