@@ -43,16 +43,25 @@ struct Globals {
         long,
         global = true,
         env = "RUNCELL_STATE_DIR",
-        default_value = "/run/runcell/sandboxes"
+        default_value = "/run/runcell/sandboxes",
+        value_parser = absolute_path
     )]
     state_dir: PathBuf,
     /// Directory of installed templates [default: /var/lib/runcell/templates;
     /// for serve, DATA_DIR/templates].
-    #[arg(long, global = true, env = "RUNCELL_TEMPLATES_DIR")]
+    #[arg(long, global = true, env = "RUNCELL_TEMPLATES_DIR", value_parser = absolute_path)]
     templates_dir: Option<PathBuf>,
     /// The sandbox agent binary (default: runcell-agent next to this binary).
-    #[arg(long, global = true, env = "RUNCELL_AGENT")]
+    #[arg(long, global = true, env = "RUNCELL_AGENT", value_parser = absolute_path)]
     agent: Option<PathBuf>,
+}
+
+/// A path argument made absolute against the working directory: the
+/// daemon and the sandboxes' setup hand paths to processes that run
+/// elsewhere (a relative `--data-dir` made every sandbox's setup fail to
+/// find its own directory).
+pub(crate) fn absolute_path(s: &str) -> Result<PathBuf, String> {
+    std::path::absolute(s).map_err(|e| format!("{s:?} cannot be made an absolute path: {e}"))
 }
 
 /// The commands `runcell` itself runs, parsed as the full command line

@@ -675,3 +675,54 @@ async fn a_daemon_started_with_an_empty_environment_finds_its_host_tools() {
     d.delete(&id).await;
     let _ = std::fs::remove_file(&wrapper);
 }
+
+/// `runcell serve --data-dir data`, a path relative to where it starts:
+/// the daemon works as with an absolute one. Every sandbox's setup failed
+/// ("bind-mounting data/sandboxes/<id>/egress failed: No such file or
+/// directory"): the agent was handed paths relative to a directory it had
+/// left.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relative_data_directory_works_as_an_absolute_one() {
+    use std::os::unix::fs::PermissionsExt;
+    require_root("the btrfs layer store");
+    let data = data_dir("relative");
+    let parent = data.parent().unwrap().to_path_buf();
+    std::fs::create_dir_all(&parent).unwrap();
+    // Started in the data directory's parent, with every argument under it
+    // made relative to it.
+    let wrapper = data.with_extension("sh");
+    let under = format!("{}/", parent.display());
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\ncd '{under}' || exit 1\n\
+             for a; do shift; case \"$a\" in '{under}'*) a=\"${{a#'{under}'}}\";; esac; set -- \"$@\" \"$a\"; done\n\
+             exec {RUNCELL} \"$@\"\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let d = Daemon::spawn(&wrapper, &data, free_port(), ["--auto-build=false"]);
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", d.child.id())).unwrap();
+    let name = data.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        cmdline.split(|&b| b == 0).any(|a| a == name.as_bytes()),
+        "the daemon was not given a relative data directory"
+    );
+    let id = d.create(json!({"ttl_seconds": 120})).await;
+    assert_eq!(ok(&d, &id, "echo ok").await, "ok\n");
+    let (s, vol) = d
+        .post("/v1/volumes", json!({"name": "rel", "size_mb": 16}))
+        .await;
+    assert_eq!(s, 201, "{vol}");
+    let with = d
+        .create(json!({"volumes": [{"name": "rel"}], "ttl_seconds": 120}))
+        .await;
+    assert_eq!(
+        ok(&d, &with, "echo v > /mnt/rel/f && cat /mnt/rel/f").await,
+        "v\n"
+    );
+    d.delete(&id).await;
+    d.delete(&with).await;
+    let _ = std::fs::remove_file(&wrapper);
+}
