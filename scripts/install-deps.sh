@@ -65,4 +65,13 @@ if [ ${#mneed[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${mneed[@]}" >/dev/null
 fi
+# Debian's qemu-system-x86 breaks a newer qemu-utils (a backport), so apt
+# removes that one when it installs QEMU: a machine that came with
+# qemu-img 10 was left with none. Install Debian's, which matches.
+if [ ! -x /usr/bin/qemu-img ]; then
+  echo "installing: qemu-utils"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -qq --no-install-recommends qemu-utils >/dev/null
+fi
+[ -x /usr/bin/qemu-img ] || { echo "qemu-img is still missing after installing qemu-utils" >&2; exit 1; }
 "$(dirname "$0")/microvm-assets.sh"
