@@ -726,3 +726,55 @@ async fn a_relative_data_directory_works_as_an_absolute_one() {
     d.delete(&with).await;
     let _ = std::fs::remove_file(&wrapper);
 }
+
+/// A daemon started with a low soft limit on open files (systemd's
+/// default is 1024) holds as many sandboxes as it is allowed: it raises
+/// its own to the hard limit. At 1024, creates failed with "Too many open
+/// files" at 334 live sandboxes. Sandboxed programs start with a soft
+/// limit of 1024 whatever the daemon's, and the hard limit it has.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_daemon_started_with_few_open_files_holds_its_sandboxes() {
+    use std::os::unix::fs::PermissionsExt;
+    require_root("sandboxes");
+    let data = data_dir("few-files");
+    let wrapper = data.with_extension("sh");
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\nulimit -Sn 256 || exit 1\nexec {RUNCELL} \"$@\"\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let d = Daemon::spawn(
+        &wrapper,
+        &data,
+        free_port(),
+        [
+            "--auto-build=false",
+            "--layer-store",
+            "tmpfs",
+            "--standby",
+            "1",
+            "--max-sandboxes",
+            "200",
+        ],
+    );
+    let hard = std::fs::read_to_string(format!("/proc/{}/limits", d.child.id()))
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(4).map(str::to_string))
+        .unwrap();
+    // 150 live sandboxes: past what 256 descriptors held (about 80).
+    let mut ids = Vec::new();
+    for _ in 0..150 {
+        ids.push(d.create(json!({"ttl_seconds": 120})).await);
+    }
+    assert_eq!(
+        ok(&d, &ids[149], "ulimit -Sn; ulimit -Hn").await,
+        format!("1024\n{hard}\n")
+    );
+    for id in &ids {
+        d.delete(id).await;
+    }
+    let _ = std::fs::remove_file(&wrapper);
+}

@@ -1111,18 +1111,24 @@ fn bind_over(src: &Path, dst: &Path) -> Result<(), SetupError> {
     bind(src, dst, true)
 }
 
+/// The soft limit on open files every sandboxed program starts with (the
+/// hard limit is the host's; the program may raise its own up to it).
+pub const SANDBOX_OPEN_FILES: libc::rlim_t = 1024;
+
 /// Turns a freshly forked child into the unprivileged sandbox user. Called in
 /// `pre_exec`, so it uses only async-signal-safe calls.
 ///
 /// New session (no controlling terminal), OOM score raised to 500 so the OOM
 /// killer always picks user code before the agent (raising needs no privilege;
 /// lowering the agent's would need CAP_SYS_RESOURCE on the host), capability bounding set emptied, groups and ids set
-/// to the sandbox user (which drops all capabilities), core dumps off.
+/// to the sandbox user (which drops all capabilities), core dumps off, and
+/// a soft limit of [`SANDBOX_OPEN_FILES`] open files.
 ///
 /// `uid` 0 is root of the sandbox's user namespace (an unprivileged host
 /// uid), which only template builds ask for (`RUN apt-get ...`): it keeps
 /// the namespace's capabilities (the bounding set is left alone) but gets
-/// the same session, OOM score, `no_new_privs` and core-dump settings.
+/// the same session, OOM score, `no_new_privs`, core-dump and open-files
+/// settings.
 pub fn drop_privileges(uid: u32, gid: u32) -> io::Result<()> {
     fn check(rc: libc::c_int) -> io::Result<()> {
         if rc < 0 {
@@ -1192,6 +1198,17 @@ pub fn drop_privileges(uid: u32, gid: u32) -> io::Result<()> {
             rlim_max: 0,
         };
         check(libc::setrlimit(libc::RLIMIT_CORE, &no_core))?;
+        // Open files: a soft limit of SANDBOX_OPEN_FILES, the hard limit as
+        // inherited (the program may raise its own up to it), as containerd
+        // gives containers; not whatever the daemon was started with (its
+        // own soft limit is raised to serve many sandboxes).
+        let mut files = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        check(libc::getrlimit(libc::RLIMIT_NOFILE, &mut files))?;
+        files.rlim_cur = files.rlim_max.min(SANDBOX_OPEN_FILES);
+        check(libc::setrlimit(libc::RLIMIT_NOFILE, &files))?;
     }
     reset_signal_dispositions();
     Ok(())

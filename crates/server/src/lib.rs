@@ -158,11 +158,37 @@ fn set_umask() {
     }
 }
 
+/// Raises the daemon's soft limit on open files to its hard limit (as Go
+/// programs and containerd do at start). Each live sandbox holds a few
+/// descriptors in the daemon (its agent's connection, its pidfd, its
+/// egress socket): under systemd's default soft limit of 1024 creates
+/// failed with "Too many open files" at 334 live sandboxes, whatever
+/// `--max-sandboxes` said. Sandboxes' programs do not inherit it: they
+/// start with a soft limit of 1024 ([`runcell_jail::inside::drop_privileges`]).
+fn raise_open_files_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    if soft >= hard {
+        return;
+    }
+    match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+        Ok(()) => tracing::debug!(soft, hard, "raised the open files limit to its hard limit"),
+        Err(e) => tracing::warn!(
+            soft,
+            hard,
+            "could not raise the open files limit, which caps the live sandboxes: {e}"
+        ),
+    }
+}
+
 /// Builds the state, reconciles with what survived a restart, and serves
 /// until SIGINT or SIGTERM. Sandboxes keep running across a restart.
 pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeError> {
     let mut stop = stop_signals();
     set_umask();
+    raise_open_files_limit();
     fs::create_dir_all(&config.data_dir)
         .map_err(|e| ServeError::DataDir(config.data_dir.clone(), e))?;
     // Sandbox agents (an unprivileged host uid) must traverse it to their directories.
