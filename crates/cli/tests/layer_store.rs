@@ -583,6 +583,42 @@ fn a_sigterm_while_the_daemon_starts_is_a_graceful_stop() {
     std::fs::remove_dir_all(&data).unwrap();
 }
 
+/// Starts the test binary's daemon through a shell script (`{script}`
+/// lines, then `exec runcell "$@"`): the way a service manager would
+/// start it, with its umask, environment, limits or working directory.
+/// The script is `<data>.sh`, removed once the daemon listens; the
+/// daemon's own arguments go through it.
+fn daemon_started_by(data: &Path, script: &str, args: &[&str]) -> Daemon {
+    use std::os::unix::fs::PermissionsExt;
+    let wrapper = data.with_extension("sh");
+    std::fs::create_dir_all(data.parent().unwrap()).unwrap();
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\n{script}\nexec {RUNCELL} \"$@\"\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let d = Daemon::spawn(&wrapper, data, free_port(), args);
+    // The shell has exec'd the daemon by the time it listens.
+    let _ = std::fs::remove_file(&wrapper);
+    d
+}
+
+/// Makes volume `name`, writes to it from a new sandbox and reads it back:
+/// the sandbox, still running.
+async fn through_a_volume(d: &Daemon, name: &str) -> String {
+    let (s, vol) = d
+        .post("/v1/volumes", json!({"name": name, "size_mb": 16}))
+        .await;
+    assert_eq!(s, 201, "{vol}");
+    let id = d
+        .create(json!({"volumes": [{"name": name}], "ttl_seconds": 120}))
+        .await;
+    let cmd = format!("echo v > /mnt/{name}/f && cat /mnt/{name}/f");
+    assert_eq!(ok(d, &id, &cmd).await, "v\n");
+    id
+}
+
 /// A daemon started with a strict umask (a hardened service's
 /// `UMask=0077`) serves as any other: what it makes for sandboxes (a
 /// volume's directories, the store's, a run's code file) stays reachable
@@ -594,35 +630,13 @@ async fn a_daemon_started_with_a_strict_umask_serves_as_any_other() {
     use std::os::unix::fs::PermissionsExt;
     require_root("the btrfs layer store");
     let data = data_dir("strict-umask");
-    // `runcell` started under umask 077, as a service manager would.
-    let wrapper = data.with_extension("sh");
-    std::fs::write(
-        &wrapper,
-        format!("#!/bin/sh\numask 077\nexec {RUNCELL} \"$@\"\n"),
-    )
-    .unwrap();
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let d = Daemon::spawn(&wrapper, &data, free_port(), ["--auto-build=false"]);
+    let d = daemon_started_by(&data, "umask 077", &["--auto-build=false"]);
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&data.join("api-key")), 0o600);
     assert_eq!(mode(&data.join("registry.db")), 0o600);
 
-    let (s, vol) = d
-        .post("/v1/volumes", json!({"name": "strict", "size_mb": 16}))
-        .await;
-    assert_eq!(s, 201, "{vol}");
-    let id = d
-        .create(json!({"volumes": [{"name": "strict"}], "ttl_seconds": 120}))
-        .await;
-    assert_eq!(
-        ok(
-            &d,
-            &id,
-            "umask; echo vol > /mnt/strict/f; cat /mnt/strict/f"
-        )
-        .await,
-        "0022\nvol\n"
-    );
+    let id = through_a_volume(&d, "strict").await;
+    assert_eq!(ok(&d, &id, "umask").await, "0022\n");
     // A snapshot of it, and a sandbox started from the snapshot.
     assert_eq!(ok(&d, &id, "echo kept > ~/k").await, "");
     let (s, snap) = d
@@ -638,7 +652,6 @@ async fn a_daemon_started_with_a_strict_umask_serves_as_any_other() {
     assert_eq!((code, out.as_str()), (0, "42\n"), "{err}");
     d.delete(&id).await;
     d.delete(&restored).await;
-    let _ = std::fs::remove_file(&wrapper);
 }
 
 /// A daemon started with an empty environment (`env -i`, as some init
@@ -648,32 +661,16 @@ async fn a_daemon_started_with_a_strict_umask_serves_as_any_other() {
 /// installed") when it looked on the C library's default path alone.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_daemon_started_with_an_empty_environment_finds_its_host_tools() {
-    use std::os::unix::fs::PermissionsExt;
     require_root("the btrfs layer store");
     let data = data_dir("empty-env");
-    let wrapper = data.with_extension("sh");
-    std::fs::write(
-        &wrapper,
-        format!("#!/bin/sh\nexec /usr/bin/env -i {RUNCELL} \"$@\"\n"),
-    )
-    .unwrap();
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let d = Daemon::spawn(&wrapper, &data, free_port(), ["--auto-build=false"]);
+    // `exec env -i runcell ...`: the script's own last line then execs
+    // nothing (it is never reached).
+    let script = format!("exec /usr/bin/env -i {RUNCELL} \"$@\"");
+    let d = daemon_started_by(&data, &script, &["--auto-build=false"]);
     let system: Value = d.get("/v1/system").await;
     assert_eq!(system["layer_store"]["kind"], "btrfs", "{system}");
-    let (s, vol) = d
-        .post("/v1/volumes", json!({"name": "bare", "size_mb": 16}))
-        .await;
-    assert_eq!(s, 201, "{vol}");
-    let id = d
-        .create(json!({"volumes": [{"name": "bare"}], "ttl_seconds": 120}))
-        .await;
-    assert_eq!(
-        ok(&d, &id, "echo v > /mnt/bare/f && cat /mnt/bare/f").await,
-        "v\n"
-    );
+    let id = through_a_volume(&d, "bare").await;
     d.delete(&id).await;
-    let _ = std::fs::remove_file(&wrapper);
 }
 
 /// `runcell serve --data-dir data`, a path relative to where it starts:
@@ -683,26 +680,16 @@ async fn a_daemon_started_with_an_empty_environment_finds_its_host_tools() {
 /// left.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_relative_data_directory_works_as_an_absolute_one() {
-    use std::os::unix::fs::PermissionsExt;
     require_root("the btrfs layer store");
     let data = data_dir("relative");
-    let parent = data.parent().unwrap().to_path_buf();
-    std::fs::create_dir_all(&parent).unwrap();
     // Started in the data directory's parent, with every argument under it
     // made relative to it.
-    let wrapper = data.with_extension("sh");
-    let under = format!("{}/", parent.display());
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\ncd '{under}' || exit 1\n\
-             for a; do shift; case \"$a\" in '{under}'*) a=\"${{a#'{under}'}}\";; esac; set -- \"$@\" \"$a\"; done\n\
-             exec {RUNCELL} \"$@\"\n"
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let d = Daemon::spawn(&wrapper, &data, free_port(), ["--auto-build=false"]);
+    let under = format!("{}/", data.parent().unwrap().display());
+    let script = format!(
+        "cd '{under}' || exit 1\n\
+         for a; do shift; case \"$a\" in '{under}'*) a=\"${{a#'{under}'}}\";; esac; set -- \"$@\" \"$a\"; done"
+    );
+    let d = daemon_started_by(&data, &script, &["--auto-build=false"]);
     let cmdline = std::fs::read(format!("/proc/{}/cmdline", d.child.id())).unwrap();
     let name = data.file_name().unwrap().to_string_lossy().into_owned();
     assert!(
@@ -711,20 +698,9 @@ async fn a_relative_data_directory_works_as_an_absolute_one() {
     );
     let id = d.create(json!({"ttl_seconds": 120})).await;
     assert_eq!(ok(&d, &id, "echo ok").await, "ok\n");
-    let (s, vol) = d
-        .post("/v1/volumes", json!({"name": "rel", "size_mb": 16}))
-        .await;
-    assert_eq!(s, 201, "{vol}");
-    let with = d
-        .create(json!({"volumes": [{"name": "rel"}], "ttl_seconds": 120}))
-        .await;
-    assert_eq!(
-        ok(&d, &with, "echo v > /mnt/rel/f && cat /mnt/rel/f").await,
-        "v\n"
-    );
+    let with = through_a_volume(&d, "rel").await;
     d.delete(&id).await;
     d.delete(&with).await;
-    let _ = std::fs::remove_file(&wrapper);
 }
 
 /// A daemon started with a low soft limit on open files (systemd's
@@ -734,30 +710,18 @@ async fn a_relative_data_directory_works_as_an_absolute_one() {
 /// limit of 1024 whatever the daemon's, and the hard limit it has.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_daemon_started_with_few_open_files_holds_its_sandboxes() {
-    use std::os::unix::fs::PermissionsExt;
     require_root("sandboxes");
     let data = data_dir("few-files");
-    let wrapper = data.with_extension("sh");
-    std::fs::write(
-        &wrapper,
-        format!("#!/bin/sh\nulimit -Sn 256 || exit 1\nexec {RUNCELL} \"$@\"\n"),
-    )
-    .unwrap();
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let d = Daemon::spawn(
-        &wrapper,
-        &data,
-        free_port(),
-        [
-            "--auto-build=false",
-            "--layer-store",
-            "tmpfs",
-            "--standby",
-            "1",
-            "--max-sandboxes",
-            "200",
-        ],
-    );
+    let args = [
+        "--auto-build=false",
+        "--layer-store",
+        "tmpfs",
+        "--standby",
+        "1",
+        "--max-sandboxes",
+        "200",
+    ];
+    let d = daemon_started_by(&data, "ulimit -Sn 256 || exit 1", &args);
     let hard = std::fs::read_to_string(format!("/proc/{}/limits", d.child.id()))
         .unwrap()
         .lines()
@@ -776,5 +740,4 @@ async fn a_daemon_started_with_few_open_files_holds_its_sandboxes() {
     for id in &ids {
         d.delete(id).await;
     }
-    let _ = std::fs::remove_file(&wrapper);
 }
