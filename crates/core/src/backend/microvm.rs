@@ -345,7 +345,8 @@ fn kvm_usable(qemu: &Path, kernel: &Path) -> Result<(), String> {
             {
                 return Err(format!("/dev/kvm cannot be opened ({e})"));
             }
-            let qemu_bin = which(qemu).unwrap_or_else(|| qemu.to_path_buf());
+            let qemu_bin =
+                runcell_jail::host_tools::find(qemu).unwrap_or_else(|| qemu.to_path_buf());
             super::probe_cache::per_boot(
                 "kvm",
                 &[&qemu_bin, kernel],
@@ -374,7 +375,8 @@ pub fn probe_memory_save() -> Result<(), String> {
                     kernel.display()
                 ));
             }
-            let qemu_bin = which(qemu).unwrap_or_else(|| qemu.to_path_buf());
+            let qemu_bin =
+                runcell_jail::host_tools::find(qemu).unwrap_or_else(|| qemu.to_path_buf());
             super::probe_cache::per_boot(
                 "microvm-memory",
                 &[&qemu_bin, &kernel],
@@ -463,11 +465,6 @@ fn migrate_test_guest(qemu: &Path, kernel: &Path) -> Result<(), String> {
     })();
     let _ = fs::remove_dir_all(&dir);
     result
-}
-
-/// `name` looked up on `PATH` (a path with a slash is itself).
-fn which(name: &Path) -> Option<PathBuf> {
-    runcell_jail::host_tools::find(name)
 }
 
 /// Boots `kernel` under KVM with no initramfs and watches its console for
