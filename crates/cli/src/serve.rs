@@ -25,7 +25,7 @@ pub struct ServeArgs {
     #[arg(long, env = "RUNCELL_LISTEN")]
     listen: Option<SocketAddr>,
     /// Data directory: registry, API key, sandbox state. [default: /var/lib/runcell]
-    #[arg(long, env = "RUNCELL_DATA_DIR", value_parser = crate::absolute_path)]
+    #[arg(long, env = "RUNCELL_DATA_DIR")]
     data_dir: Option<PathBuf>,
     /// Idle time-to-live of a sandbox whose create request gives none. [default: 300s]
     #[arg(long, env = "RUNCELL_DEFAULT_TTL", value_parser = parse_duration)]
@@ -283,8 +283,9 @@ fn settings(
     if !(cpus > 0.0 && cpus.is_finite()) {
         return Err("cpus must be a positive number".into());
     }
-    // Absolute, as every path handed to a sandbox's setup must be (the
-    // file's, against the working directory, as the flag's).
+    // Absolute, as every path handed to a sandbox's setup must be
+    // (whichever of the flag, the environment or the file gave it, against
+    // the working directory).
     let data_dir = args.data_dir.or(file.data_dir).unwrap_or(d.data_dir);
     let data_dir = std::path::absolute(&data_dir).map_err(|e| {
         format!(
