@@ -217,6 +217,16 @@ async fn btrfs_saves_are_snapshots_forks_are_private_and_nothing_is_left() {
     let restored = d.create(json!({"from_snapshot": snap_id})).await;
     let (_, body) = d.exec(&restored, "cat ~/base && wc -c < /tmp/d/big").await;
     assert_eq!(body["stdout"], "base\n40000000\n", "{body}");
+    // A re-attached sandbox's disk limit is still reported by name (the
+    // daemon finds its stage's qgroup again).
+    let (_, body) = d
+        .exec(&small, "head -c 64000000 /dev/zero > /tmp/fill; echo rc=$?")
+        .await;
+    let messages = body["messages"].to_string();
+    assert!(
+        messages.contains("disk is full") && messages.contains("32 MiB"),
+        "{body}"
+    );
 
     // Nothing is left once everything is deleted.
     let all = [&parent, &small, &sleeper, &restored, &grandkid]

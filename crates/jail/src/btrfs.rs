@@ -292,11 +292,11 @@ pub fn limit(path: &Path, bytes: u64) -> Result<(), BtrfsError> {
     ioctl(&dir, QGROUP_LIMIT, &mut args).map_err(op("limit the size of", path))
 }
 
-/// Bytes the subvolume `path` references, as its qgroup counts them (as
-/// of the last transaction commit, which a snapshot makes). `None` where
-/// quotas are off or the counter cannot be read.
-pub fn referenced_bytes(path: &Path) -> Option<u64> {
-    let q = qgroup_dir(path)?;
+/// Bytes the subvolume whose qgroup directory ([`qgroup_dir`]) is `q`
+/// references, as its qgroup counts them (as of the last transaction
+/// commit, which a snapshot makes). `None` where quotas are off or the
+/// counter cannot be read.
+pub fn referenced_bytes(q: &Path) -> Option<u64> {
     read_u64(&q.join("referenced"))
 }
 
@@ -307,8 +307,9 @@ pub fn referenced_bytes(path: &Path) -> Option<u64> {
 /// The counters move at transaction commits: what a sandbox deleted since
 /// the last one still counts. So a layer that looks full is checked again
 /// after a commit (not a flush of every file's data: rare, and cheap).
-pub fn at_limit(path: &Path) -> Option<bool> {
-    let q = qgroup_dir(path)?;
+/// `q` is the subvolume's qgroup directory ([`qgroup_dir`]), which a caller
+/// that asks often looks up once.
+pub fn at_limit(path: &Path, q: &Path) -> Option<bool> {
     let limit = read_u64(&q.join("max_referenced")).filter(|l| *l > 0)?;
     let margin = (limit / 100).max(1 << 20);
     let full = || {
@@ -343,8 +344,10 @@ fn read_u64(path: &Path) -> Option<u64> {
     fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
-/// The sysfs directory of the qgroup of the subvolume `path`.
-fn qgroup_dir(path: &Path) -> Option<PathBuf> {
+/// The sysfs directory of the qgroup of the subvolume `path`, where its
+/// counters and limit are read (the subvolume's id and the file system's
+/// id, which it is named by, never change). `None` where it cannot be told.
+pub fn qgroup_dir(path: &Path) -> Option<PathBuf> {
     let dir = open_dir(path).ok()?;
     let mut lookup = InoLookupArgs {
         treeid: 0,

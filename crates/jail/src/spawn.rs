@@ -220,6 +220,9 @@ pub struct Jail {
     cgroup: Cgroup,
     /// The writable layer's subvolume (btrfs layer store), or `None`: a tmpfs.
     stage: Option<PathBuf>,
+    /// The stage's qgroup directory in sysfs, looked up once: every exec's
+    /// end reads its counters ([`Jail::layer_full`]).
+    qgroup: OnceLock<PathBuf>,
     /// Held open for `exit_on_host_close` sandboxes: when it closes, the agent exits.
     _host_end: Option<UnixStream>,
     /// The egress socket's listener, until the host's proxy takes it.
@@ -279,6 +282,8 @@ pub struct Standby {
     id: String,
     /// The writable layer's subvolume (btrfs layer store).
     stage: Option<PathBuf>,
+    /// Its qgroup directory, looked up while preparing, off a claim's path.
+    qgroup: Option<PathBuf>,
     host_network: bool,
     /// The limits it was prepared with, restored when others are refused.
     prepared_limits: Limits,
@@ -487,6 +492,7 @@ impl Standby {
         );
         let stage = cleanup.stage.clone();
         Ok(Standby {
+            qgroup: stage.as_deref().and_then(crate::btrfs::qgroup_dir),
             stage,
             id: cfg.id.clone(),
             host_network: cfg.host_network,
@@ -678,6 +684,7 @@ impl Standby {
             pidfd: self.pidfd,
             cgroup,
             stage: self.stage,
+            qgroup: self.qgroup.map(OnceLock::from).unwrap_or_default(),
             _host_end: cfg.exit_on_host_close.then_some(self.host_end),
             egress: egress.map(|((l, _), _)| l),
         })
@@ -721,6 +728,7 @@ impl Jail {
             pidfd,
             cgroup,
             stage: state.stage,
+            qgroup: OnceLock::new(),
             _host_end: None,
             egress: None,
         })
@@ -849,7 +857,10 @@ impl Jail {
                     return Err(SpawnError::NotRunning(self.id.clone()));
                 }
                 crate::btrfs::snapshot(stage, dest, true)?;
-                Ok(crate::btrfs::referenced_bytes(stage).unwrap_or(0))
+                Ok(self
+                    .qgroup()
+                    .and_then(crate::btrfs::referenced_bytes)
+                    .unwrap_or(0))
             }
             None => crate::layer::export(self.pid, dest).map_err(SpawnError::Export),
         }
@@ -864,9 +875,22 @@ impl Jail {
     /// cannot tell (a btrfs stage: its `statvfs` shows the whole store,
     /// and no count of files); `None` for a tmpfs.
     pub fn layer_full(&self) -> Option<bool> {
-        self.stage
-            .as_deref()
-            .map(|s| crate::btrfs::at_limit(s).unwrap_or(false))
+        let stage = self.stage.as_deref()?;
+        Some(
+            self.qgroup()
+                .and_then(|q| crate::btrfs::at_limit(stage, q))
+                .unwrap_or(false),
+        )
+    }
+
+    /// The stage's qgroup directory (btrfs layer store), looked up until
+    /// a lookup works, then kept.
+    fn qgroup(&self) -> Option<&Path> {
+        if let Some(q) = self.qgroup.get() {
+            return Some(q);
+        }
+        let q = crate::btrfs::qgroup_dir(self.stage.as_deref()?)?;
+        Some(self.qgroup.get_or_init(|| q))
     }
 
     /// The sandbox id.
