@@ -378,8 +378,8 @@ async fn ending_sandboxes_does_not_commit_the_shared_store() {
 /// `runcell serve` on its built-in defaults (`--layer-store auto`) gets the
 /// btrfs store here (the test host has btrfs and mkfs.btrfs), and what it
 /// costs the host is dealt with: a graceful stop with no live sandbox
-/// unmounts the store and frees its loop device, a stop with one keeps it
-/// for the sandbox, a SIGKILLed daemon's mount is re-used; hibernated
+/// unmounts the store and the volumes and frees their loop devices, a stop
+/// with one keeps them for the sandbox, a SIGKILLed daemon's mount is re-used; hibernated
 /// sandboxes, snapshots and volumes survive every kind of restart.
 #[tokio::test(flavor = "multi_thread")]
 async fn default_store_is_btrfs_released_on_a_graceful_stop_and_nothing_is_lost() {
@@ -428,6 +428,16 @@ async fn default_store_is_btrfs_released_on_a_graceful_stop_and_nothing_is_lost(
         .await;
     assert_eq!(d.exec(&writer, "echo vol > /mnt/keep/f").await.0, 200);
     d.delete(&writer).await;
+    // The volume's image and its mount point on the host.
+    let volume_file = |ext: &str| {
+        std::fs::read_dir(data.join("volumes"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|x| x == ext))
+            .unwrap()
+    };
+    let (vol_image, vol_mount) = (volume_file("img"), volume_file("mnt"));
+    assert!(is_mount_point(&vol_mount));
 
     // A live sandbox keeps the store mounted through a graceful stop (its
     // mount namespace holds it), and the next start re-attaches it.
@@ -440,6 +450,10 @@ async fn default_store_is_btrfs_released_on_a_graceful_stop_and_nothing_is_lost(
         "the sandboxes' tmpfs went under a live sandbox"
     );
     assert!(sandboxes.join(&live).join("agent.sock").exists());
+    assert!(
+        is_mount_point(&vol_mount),
+        "a volume unmounted under a live sandbox"
+    );
     drop(d);
     let mut d = start();
     assert_eq!(loop_devices(&image).len(), 1, "a second loop device");
@@ -458,6 +472,10 @@ async fn default_store_is_btrfs_released_on_a_graceful_stop_and_nothing_is_lost(
     );
     wait_no_loop(&image).await;
     assert!(image.exists());
+    // And so are the volumes, as the store: nothing of the daemon's stays
+    // mounted on the host once it is stopped with nothing live.
+    assert!(!is_mount_point(&vol_mount), "a volume is still mounted");
+    wait_no_loop(&vol_image).await;
     drop(d);
 
     // The next start mounts it again; nothing was lost.

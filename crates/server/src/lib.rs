@@ -420,6 +420,7 @@ pub async fn serve(config: ServeConfig, grace: Duration) -> Result<(), ServeErro
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     release_layer_store(&state).await;
+    release_volumes(&state).await;
     release_sandbox_dir(&state, sandbox_dir).await;
     tracing::info!("stopped; sandboxes keep running and are re-attached by the next start");
     Ok(())
@@ -437,18 +438,7 @@ async fn release_layer_store(state: &Arc<AppState>) {
     }
     // The standbys' stages are in the store, and their namespaces hold it.
     state.runtime.close_standbys().await;
-    let live = match state.registry.with_status("running") {
-        Ok(r) => r.len(),
-        Err(e) => {
-            tracing::warn!("the layer store stays mounted: could not read the registry: {e}");
-            return;
-        }
-    };
-    if live > 0 {
-        tracing::info!(
-            sandboxes = live,
-            "the layer store stays mounted for the sandboxes that keep running"
-        );
+    if !nothing_live(state, "the layer store stays mounted") {
         return;
     }
     let store = state.layer_store.clone();
@@ -457,6 +447,46 @@ async fn release_layer_store(state: &Arc<AppState>) {
         Ok(Ok(false)) => {}
         Ok(Err(e)) => tracing::warn!("the layer store stays mounted: {e}"),
         Err(e) => tracing::warn!("the layer store stays mounted: {e}"),
+    }
+}
+
+/// On a graceful stop with no live sandbox: every volume is unmounted (its
+/// loop device goes too), as the store is; the next start mounts them
+/// again. A live sandbox may have one bound in its mount namespace, and a
+/// second mount of the same image by the next start would corrupt it, so
+/// then they all stay mounted for the next start to use.
+async fn release_volumes(state: &Arc<AppState>) {
+    if !nothing_live(state, "the volumes stay mounted") {
+        return;
+    }
+    let store = volumes::Store::new(&state.config.data_dir);
+    match tokio::task::spawn_blocking(move || store.release_all()).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(
+            volumes = n,
+            "unmounted the volumes; the next start mounts them again"
+        ),
+        Err(e) => tracing::warn!("the volumes may stay mounted: {e}"),
+    }
+}
+
+/// Whether no sandbox is live (running or paused: the registry's
+/// `running`), so that what a live one would hold (the layer store, the
+/// volumes) may be released; otherwise logs `kept` (what stays) and why.
+fn nothing_live(state: &AppState, kept: &str) -> bool {
+    match state.registry.with_status("running") {
+        Ok(r) if r.is_empty() => true,
+        Ok(r) => {
+            tracing::info!(
+                sandboxes = r.len(),
+                "{kept} for the sandboxes that keep running"
+            );
+            false
+        }
+        Err(e) => {
+            tracing::warn!("{kept}: could not read the registry: {e}");
+            false
+        }
     }
 }
 

@@ -242,6 +242,26 @@ impl Store {
         }
     }
 
+    /// For a stopping daemon with no live sandbox (none has a volume bound
+    /// in its mount namespace): unmounts every volume, and with it goes its
+    /// loop device (autoclear). The images stay; the next start mounts
+    /// them again ([`mount_all`]). Returns how many were unmounted; one
+    /// that fails stays mounted, said in the log.
+    pub fn release_all(&self) -> usize {
+        let mut released = 0;
+        for entry in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            let mnt = entry.path();
+            if mnt.extension().is_none_or(|e| e != "mnt") || !crate::store::is_mounted(&mnt) {
+                continue;
+            }
+            match run(runcell_jail::host_tools::command("umount").arg(&mnt)) {
+                Ok(()) => released += 1,
+                Err(e) => tracing::warn!(mount = %mnt.display(), "a volume stays mounted: {e}"),
+            }
+        }
+        released
+    }
+
     /// Bytes used on volume `id`'s file system.
     fn used_bytes(&self, id: &str) -> u64 {
         nix::sys::statvfs::statvfs(&self.mount_point(id))
