@@ -319,13 +319,23 @@ impl Drop for Daemon {
         self.stop();
         let no_sandboxes =
             std::fs::read_dir(self.data.join("sandboxes")).map_or(true, |mut d| d.next().is_none());
-        // The sandboxes' tmpfs and the btrfs layer store: a daemon that
-        // stopped gracefully with no live sandbox unmounted them; one that
-        // was killed (or left sandboxes) did not. With no sandbox left,
-        // unmount them here, so that no test leaves a mount or a loop
-        // device (autoclear) behind.
+        // The sandboxes' tmpfs, the btrfs layer store and the volumes: a
+        // daemon that stopped gracefully with no live sandbox unmounted
+        // them; one that was killed (or left sandboxes) did not. With no
+        // sandbox left, unmount them here, so that no test leaves a mount
+        // or a loop device (autoclear) behind.
+        let volumes = std::fs::read_dir(self.data.join("volumes"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "mnt"));
         let mut mounted = false;
-        for mount in ["sandboxes", "store"].map(|m| self.data.join(m)) {
+        for mount in ["sandboxes", "store"]
+            .map(|m| self.data.join(m))
+            .into_iter()
+            .chain(volumes)
+        {
             if is_mount_point(&mount) {
                 mounted |= !(no_sandboxes
                     && Command::new("umount")
@@ -334,25 +344,9 @@ impl Drop for Daemon {
                         .is_ok_and(|s| s.success()));
             }
         }
+        // Never deleted through a mount.
         if self.remove_data_on_drop && no_sandboxes && !mounted {
-            // Volumes stay mounted after the daemon (for its next start):
-            // unmount them, never delete through them.
-            let volumes = std::fs::read_dir(self.data.join("volumes"))
-                .into_iter()
-                .flatten()
-                .flatten()
-                .map(|e| e.path())
-                .filter(|p| p.extension().is_some_and(|x| x == "mnt"));
-            for mnt in volumes {
-                let ok = Command::new("umount")
-                    .arg(&mnt)
-                    .status()
-                    .is_ok_and(|s| s.success());
-                mounted |= !ok && std::fs::read_dir(&mnt).is_ok_and(|mut d| d.next().is_some());
-            }
-            if !mounted {
-                let _ = std::fs::remove_dir_all(&self.data);
-            }
+            let _ = std::fs::remove_dir_all(&self.data);
         }
     }
 }
