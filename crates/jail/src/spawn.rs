@@ -262,13 +262,25 @@ impl Drop for Cleanup {
             );
             let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
         }
-        if let Some(cg) = &self.cgroup {
-            let _ = cg.destroy(Duration::from_secs(2));
-        }
+        // A cgroup that cannot be removed (processes that would not die, a
+        // host out of file descriptors) keeps the sandbox's directory, so
+        // the host's next sweep ([`Jail::remove`]) finds the sandbox and
+        // tries again, rather than leaving a cgroup no one knows of.
+        let cgroup_gone = match &self.cgroup {
+            Some(cg) => cg
+                .destroy(Duration::from_secs(2))
+                .inspect_err(|e| {
+                    tracing::warn!(dir = %self.dir.display(), "a sandbox that failed to start keeps its directory: its cgroup stays ({e})");
+                })
+                .is_ok(),
+            None => true,
+        };
         if let Some(stage) = &self.stage {
             let _ = crate::btrfs::remove_tree(stage);
         }
-        let _ = fs::remove_dir_all(&self.dir);
+        if cgroup_gone {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
@@ -1447,6 +1459,40 @@ mod tests {
         assert!(matches!(err, SpawnError::BadId(_)), "{err}");
         assert!(!tmp.path().join("escaped").exists());
         assert!(!state.exists(), "nothing is made for a refused id");
+    }
+
+    /// A sandbox that failed half-way keeps its directory while its cgroup
+    /// stays, so the next sweep removes both; then nothing is left.
+    #[test]
+    fn a_failed_start_whose_cgroup_stays_keeps_its_directory_for_the_sweep() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().join("state");
+        let id = "half-made";
+        let dir = state.join(id);
+        fs::create_dir_all(&dir).unwrap();
+        let h = hierarchy().expect("cgroups (run as root)");
+        let parent = format!("runcell-unit-cleanup-{}", std::process::id());
+        let cgroup = Cgroup::create(h, &parent, id, &Limits::default()).unwrap();
+        // A child cgroup makes its directory busy, as processes that do not
+        // die would.
+        let held = cgroup.dirs()[0].join("held");
+        fs::create_dir(&held).unwrap();
+        drop(Cleanup {
+            armed: true,
+            dir: dir.clone(),
+            pid: None,
+            cgroup: Some(cgroup),
+            stage: None,
+        });
+        assert!(dir.exists(), "the directory went while its cgroup stayed");
+        assert!(list_sandboxes(&state).contains(&id.to_string()));
+        fs::remove_dir(&held).unwrap();
+        Jail::remove(&state, &parent, id, None).unwrap();
+        assert!(!dir.exists());
+        assert!(!Cgroup::open(h, &parent, id).exists(), "the cgroup stayed");
+        for d in Cgroup::open(h, &parent, id).dirs() {
+            let _ = fs::remove_dir(d.parent().unwrap());
+        }
     }
 
     #[test]

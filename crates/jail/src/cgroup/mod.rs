@@ -382,7 +382,7 @@ impl Cgroup {
         self.dirs().iter().any(|d| d.exists())
     }
 
-    fn dirs(&self) -> Vec<PathBuf> {
+    pub(crate) fn dirs(&self) -> Vec<PathBuf> {
         match &self.inner {
             Inner::V1(g) => g.dirs(),
             Inner::V2(g) => vec![g.dir().to_path_buf()],
