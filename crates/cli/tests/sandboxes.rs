@@ -7,6 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use reqwest::Method;
 use serde_json::{json, Value};
 
 #[tokio::test(flavor = "multi_thread")]
@@ -233,6 +234,88 @@ async fn templates_files_lifecycle_and_limits_through_the_api() {
     );
     assert_eq!(patch("").await.unwrap().status(), 400);
     assert_eq!(patch(r#"{"ttl_seconds": -1}"#).await.unwrap().status(), 400);
+    d.delete_all().await;
+    drop(d);
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+/// A sandbox whose processes all died (its agent with them; here killed
+/// from the host, as an operator or the kernel might) answers what it is
+/// asked before the daemon notices with 409 "no longer running" and why,
+/// never a 500 about a socket: the API fuzzing once got `500 The agent
+/// connection failed: Broken pipe` from a file request in that window.
+/// Then it is reaped, and asking for it says it stopped.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_whose_agent_died_answers_409_not_a_socket_error() {
+    let data = data_dir("agent-died");
+    let d = Daemon::start(&data, free_port(), &[]);
+    let mut ended = 0;
+    for _ in 0..3 {
+        let id = d.create(json!({})).await;
+        // Its connection to the agent is open and in use.
+        let (s, body) = d.exec(&id, "true").await;
+        assert_eq!(s, 200, "{body}");
+        let r = d
+            .req(
+                Method::GET,
+                &format!("/v1/sandboxes/{id}/fs/stat?path=/tmp"),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let pids: Vec<String> = host_processes()
+            .into_iter()
+            .filter(|p| p.in_cgroup_of(&id))
+            .map(|p| p.pid.to_string())
+            .collect();
+        assert!(!pids.is_empty(), "no process of {id} on the host");
+        let killed = std::process::Command::new("kill")
+            .arg("-KILL")
+            .args(&pids)
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        // At once, before the reaper's next look (every half second).
+        let base = format!("/v1/sandboxes/{id}");
+        let asks = [
+            d.req(Method::GET, &format!("{base}/fs/stat?path=/tmp")),
+            d.req(Method::PUT, &format!("{base}/fs?path=/tmp/x"))
+                .body("231"),
+            d.req(Method::GET, &format!("{base}/fs?path=/etc/hostname")),
+            d.req(Method::GET, &format!("{base}/fs/dir?path=/")),
+            d.req(Method::POST, &format!("{base}/exec"))
+                .json(&json!({"cmd": "true"})),
+            d.req(Method::POST, &format!("{base}/repl/sessions"))
+                .json(&json!({"language": "python"})),
+        ];
+        let answers = futures_util::future::join_all(asks.into_iter().map(|rb| async move {
+            let r = rb.send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }))
+        .await;
+        for (status, text) in answers {
+            assert!(
+                status == 409 || status == 404,
+                "a request to a sandbox whose agent died: {status} {text}"
+            );
+            let v: Value = serde_json::from_str(&text).unwrap();
+            let msg = v["error"].as_str().unwrap_or_default();
+            if status == 409 {
+                assert!(msg.contains("no longer running"), "{msg}");
+                ended += 1;
+            } else {
+                assert!(msg.contains("stopped"), "{msg}");
+            }
+        }
+        let why = ended_answer(&d, &id, Duration::from_secs(5)).await;
+        assert_eq!(why["end_reason"], "sandbox stopped", "{why}");
+    }
+    // The reaper may have been first now and then, not every time.
+    assert!(
+        ended > 0,
+        "no request reached a sandbox whose agent had died"
+    );
     d.delete_all().await;
     drop(d);
     let _ = std::fs::remove_dir_all(&data);

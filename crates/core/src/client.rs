@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use runcell_protocol::{
@@ -52,12 +52,39 @@ pub enum ClientError {
     Unexpected(Box<Event>),
 }
 
-type Pending = Arc<Mutex<HashMap<u64, mpsc::Sender<(Event, Vec<u8>)>>>>;
+impl ClientError {
+    /// Whether the connection itself failed (the agent could not be
+    /// reached, or went away before it answered), as opposed to an answer
+    /// the agent gave.
+    pub fn is_connection_lost(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Connect(_) | ClientError::Closed | ClientError::Codec(CodecError::Io(_))
+        )
+    }
+}
+
+/// The requests waiting for their answers, by id: the connection each went
+/// on (its generation) and where its events go.
+type Pending = Arc<Mutex<HashMap<u64, (u64, mpsc::Sender<(Event, Vec<u8>)>)>>>;
 
 /// A connection to one agent.
+///
+/// The connection heals: one the agent closed (a gVisor checkpoint that
+/// failed part-way, a frame it could not read) or one a request left with
+/// half a frame on it (its caller went away while it was being sent) is
+/// replaced before the next request goes out, and a request the closed
+/// connection refused goes again on the new one. Nothing of it had reached
+/// the agent, which acts on whole frames only.
 #[derive(Debug)]
 pub struct AgentClient {
     writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    /// Set while a frame is being written, cleared once it is whole: still
+    /// set when no write is under way, the connection carries part of a
+    /// frame and the agent would read what follows as its rest.
+    torn: AtomicBool,
+    /// The generation of the current connection (one more per replacement).
+    generation: AtomicU64,
     pending: Pending,
     next_id: AtomicU64,
     reader: Mutex<tokio::task::JoinHandle<()>>,
@@ -137,9 +164,11 @@ impl AgentClient {
     pub async fn connect(path: &Path) -> Result<Self, ClientError> {
         let (rd, wr, sandbox_id) = open(path, None).await?;
         let pending: Pending = Arc::default();
-        let reader = spawn_reader(rd, pending.clone());
+        let reader = spawn_reader(rd, pending.clone(), 0);
         Ok(Self {
             writer: tokio::sync::Mutex::new(wr),
+            torn: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
             pending,
             next_id: AtomicU64::new(1),
             reader: Mutex::new(reader),
@@ -162,17 +191,17 @@ impl AgentClient {
         let reader = tokio::spawn(async move {
             let mut rd = BufReader::new(rd);
             match read_hello(&mut rd).await {
-                Ok(_) => read_replies(rd, p).await,
+                Ok(_) => read_replies(rd, p, 0).await,
                 Err(e) => {
                     tracing::warn!("agent connection: {e}");
-                    p.lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .clear();
+                    end_generation(&p, 0);
                 }
             }
         });
         Ok(Self {
             writer: tokio::sync::Mutex::new(wr),
+            torn: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
             pending,
             next_id: AtomicU64::new(1),
             reader: Mutex::new(reader),
@@ -186,19 +215,47 @@ impl AgentClient {
     /// agent does for a checkpoint): requests from here on go over the new
     /// connection; those that waited on the old one have ended.
     pub async fn reconnect(&self) -> Result<(), ClientError> {
-        let (rd, wr, _) = open(&self.path, None).await?;
         let mut writer = self.writer.lock().await;
+        self.replace(&mut writer).await
+    }
+
+    /// Replaces the connection whose writing half `writer` is (its lock
+    /// held): the requests that waited on it end.
+    async fn replace(&self, writer: &mut OwnedWriteHalf) -> Result<(), ClientError> {
+        let (rd, wr, _) = open(&self.path, None).await?;
         let mut reader = self
             .reader
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         reader.abort();
-        self.pending
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clear();
+        let old = self.generation.fetch_add(1, Ordering::AcqRel);
+        end_generation(&self.pending, old);
         *writer = wr;
-        *reader = spawn_reader(rd, self.pending.clone());
+        *reader = spawn_reader(rd, self.pending.clone(), old + 1);
+        self.torn.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    /// Whether the current connection can carry no more requests: the
+    /// agent closed it (its replies ended) or a frame on it was cut off.
+    fn broken(&self) -> bool {
+        self.torn.load(Ordering::Acquire)
+            || self
+                .reader
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .is_finished()
+    }
+
+    /// Writes `frame` whole on `writer`, or marks the connection torn.
+    async fn send(
+        &self,
+        writer: &mut OwnedWriteHalf,
+        frame: &Frame<ClientMessage>,
+    ) -> Result<(), CodecError> {
+        self.torn.store(true, Ordering::Release);
+        write_frame(writer, frame).await?;
+        self.torn.store(false, Ordering::Release);
         Ok(())
     }
 
@@ -222,10 +279,12 @@ impl AgentClient {
         let frame = Frame::with_body(ClientMessage { id: ID, request }, body);
         let (rd, wr, sandbox_id) = open(&self.path, Some(&frame)).await?;
         let (tx, rx) = mpsc::channel(16);
-        let pending: Pending = Arc::new(Mutex::new(HashMap::from([(ID, tx)])));
-        let reader = spawn_reader(rd, pending.clone());
+        let pending: Pending = Arc::new(Mutex::new(HashMap::from([(ID, (0, tx))])));
+        let reader = spawn_reader(rd, pending.clone(), 0);
         let conn = Box::new(Self {
             writer: tokio::sync::Mutex::new(wr),
+            torn: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
             pending,
             next_id: AtomicU64::new(ID + 1),
             reader: Mutex::new(reader),
@@ -257,18 +316,33 @@ impl AgentClient {
         let work = is_work(&request).then(|| WorkGuard::new(&self.work));
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(16);
-        self.pending
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(id, tx);
         let frame = Frame::with_body(ClientMessage { id, request }, body);
-        let sent = write_frame(&mut *self.writer.lock().await, &frame).await;
+        let mut writer = self.writer.lock().await;
+        if self.broken() {
+            self.replace(&mut writer).await?;
+        }
+        self.expect(id, tx.clone());
+        let sent = match self.send(&mut writer, &frame).await {
+            // The agent closed the connection: the request goes again on a
+            // new one (nothing of it was acted on; see the type's doc).
+            Err(CodecError::Io(e)) => {
+                tracing::debug!(sandbox = %self.sandbox_id, "agent connection lost ({e}): connecting again");
+                match self.replace(&mut writer).await {
+                    Ok(()) => {
+                        self.expect(id, tx);
+                        self.send(&mut writer, &frame).await.map_err(Into::into)
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            other => other.map_err(Into::into),
+        };
         if let Err(e) = sent {
             self.pending
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .remove(&id);
-            return Err(e.into());
+            return Err(e);
         }
         Ok(Replies {
             rx,
@@ -276,6 +350,16 @@ impl AgentClient {
             own: None,
             _work: work,
         })
+    }
+
+    /// Registers request `id`'s answers as expected on the current
+    /// connection.
+    fn expect(&self, id: u64, tx: mpsc::Sender<(Event, Vec<u8>)>) {
+        let generation = self.generation.load(Ordering::Acquire);
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(id, (generation, tx));
     }
 
     /// Sends a request that has a single answer and returns it, turning an
@@ -397,14 +481,15 @@ async fn read_hello(rd: &mut Reader) -> Result<String, ClientError> {
     }
 }
 
-/// Reads the agent's replies on `rd` and hands them to their requests in
-/// `p`; when the connection ends, every request still waiting ends too.
-fn spawn_reader(rd: Reader, p: Pending) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(read_replies(rd, p))
+/// Reads the agent's replies on `rd`, connection `generation`, and hands
+/// them to their requests in `p`; when the connection ends, every request
+/// still waiting on it ends too.
+fn spawn_reader(rd: Reader, p: Pending, generation: u64) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(read_replies(rd, p, generation))
 }
 
 /// The loop of [`spawn_reader`].
-async fn read_replies(mut rd: Reader, p: Pending) {
+async fn read_replies(mut rd: Reader, p: Pending, generation: u64) {
     loop {
         let frame: Frame<ServerMessage> = match read_frame(&mut rd).await {
             Ok(Some(f)) => f,
@@ -419,9 +504,9 @@ async fn read_replies(mut rd: Reader, p: Pending) {
         let tx = {
             let mut map = p.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             if last {
-                map.remove(&id)
+                map.remove(&id).map(|(_, tx)| tx)
             } else {
-                map.get(&id).cloned()
+                map.get(&id).map(|(_, tx)| tx.clone())
             }
         };
         if let Some(tx) = tx {
@@ -432,9 +517,15 @@ async fn read_replies(mut rd: Reader, p: Pending) {
             let _ = tx.send((event, frame.body)).await;
         }
     }
+    end_generation(&p, generation);
+}
+
+/// Ends the requests that wait on connection `generation` (or an older
+/// one): those sent on a newer connection are not its.
+fn end_generation(p: &Pending, generation: u64) {
     p.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clear();
+        .retain(|_, (g, _)| *g > generation);
 }
 
 impl Drop for AgentClient {
@@ -547,5 +638,95 @@ mod tests {
         let (got, _wr) = agent.await.expect("agent");
         assert_eq!(got.header.id, 1);
         assert_eq!(got.body, body);
+    }
+
+    /// Answers one request on a connection accepted on `listener`: the
+    /// request it read.
+    async fn answer_one(listener: &UnixListener) -> (Request, OwnedWriteHalf) {
+        let (mut rd, mut wr) = agent_side(listener, PROTOCOL_VERSION).await;
+        let asked: Frame<ClientMessage> = read_frame(&mut rd).await.expect("read").expect("frame");
+        let done = Frame::new(ServerMessage {
+            id: asked.header.id,
+            event: Event::Done,
+        });
+        write_frame(&mut wr, &done).await.expect("answer");
+        (asked.header.request, wr)
+    }
+
+    /// A request after the agent closed the connection, at once (its
+    /// write may fail) or once the client saw the close (`settle`).
+    async fn ask_after_the_agent_closed(settle: Duration) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("agent.sock");
+        let listener = UnixListener::bind(&path).expect("bind");
+        let accept = tokio::spawn(async move {
+            // The first connection, closed at once (as a gVisor agent
+            // does for a checkpoint, or one that read a bad frame).
+            drop(agent_side(&listener, PROTOCOL_VERSION).await);
+            answer_one(&listener).await
+        });
+        let client = AgentClient::connect(&path).await.expect("connect");
+        tokio::time::sleep(settle).await;
+        let mut replies = client
+            .request(Request::Ping, Vec::new())
+            .await
+            .expect("sent on a new connection");
+        let (event, _) = tokio::time::timeout(Duration::from_secs(5), replies.next())
+            .await
+            .expect("answered in time")
+            .expect("answered");
+        assert_eq!(event, Event::Done);
+        let (request, _wr) = accept.await.expect("agent");
+        assert_eq!(request, Request::Ping);
+    }
+
+    #[tokio::test]
+    async fn a_request_after_the_agent_closed_the_connection_goes_on_a_new_one() {
+        ask_after_the_agent_closed(Duration::ZERO).await;
+        ask_after_the_agent_closed(Duration::from_millis(100)).await;
+    }
+
+    #[tokio::test]
+    async fn a_request_dropped_while_being_sent_leaves_no_half_frame_for_the_next() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("agent.sock");
+        let listener = UnixListener::bind(&path).expect("bind");
+        let (first_tx, first_rx) = tokio::sync::oneshot::channel();
+        let accept = tokio::spawn(async move {
+            // The first connection is not read: a large request fills it.
+            let first = agent_side(&listener, PROTOCOL_VERSION).await;
+            let _ = first_tx.send(first);
+            answer_one(&listener).await
+        });
+        let client = AgentClient::connect(&path).await.expect("connect");
+        let (mut first_rd, _first_wr) = first_rx.await.expect("first connection");
+        let large = client.request(Request::Ping, vec![1u8; 4 << 20]);
+        // Its caller goes away part-way (an HTTP client that hung up).
+        assert!(tokio::time::timeout(Duration::from_millis(200), large)
+            .await
+            .is_err());
+        let mut replies = tokio::time::timeout(
+            Duration::from_secs(5),
+            client.request(Request::Ping, Vec::new()),
+        )
+        .await
+        .expect("sent in time, not behind the half frame")
+        .expect("sent");
+        let (event, _) = tokio::time::timeout(Duration::from_secs(5), replies.next())
+            .await
+            .expect("answered in time, on a new connection")
+            .expect("answered");
+        assert_eq!(event, Event::Done);
+        let (request, _wr) = accept.await.expect("agent");
+        assert_eq!(request, Request::Ping);
+        // The old connection ends with the half frame, never with the
+        // small request appended to it.
+        let rest = tokio::time::timeout(
+            Duration::from_secs(5),
+            read_frame::<ClientMessage, _>(&mut first_rd),
+        )
+        .await
+        .expect("the old connection ended");
+        assert!(rest.is_err(), "{rest:?}");
     }
 }

@@ -85,7 +85,7 @@ impl Sandbox {
             env: opts.env,
             preload: opts.preload,
         });
-        match self.agent().call(req, Vec::new()).await? {
+        match self.talk(self.agent().call(req, Vec::new())).await? {
             (Event::Context { context: info }, _) => Ok(info),
             (other, _) => Err(unexpected(other)),
         }
@@ -93,7 +93,10 @@ impl Sandbox {
 
     /// Every context of the sandbox, oldest first.
     pub async fn list_contexts(&self) -> Result<Vec<ContextInfo>, Error> {
-        match self.agent().call(Request::ContextList, Vec::new()).await? {
+        match self
+            .talk(self.agent().call(Request::ContextList, Vec::new()))
+            .await?
+        {
             (Event::Contexts { contexts }, _) => Ok(contexts),
             (other, _) => Err(unexpected(other)),
         }
@@ -104,7 +107,7 @@ impl Sandbox {
         let req = Request::ContextDelete {
             context_id: context_id.into(),
         };
-        match self.agent().call(req, Vec::new()).await? {
+        match self.talk(self.agent().call(req, Vec::new())).await? {
             (Event::Done, _) => Ok(()),
             (other, _) => Err(unexpected(other)),
         }
@@ -115,7 +118,7 @@ impl Sandbox {
         let req = Request::ContextRestart {
             context_id: context_id.into(),
         };
-        match self.agent().call(req, Vec::new()).await? {
+        match self.talk(self.agent().call(req, Vec::new())).await? {
             (Event::Context { context: info }, _) => Ok(info),
             (other, _) => Err(unexpected(other)),
         }
@@ -137,29 +140,37 @@ impl Sandbox {
             output_limit: self.limits().output_bytes,
         };
         let before = self.kills();
-        let mut replies = self.agent().request(req, code.as_bytes().to_vec()).await?;
         // The agent enforces the timeout and the interrupt grace; this is a
         // backstop should it stall.
         let backstop = timeout + Duration::from_secs(90);
-        let outcome = tokio::time::timeout(backstop, async {
-            loop {
-                match replies.next().await? {
-                    (Event::Stdout, body) => on_event(CellEvent::Output(Output::Stdout, &body)),
-                    (Event::Stderr, body) => on_event(CellEvent::Output(Output::Stderr, &body)),
-                    (Event::Result, body) => match serde_json::from_slice(&body) {
-                        Ok(bundle) => on_event(CellEvent::Result(bundle)),
-                        Err(e) => tracing::warn!("dropping a malformed result: {e}"),
-                    },
-                    (Event::CellDone(outcome), _) => return Ok(outcome),
-                    (Event::Error { kind, message }, _) => {
-                        return Err(ClientError::Agent { kind, message })
+        let outcome = self
+            .talk(async {
+                let mut replies = self.agent().request(req, code.as_bytes().to_vec()).await?;
+                tokio::time::timeout(backstop, async {
+                    loop {
+                        match replies.next().await? {
+                            (Event::Stdout, body) => {
+                                on_event(CellEvent::Output(Output::Stdout, &body))
+                            }
+                            (Event::Stderr, body) => {
+                                on_event(CellEvent::Output(Output::Stderr, &body))
+                            }
+                            (Event::Result, body) => match serde_json::from_slice(&body) {
+                                Ok(bundle) => on_event(CellEvent::Result(bundle)),
+                                Err(e) => tracing::warn!("dropping a malformed result: {e}"),
+                            },
+                            (Event::CellDone(outcome), _) => return Ok(outcome),
+                            (Event::Error { kind, message }, _) => {
+                                return Err(ClientError::Agent { kind, message })
+                            }
+                            (other, _) => return Err(ClientError::Unexpected(Box::new(other))),
+                        }
                     }
-                    (other, _) => return Err(ClientError::Unexpected(Box::new(other))),
-                }
-            }
-        })
-        .await
-        .map_err(|_| ClientError::Closed)??;
+                })
+                .await
+                .map_err(|_| ClientError::Closed)?
+            })
+            .await?;
         let after = self.kills();
         // The host's counters, or a microVM guest's as the agent read them.
         let oom_killed = after.oom_kills > before.oom_kills || outcome.oom_killed;

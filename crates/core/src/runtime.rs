@@ -464,6 +464,7 @@ impl Runtime {
         };
         let network = opts.network.clone().filter(|_| !host_network);
         let spec = Self::start_spec(&template, &opts, host_network);
+        let deadline_unix_ms = spec.deadline_unix_ms;
         if self.config.standby > 0
             && !host_network
             && isolation == self.default_isolation
@@ -537,6 +538,7 @@ impl Runtime {
         };
         tracing::debug!(sandbox = %id, "sandbox ready");
         let mut sandbox = Sandbox::new(jail, agent, template, opts.limits, isolation);
+        sandbox.started_with_deadline(deadline_unix_ms);
         sandbox.egress = egress;
         if let Some(first) = &opts.first_run {
             // A failure here may be retried with another sandbox (see
@@ -711,6 +713,8 @@ fn is_transient(e: &Error) -> bool {
                 | crate::ClientError::Codec(_)
                 | crate::ClientError::Closed
         )
+        // The same, told as the sandbox's end (`Sandbox::talk`).
+        | Error::Ended(_)
     )
 }
 

@@ -197,6 +197,9 @@ pub struct Sandbox {
     seen: std::sync::Mutex<Kills>,
     /// The run of [`crate::SandboxOptions::first_run`], until taken.
     first: std::sync::Mutex<Option<StartedRun>>,
+    /// The deadline (unix ms) its agent stops it at, as last sent; 0 while
+    /// unknown (a sandbox re-attached after a restart, until it is sent).
+    deadline_ms: std::sync::atomic::AtomicU64,
 }
 
 /// A sandbox's egress state and the proxy task serving its socket (stopped
@@ -230,6 +233,43 @@ impl Sandbox {
             egress: None,
             seen: std::sync::Mutex::new(Kills::default()),
             first: std::sync::Mutex::new(None),
+            deadline_ms: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Notes the deadline its agent was started with.
+    pub(crate) fn started_with_deadline(&self, unix_ms: Option<u64>) {
+        self.deadline_ms
+            .store(unix_ms.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Runs `talk`, a conversation with the agent. When the connection
+    /// itself failed (the agent could not be reached, or closed it before
+    /// answering), the sandbox has usually ended: the error then says so,
+    /// and why, as far as its counters and deadline tell ([`Error::Ended`]),
+    /// not how a socket failed. Its processes can take a moment to go after
+    /// the agent's sockets closed: it is waited for (at most
+    /// [`ENDING_WAIT`], and only on this failure's path).
+    pub(crate) async fn talk<T>(
+        &self,
+        talk: impl std::future::Future<Output = Result<T, ClientError>>,
+    ) -> Result<T, Error> {
+        match talk.await {
+            Ok(v) => Ok(v),
+            Err(e) if e.is_connection_lost() => {
+                let until = tokio::time::Instant::now() + ENDING_WAIT;
+                while self.is_alive() {
+                    if tokio::time::Instant::now() >= until {
+                        return Err(e.into());
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Err(Error::Ended(
+                    self.end_cause()
+                        .unwrap_or_else(|| "its agent exited".to_string()),
+                ))
+            }
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -428,14 +468,13 @@ impl Sandbox {
         let previous = e.state.policy();
         e.state.set_policy(policy);
         if let Err(err) = self
-            .agent
-            .call(Request::SetEgress { enabled }, Vec::new())
+            .talk(self.agent.call(Request::SetEgress { enabled }, Vec::new()))
             .await
         {
             // The agent kept its old state (for instance, sandboxed code
             // holds 127.0.0.1:3128): so does the proxy.
             e.state.set_policy(previous);
-            return Err(err.into());
+            return Err(err);
         }
         Ok(())
     }
@@ -511,6 +550,14 @@ impl Sandbox {
                 self.limits.pids
             ));
         }
+        let deadline = self.deadline_ms.load(std::sync::atomic::Ordering::Relaxed);
+        let now = runcell_protocol::units::unix_millis(std::time::SystemTime::now());
+        if deadline > 0 && now >= deadline {
+            return Some(
+                "its agent stopped it at its deadline (its idle timeout or maximum lifetime passed)"
+                    .to_string(),
+            );
+        }
         None
     }
 
@@ -567,7 +614,7 @@ impl Sandbox {
         timeout: Duration,
     ) -> Result<ExecRun<'_>, Error> {
         let before = self.kills();
-        let replies = self.agent.request_own(req, body).await?;
+        let replies = self.talk(self.agent.request_own(req, body)).await?;
         Ok(ExecRun {
             sandbox: self,
             replies,
@@ -636,27 +683,25 @@ impl Sandbox {
 
     /// Reads a file (at most `max_bytes`).
     pub async fn read_file(&self, path: &str, max_bytes: u64) -> Result<Vec<u8>, Error> {
-        let mut replies = self
-            .agent
-            .request(
-                Request::ReadFile {
-                    path: path.into(),
-                    max_bytes,
-                },
-                Vec::new(),
-            )
-            .await?;
-        let mut data = Vec::new();
-        loop {
-            match replies.next().await? {
-                (Event::Data, body) => data.extend_from_slice(&body),
-                (Event::FileEnd { .. }, _) => return Ok(data),
-                (Event::Error { kind, message }, _) => {
-                    return Err(ClientError::Agent { kind, message }.into())
+        let request = Request::ReadFile {
+            path: path.into(),
+            max_bytes,
+        };
+        self.talk(async {
+            let mut replies = self.agent.request(request, Vec::new()).await?;
+            let mut data = Vec::new();
+            loop {
+                match replies.next().await? {
+                    (Event::Data, body) => data.extend_from_slice(&body),
+                    (Event::FileEnd { .. }, _) => return Ok(data),
+                    (Event::Error { kind, message }, _) => {
+                        return Err(ClientError::Agent { kind, message })
+                    }
+                    (other, _) => return Err(ClientError::Unexpected(Box::new(other))),
                 }
-                (other, _) => return Err(ClientError::Unexpected(Box::new(other)).into()),
             }
-        }
+        })
+        .await
     }
 
     /// Writes a file, creating parent directories. Large contents are sent in chunks.
@@ -672,7 +717,7 @@ impl Sandbox {
                 append: !first,
                 mode: None,
             };
-            match self.agent.call(req, now.to_vec()).await? {
+            match self.talk(self.agent.call(req, now.to_vec())).await? {
                 (Event::Written { bytes }, _) => written += bytes,
                 (other, _) => return Err(ClientError::Unexpected(Box::new(other)).into()),
             }
@@ -687,8 +732,10 @@ impl Sandbox {
     /// Lists a directory.
     pub async fn list_dir(&self, path: &str) -> Result<Vec<FileStat>, Error> {
         match self
-            .agent
-            .call(Request::ListDir { path: path.into() }, Vec::new())
+            .talk(
+                self.agent
+                    .call(Request::ListDir { path: path.into() }, Vec::new()),
+            )
             .await?
         {
             (Event::Dir { entries }, _) => Ok(entries),
@@ -699,8 +746,10 @@ impl Sandbox {
     /// Stats a path.
     pub async fn stat(&self, path: &str) -> Result<FileStat, Error> {
         match self
-            .agent
-            .call(Request::Stat { path: path.into() }, Vec::new())
+            .talk(
+                self.agent
+                    .call(Request::Stat { path: path.into() }, Vec::new()),
+            )
             .await?
         {
             (Event::Stat(s), _) => Ok(s),
@@ -716,15 +765,22 @@ impl Sandbox {
     /// Sets the agent's own deadline (unix ms), after which it stops the
     /// sandbox even if no host is left to do it.
     pub async fn set_deadline(&self, unix_ms: Option<u64>) -> Result<(), Error> {
-        self.agent
-            .call(Request::SetDeadline { unix_ms }, Vec::new())
-            .await?;
+        self.talk(
+            self.agent
+                .call(Request::SetDeadline { unix_ms }, Vec::new()),
+        )
+        .await?;
+        self.deadline_ms
+            .store(unix_ms.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
     /// Resource use reported by the agent.
     pub async fn stats(&self) -> Result<AgentStats, Error> {
-        match self.agent.call(Request::Stats, Vec::new()).await? {
+        match self
+            .talk(self.agent.call(Request::Stats, Vec::new()))
+            .await?
+        {
             (Event::Stats(s), _) => Ok(s),
             (other, _) => Err(ClientError::Unexpected(Box::new(other)).into()),
         }
@@ -733,7 +789,9 @@ impl Sandbox {
     /// Asks the agent to stop every process and exit, then removes what is left.
     pub async fn shutdown(self) -> Result<(), Error> {
         match self.agent.call(Request::Shutdown, Vec::new()).await {
-            Ok(_) | Err(ClientError::Closed) => {}
+            Ok(_) => {}
+            // Gone already: what is left is removed all the same.
+            Err(e) if e.is_connection_lost() => {}
             Err(e) => return Err(e.into()),
         }
         self.destroy().await

@@ -117,6 +117,8 @@ impl From<runcell_core::Error> for ApiError {
                 let mut msg = e.to_string();
                 let mut src = std::error::Error::source(&e);
                 while let Some(s) = src {
+                    // "The agent connection failed: Broken pipe (os error 32)".
+                    msg.truncate(msg.trim_end_matches('.').len());
                     msg.push_str(&format!(": {s}"));
                     src = s.source();
                 }
