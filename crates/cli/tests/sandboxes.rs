@@ -320,3 +320,27 @@ async fn a_sandbox_whose_agent_died_answers_409_not_a_socket_error() {
     drop(d);
     let _ = std::fs::remove_dir_all(&data);
 }
+
+/// A paused sandbox's idle clock stops, and so must its agent's: paused
+/// past its idle TTL and the agent's 30 s grace, then resumed, it used to
+/// stop at once (the agent, thawed, found its own deadline passed before
+/// the resume could move it). It runs on, and idles out as usual after.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_paused_past_its_idle_ttl_runs_on_when_resumed() {
+    let data = data_dir("paused-long");
+    let d = Daemon::start(&data, free_port(), &[]);
+    let id = d.create(json!({"ttl_seconds": 1})).await;
+    assert_eq!(act(&d, &id, "pause").await, 204);
+    tokio::time::sleep(Duration::from_secs(33)).await;
+    assert_eq!(act(&d, &id, "resume").await, 204);
+    // Time for an agent that stops itself to have done so.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (s, body) = d.exec(&id, "echo still here").await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(body["stdout"], "still here\n", "{body}");
+    // Its idle TTL applies again from the resume.
+    let why = ended_answer(&d, &id, Duration::from_secs(5)).await;
+    assert_eq!(why["end_reason"], "idle ttl expired", "{why}");
+    drop(d);
+    let _ = std::fs::remove_dir_all(&data);
+}

@@ -1189,6 +1189,9 @@ impl<'a> Service<'a> {
                 },
             ));
         }
+        if pause {
+            self.0.hold_deadline(e).await?;
+        }
         let entry = e.clone();
         let done = tokio::task::spawn_blocking(move || {
             if pause {

@@ -256,6 +256,35 @@ impl AppState {
         i64::try_from(self.config.max_lifetime.as_millis()).unwrap_or(i64::MAX)
     }
 
+    /// Gives the agent of a sandbox about to be paused the deadline it
+    /// keeps while paused: its maximum lifetime only. The idle clock stops
+    /// while it is paused (the reaper's too), but a frozen agent's clock
+    /// runs on: thawed past its idle deadline, it would stop the sandbox at
+    /// once, before the resume could move that deadline.
+    pub async fn hold_deadline(&self, entry: &Entry) -> Result<(), runcell_core::Error> {
+        let hard = {
+            let r = entry
+                .record
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            deadline(
+                r.created_at,
+                r.last_activity_ms,
+                r.ttl_seconds,
+                true,
+                self.max_lifetime_ms(),
+            )
+        };
+        entry.sandbox.set_deadline(Some(hard)).await?;
+        // What the resume's touch compares with: it sends the idle one.
+        entry
+            .persisted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .1 = hard;
+        Ok(())
+    }
+
     /// Records activity on a sandbox (exec, file access, code run). The
     /// in-memory time is exact; the registry and the agent's deadline (both
     /// only backstops for a daemon that is down) are updated at most about
