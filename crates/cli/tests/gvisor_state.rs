@@ -52,21 +52,7 @@ async fn gvisor_snapshots_and_forks_carry_files_and_memory() {
     assert_eq!(body["stdout"], "kept\n", "{body}");
     // A call that comes while a snapshot stops the sandbox waits for it,
     // then runs.
-    let (url, key) = (d.url.clone(), d.key.clone());
-    let path = format!("/v1/sandboxes/{id}/snapshots");
-    let second = tokio::spawn(async move {
-        let r = reqwest::Client::new()
-            .post(format!("{url}{path}"))
-            .bearer_auth(key)
-            .json(&json!({}))
-            .send()
-            .await
-            .unwrap();
-        (
-            r.status().as_u16(),
-            r.json::<serde_json::Value>().await.unwrap(),
-        )
-    });
+    let second = snapshot_in_background(&d, &id);
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let (s, body) = d.exec(&id, "cat ~/f").await;
     assert_eq!((s, &body["stdout"]), (200, &json!("kept\n")), "{body}");
@@ -74,6 +60,16 @@ async fn gvisor_snapshots_and_forks_carry_files_and_memory() {
     assert_eq!((s, &second["memory"]), (201, &json!(true)), "{second}");
     let second_path = format!("/v1/snapshots/{}", second["id"].as_str().unwrap());
     assert_eq!(d.status(Method::DELETE, &second_path, None).await, 204);
+    // So does a pause (it tells the agent its deadline first, and the
+    // agent lets go of its connections while it is saved).
+    let third = snapshot_in_background(&d, &id);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(act(&d, &id, "pause").await, 204);
+    assert_eq!(act(&d, &id, "resume").await, 204);
+    let (s, third) = third.await.unwrap();
+    assert_eq!(s, 201, "{third}");
+    let third_path = format!("/v1/snapshots/{}", third["id"].as_str().unwrap());
+    assert_eq!(d.status(Method::DELETE, &third_path, None).await, 204);
 
     // A sandbox from the snapshot has its files and the variable as it
     // was then.
@@ -351,4 +347,27 @@ fn leftovers(data: &std::path::Path, id: &str) -> Vec<String> {
         }
     }
     left
+}
+
+/// `POST /v1/sandboxes/{id}/snapshots` on a task of its own: its status and
+/// answer.
+fn snapshot_in_background(
+    d: &Daemon,
+    id: &str,
+) -> tokio::task::JoinHandle<(u16, serde_json::Value)> {
+    let (url, key) = (d.url.clone(), d.key.clone());
+    let path = format!("/v1/sandboxes/{id}/snapshots");
+    tokio::spawn(async move {
+        let r = reqwest::Client::new()
+            .post(format!("{url}{path}"))
+            .bearer_auth(key)
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap();
+        (
+            r.status().as_u16(),
+            r.json::<serde_json::Value>().await.unwrap(),
+        )
+    })
 }

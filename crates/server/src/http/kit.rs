@@ -249,7 +249,7 @@ async fn owned(
     // A call that talks to the agent waits out a hibernation, a wake or a
     // gVisor save (its agent lets go of every connection for a moment),
     // then finds the sandbox as it is (a wake takes the lock itself).
-    if is_work(path) && live(state, ws, id).is_some() {
+    if (is_work(path) || is_pause(path)) && live(state, ws, id).is_some() {
         state.settled(id).await;
     }
     let e = match live(state, ws, id) {
@@ -275,6 +275,14 @@ fn is_work(path: &str) -> bool {
         parts.next(),
         Some("exec" | "fs" | "repl" | "network" | "lifecycle")
     )
+}
+
+/// Whether a route pauses a sandbox: it tells the agent its deadline
+/// first (`AppState::hold_deadline`), so it waits out a save as work does
+/// (the agent of a gVisor sandbox being saved lets go of its connections),
+/// but answers for a paused sandbox itself.
+fn is_pause(path: &str) -> bool {
+    path.ends_with("/pause")
 }
 
 #[cfg(test)]
