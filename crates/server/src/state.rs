@@ -336,27 +336,44 @@ impl AppState {
 
     /// Removes a sandbox: destroys it and records why.
     pub async fn remove(&self, id: &str, reason: &str) -> bool {
-        let entry = {
-            let mut live = self
-                .sandboxes
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let entry = live.remove(id);
-            // Recorded before the lock goes: a request that no longer finds
-            // the sandbox live finds why it ended, never a plain "not found".
-            // (Lock order: this map, then the registry's connection; nothing
-            // takes them the other way round. The update is one indexed row.)
-            if entry.is_some() {
-                if let Err(e) = self
-                    .registry
-                    .end(id, crate::registry::Ended::Deleted, reason)
-                {
-                    tracing::warn!(sandbox = %id, "could not record the removal: {e}");
-                }
-            }
-            entry
+        let Some(entry) = self.take_live(id, reason) else {
+            return false;
         };
-        let Some(entry) = entry else { return false };
+        self.dispose(id, entry, reason).await;
+        true
+    }
+
+    /// The first half of [`Self::remove`], which takes no wait: the sandbox
+    /// leaves the live map and its end is recorded, so every request from
+    /// now on gets 404 with `reason`. A route that answers first and ends
+    /// the sandbox after (`delete_after`) calls this before its answer goes
+    /// out, and [`Self::dispose`] after: a client that asks again at once
+    /// never finds the sandbox still there.
+    pub fn take_live(&self, id: &str, reason: &str) -> Option<Arc<Entry>> {
+        let mut live = self
+            .sandboxes
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let entry = live.remove(id);
+        // Recorded before the lock goes: a request that no longer finds
+        // the sandbox live finds why it ended, never a plain "not found".
+        // (Lock order: this map, then the registry's connection; nothing
+        // takes them the other way round. The update is one indexed row.)
+        if entry.is_some() {
+            if let Err(e) = self
+                .registry
+                .end(id, crate::registry::Ended::Deleted, reason)
+            {
+                tracing::warn!(sandbox = %id, "could not record the removal: {e}");
+            }
+        }
+        entry
+    }
+
+    /// The second half of [`Self::remove`]: kills and destroys a sandbox
+    /// [`Self::take_live`] took, and frees the saved files nothing uses
+    /// any more.
+    pub async fn dispose(&self, id: &str, entry: Arc<Entry>, reason: &str) {
         tracing::info!(sandbox = %id, reason, "removing sandbox");
         self.metrics.reaped(reason);
         match Arc::try_unwrap(entry) {
@@ -395,7 +412,6 @@ impl AppState {
         if had_lineage {
             crate::snapshots::collect_unused(self);
         }
-        true
     }
 
     /// Takes a live sandbox out of the daemon and destroys it, waiting for

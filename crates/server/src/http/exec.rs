@@ -171,7 +171,13 @@ struct DeleteAfter(Option<(std::sync::Arc<AppState>, String)>);
 impl Drop for DeleteAfter {
     fn drop(&mut self) {
         if let Some((state, id)) = self.0.take() {
-            tokio::spawn(async move { state.remove(&id, DELETED_AFTER_EXEC).await });
+            // Out of the live map now, before the answer goes out (this
+            // runs as the handler returns it): a client that asks at once
+            // gets 404 with the reason, never the sandbox still there. The
+            // teardown is what comes after the answer.
+            if let Some(entry) = state.take_live(&id, DELETED_AFTER_EXEC) {
+                tokio::spawn(async move { state.dispose(&id, entry, DELETED_AFTER_EXEC).await });
+            }
         }
     }
 }
@@ -283,12 +289,30 @@ pub(super) async fn stream_answer(
     let (begun, begun_rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         let id = e.sandbox.id().to_string();
-        let result = stream_exec(&e, &req, &opts, tx, begun, started).await;
-        if let Some(reason) = delete {
-            drop(e);
-            state.remove(&id, reason).await;
-        } else {
-            state.touch(&e).await;
+        let result = stream_exec(&e, &req, &opts, &mut tx, begun, started).await;
+        // With `delete`, the sandbox leaves the live map before the closing
+        // event goes out: a client that asks once it has read it gets 404
+        // with the reason, never the sandbox still there.
+        let taken = match delete {
+            Some(reason) => {
+                drop(e);
+                state.take_live(&id, reason).map(|entry| (entry, reason))
+            }
+            None => {
+                state.touch(&e).await;
+                None
+            }
+        };
+        let result = match result {
+            Ok(last) => tx.send(last).await.map_err(|e| match e {
+                super::stream::SendError::Gone => StreamError::Gone,
+                super::stream::SendError::Stalled => StreamError::Stalled,
+            }),
+            Err(err) => Err(err),
+        };
+        drop(tx);
+        if let Some((entry, reason)) = taken {
+            state.dispose(&id, entry, reason).await;
         }
         if let Err(err) = result {
             tracing::info!(sandbox = %id, "exec stream ended: {err}");
@@ -320,15 +344,16 @@ enum StreamError {
 /// client that reads slowly holds back the program (the pipes, the agent's
 /// connection of this exec and the stream's buffer are all bounded); one
 /// that stops reading for the stall limit gets an `error` event and the exec
-/// is killed.
+/// is killed. Returns the stream's closing event (`exit`, or `error` for a
+/// failure or a timeout) for the caller to send.
 async fn stream_exec(
     e: &Entry,
     req: &ExecReq,
     opts: &RunOptions,
-    mut tx: super::stream::SseSender,
+    tx: &mut super::stream::SseSender,
     begun: tokio::sync::oneshot::Sender<()>,
     started: Option<runcell_core::StartedRun>,
-) -> Result<(), StreamError> {
+) -> Result<SseEvent, StreamError> {
     use super::stream::{error_event, SendError, Utf8Carry};
     use runcell_core::RunEvent;
     let started = match started {
@@ -338,10 +363,7 @@ async fn stream_exec(
     let _ = begun.send(());
     let mut run = match started {
         Ok(r) => r,
-        Err(err) => {
-            let _ = tx.send(error_event(&ApiError::from(err).message)).await;
-            return Ok(());
-        }
+        Err(err) => return Ok(error_event(&ApiError::from(err).message)),
     };
     let (mut out, mut err) = (Utf8Carry::default(), Utf8Carry::default());
     let outcome = loop {
@@ -352,10 +374,7 @@ async fn stream_exec(
         };
         let next = match next {
             Ok(n) => n,
-            Err(err) => {
-                let _ = tx.send(error_event(&ApiError::from(err).message)).await;
-                return Ok(());
-            }
+            Err(err) => return Ok(error_event(&ApiError::from(err).message)),
         };
         let (stream, bytes) = match next {
             RunEvent::Output(s, b) => (s, b),
@@ -428,7 +447,7 @@ async fn stream_exec(
                 },
             );
             if tx.send(ev).await.is_err() {
-                return Ok(());
+                return Err(StreamError::Gone);
             }
         }
         json_event(
@@ -442,8 +461,7 @@ async fn stream_exec(
             },
         )
     };
-    let _ = tx.send(last).await;
-    Ok(())
+    Ok(last)
 }
 
 #[derive(Debug, Deserialize)]
