@@ -156,8 +156,9 @@ pub(crate) async fn exec(
     Sandboxed(e, JsonBody(req)): Sandboxed<JsonBody<ExecReq>>,
 ) -> AppResult<Response> {
     let opts = run_options(&state, &e, &req)?;
-    // Dropped after the answer, or with this request should the client go
-    // away mid-exec (which kills the exec): the sandbox goes either way.
+    // Dropped as this returns its answer (before it is written), or with
+    // this request should the client go away mid-exec (which kills the
+    // exec): the sandbox goes either way.
     let _delete = DeleteAfter(
         req.delete_after
             .then(|| (state.clone(), e.sandbox.id().to_string())),
