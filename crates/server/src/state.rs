@@ -345,11 +345,20 @@ impl AppState {
 
     /// The first half of [`Self::remove`], which takes no wait: the sandbox
     /// leaves the live map and its end is recorded, so every request from
-    /// now on gets 404 with `reason`. A route that answers first and ends
-    /// the sandbox after (`delete_after`) calls this before its answer goes
-    /// out, and [`Self::dispose`] after: a client that asks again at once
-    /// never finds the sandbox still there.
+    /// now on gets 404 with `reason`, and its processes are sent SIGKILL
+    /// (out of the map it no longer counts against any quota, so nothing
+    /// of it may run on). A route that answers first and ends the sandbox
+    /// after (`delete_after`) calls this before its answer goes out, and
+    /// [`Self::dispose`] after: a client that asks again at once never
+    /// finds the sandbox still there.
     pub fn take_live(&self, id: &str, reason: &str) -> Option<Arc<Entry>> {
+        let entry = self.take_from_map(id, reason)?;
+        entry.sandbox.kill();
+        Some(entry)
+    }
+
+    /// Takes a sandbox out of the live map and records its end.
+    fn take_from_map(&self, id: &str, reason: &str) -> Option<Arc<Entry>> {
         let mut live = self
             .sandboxes
             .write()
@@ -370,19 +379,19 @@ impl AppState {
         entry
     }
 
-    /// The second half of [`Self::remove`]: kills and destroys a sandbox
-    /// [`Self::take_live`] took, and frees the saved files nothing uses
-    /// any more.
+    /// The second half of [`Self::remove`]: destroys a sandbox
+    /// [`Self::take_live`] took and killed, and frees the saved files
+    /// nothing uses any more.
     pub async fn dispose(&self, id: &str, entry: Arc<Entry>, reason: &str) {
         tracing::info!(sandbox = %id, reason, "removing sandbox");
         self.metrics.reaped(reason);
         match Arc::try_unwrap(entry) {
             Ok(entry) => {
-                // Every process is sent SIGKILL now; the kernel's teardown of
-                // a large interpreter takes tens of milliseconds, which the
-                // caller need not wait for. The cgroup and directory go once
-                // it is done (a failure is found again by the next restart).
-                entry.sandbox.kill();
+                // Every process was sent SIGKILL (`take_live`); the kernel's
+                // teardown of a large interpreter takes tens of milliseconds,
+                // which the caller need not wait for. The cgroup and
+                // directory go once it is done (a failure is found again by
+                // the next restart).
                 let id = id.to_string();
                 let pending = self.teardowns.clone();
                 let slots = self.teardown_slots.clone();
