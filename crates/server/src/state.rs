@@ -352,31 +352,26 @@ impl AppState {
     /// [`Self::dispose`] after: a client that asks again at once never
     /// finds the sandbox still there.
     pub fn take_live(&self, id: &str, reason: &str) -> Option<Arc<Entry>> {
-        let entry = self.take_from_map(id, reason)?;
-        entry.sandbox.kill();
-        Some(entry)
-    }
-
-    /// Takes a sandbox out of the live map and records its end.
-    fn take_from_map(&self, id: &str, reason: &str) -> Option<Arc<Entry>> {
-        let mut live = self
-            .sandboxes
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let entry = live.remove(id);
-        // Recorded before the lock goes: a request that no longer finds
-        // the sandbox live finds why it ended, never a plain "not found".
-        // (Lock order: this map, then the registry's connection; nothing
-        // takes them the other way round. The update is one indexed row.)
-        if entry.is_some() {
+        let entry = {
+            let mut live = self
+                .sandboxes
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let entry = live.remove(id)?;
+            // Recorded before the lock goes: a request that no longer finds
+            // the sandbox live finds why it ended, never a plain "not found".
+            // (Lock order: this map, then the registry's connection; nothing
+            // takes them the other way round. The update is one indexed row.)
             if let Err(e) = self
                 .registry
                 .end(id, crate::registry::Ended::Deleted, reason)
             {
                 tracing::warn!(sandbox = %id, "could not record the removal: {e}");
             }
-        }
-        entry
+            entry
+        };
+        entry.sandbox.kill();
+        Some(entry)
     }
 
     /// The second half of [`Self::remove`]: destroys a sandbox
