@@ -128,6 +128,15 @@ async fn out_of_range_create_numbers_are_a_400_naming_field_and_range() {
         (json!({"ttl_seconds": 7201}), &["ttl_seconds", "7200"]),
         (json!({"ttl_seconds": -1}), &["ttl_seconds"]),
         (json!({"ttl_seconds": 1e30}), &["ttl_seconds"]),
+        // A wrong type is said in JSON's words, not Rust's (`expected f64`).
+        (
+            json!({"ttl_seconds": "5"}),
+            &["ttl_seconds", "expected a number"],
+        ),
+        (
+            json!({"limits": {"pids": true}}),
+            &["limits.pids", "expected a number"],
+        ),
     ];
     for (body, words) in cases {
         refused_create(&d, body, 400, words).await;

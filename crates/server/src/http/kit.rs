@@ -88,7 +88,7 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> AppResult<T> {
         // serde_json calls some wrong types syntax errors (an integer
         // where an enum's name belongs is "expected value"): name the
         // field whenever the path is known.
-        let inner = clip(inner.to_string());
+        let inner = clip(plain_types(&inner.to_string()));
         if field.is_empty() || field == "." || field == "?" {
             ApiError::bad_request(format!(
                 "The request body is not valid JSON for this route: {inner}."
@@ -99,6 +99,32 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> AppResult<T> {
             ))
         }
     })
+}
+
+/// serde's message with its Rust type names said as a caller of a JSON API
+/// knows them: `expected f64` is `expected a number`, `expected u64` is
+/// `expected a whole number, 0 or more`.
+fn plain_types(msg: &str) -> String {
+    const EXPECTED: &str = "expected ";
+    let mut out = String::with_capacity(msg.len());
+    let mut rest = msg;
+    while let Some(at) = rest.find(EXPECTED) {
+        let (head, tail) = rest.split_at(at + EXPECTED.len());
+        out.push_str(head);
+        let len = tail
+            .find(|c: char| !c.is_ascii_alphanumeric())
+            .unwrap_or(tail.len());
+        let (word, after) = tail.split_at(len);
+        out.push_str(match word {
+            "f32" | "f64" => "a number",
+            "u8" | "u16" | "u32" | "u64" | "u128" | "usize" => "a whole number, 0 or more",
+            "i8" | "i16" | "i32" | "i64" | "i128" | "isize" => "a whole number",
+            other => other,
+        });
+        rest = after;
+    }
+    out.push_str(rest);
+    out
 }
 
 /// At most this much of a caller's own text is echoed in an error (serde
@@ -287,6 +313,32 @@ fn is_pause(path: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn rust_type_names_in_a_refusal_are_said_in_json_words() {
+        use super::plain_types;
+        assert_eq!(
+            plain_types("invalid type: string \"5\", expected f64 at line 1 column 9"),
+            "invalid type: string \"5\", expected a number at line 1 column 9"
+        );
+        assert_eq!(
+            plain_types("invalid value: integer `-1`, expected u64"),
+            "invalid value: integer `-1`, expected a whole number, 0 or more"
+        );
+        assert_eq!(
+            plain_types("expected i32, expected usize"),
+            "expected a whole number, expected a whole number, 0 or more"
+        );
+        // Other words after `expected` stay as they are.
+        for kept in [
+            "invalid type: integer `1`, expected a string",
+            "expected u8x",
+            "expected value at line 1",
+            "expected",
+        ] {
+            assert_eq!(plain_types(kept), kept);
+        }
+    }
+
     #[test]
     fn work_routes_are_the_ones_that_run_something_in_the_sandbox() {
         for p in [
