@@ -88,7 +88,9 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> AppResult<T> {
         // serde_json calls some wrong types syntax errors (an integer
         // where an enum's name belongs is "expected value"): name the
         // field whenever the path is known.
-        let inner = clip(plain_types(&inner.to_string()));
+        // Clipped first: serde may quote a huge value whole, and what the
+        // type names are said in matters only for what is echoed.
+        let inner = plain_types(&clip(inner.to_string()));
         if field.is_empty() || field == "." || field == "?" {
             ApiError::bad_request(format!(
                 "The request body is not valid JSON for this route: {inner}."
